@@ -1,0 +1,3 @@
+"""sdbench: a reproducible benchmark pipeline for speculative decoding."""
+
+__version__ = "0.1.0"
