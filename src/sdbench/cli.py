@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
 # Modules that contribute subcommands. Add a module here to add its commands.
-SUBCOMMAND_MODULES: tuple[str, ...] = ()
+SUBCOMMAND_MODULES: tuple[str, ...] = (
+    "trace_cli",
+    "acceptance",
+    "fetch",
+    "config",
+    "datasets",
+    "runner",
+    "endtoend",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -1,0 +1,27 @@
+# sdbench: speculative-decoding benchmark pipeline.
+# The grid comes from the config (default: config/config.yaml, the embedded CPU
+# run); the paper's grid: --configfile config/paper.yaml.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+# Analysis steps run in the sdbench image (containers/sdbench-analysis.def);
+# run-cell jobs use their engine's image instead. Used only with --sdm apptainer.
+container: "containers/sif/sdbench-analysis.sif"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/models.smk"
+include: "workflow/rules/datasets.smk"
+include: "workflow/rules/runs.smk"
+include: "workflow/rules/aggregate.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        final_outputs(),

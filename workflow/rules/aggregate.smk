@@ -1,0 +1,30 @@
+# Join every cell; speedups over no-SD; Tab. 1 and Fig. 1/2.
+
+
+rule aggregate:
+    input:
+        summaries=cell_outputs("summary"),
+        requests=cell_outputs("requests"),
+    output:
+        cells="results/tables/cells.parquet",
+        lengths="results/tables/generation_lengths.parquet",
+        lengths_md="results/tables/generation_lengths.md",
+    log:
+        "logs/aggregate.log",
+    params:
+        baseline=BASELINE,
+    shell:
+        "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
+        "--baseline {params.baseline} --cells {output.cells} --lengths {output.lengths} "
+        "--lengths-md {output.lengths_md} > {log} 2>&1"
+
+
+rule plot_throughput:
+    input:
+        cells="results/tables/cells.parquet",
+    output:
+        "results/figures/throughput.png",
+    log:
+        "logs/plot_throughput.log",
+    shell:
+        "sdbench plot-throughput --cells {input.cells} --output {output} > {log} 2>&1"

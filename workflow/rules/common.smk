@@ -1,0 +1,130 @@
+# Config loading, validation and input functions. The DAG derives from the grid
+# expanded by sdbench.grid; rules below only wire files.
+import json
+import shlex
+
+from sdbench.config import validate_config
+from sdbench.grid import baseline_method, cells, drafter_of, resolve_cell, Cell
+
+# Fails before any job runs, naming the offending key.
+validate_config(config, source="config")
+CELLS = cells(config)
+BASELINE = baseline_method(config)
+BUILT_MODELS = sorted(k for k, m in config["models"].items() if "build" in m)
+HUB_MODELS = sorted(k for k, m in config["models"].items() if "hf_id" in m)
+
+
+def _alternatives(names):
+    return "|".join(sorted(map(str, names))) or "__none__"
+
+
+wildcard_constraints:
+    engine=_alternatives(config["engines"]),
+    dataset=_alternatives(config["datasets"]),
+    method=_alternatives(config["methods"]),
+    batch_size=r"\d+",
+    built_model=_alternatives(BUILT_MODELS),
+    hub_model=_alternatives(HUB_MODELS),
+
+
+CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
+
+
+def _cell(wildcards):
+    return Cell(
+        wildcards.engine,
+        wildcards.model,
+        wildcards.dataset,
+        wildcards.method,
+        int(wildcards.batch_size),
+    )
+
+
+def model_dir(key):
+    """Directory of a model: built by the pipeline or downloaded from the hub."""
+    if key in BUILT_MODELS:
+        return f"results/models/built/{key}"
+    return f"resources/hub/{key}"
+
+
+def target_dir(wildcards):
+    return model_dir(wildcards.model)
+
+
+def drafter_inputs(wildcards):
+    drafter = drafter_of(config, wildcards.method, wildcards.model)
+    return {"drafter": model_dir(drafter)} if drafter else {}
+
+
+def drafter_arg(wildcards, input):
+    return (
+        f"--drafter-dir {shlex.quote(input.drafter)}"
+        if "drafter" in input.keys()
+        else ""
+    )
+
+
+def cell_spec(wildcards):
+    """Resolved cell spec as a shell-quoted JSON param (a changed entry reruns the cell)."""
+    return shlex.quote(
+        json.dumps(resolve_cell(config, _cell(wildcards)), sort_keys=True)
+    )
+
+
+def cell_container(wildcards):
+    return config["engines"][wildcards.engine].get("container")
+
+
+def cell_gpus(wildcards):
+    """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines)."""
+    if config["engines"][wildcards.engine]["device"] != "cuda":
+        return 0
+    return config["models"][wildcards.model].get("tensor_parallel_size", 1)
+
+
+def build_args(wildcards):
+    """CLI options of `sdbench train-model` from the model's build entry."""
+    build = config["models"][wildcards.built_model]["build"]
+    return " ".join(
+        f"--{k.replace('_', '-')} {shlex.quote(str(v))}"
+        for k, v in sorted(build.items())
+    )
+
+
+def build_threads(wildcards):
+    return config["models"][wildcards.built_model]["build"].get("threads", 2)
+
+
+def dataset_entry(wildcards):
+    return shlex.quote(
+        json.dumps(config["datasets"][wildcards.dataset], sort_keys=True)
+    )
+
+
+def chat_template_kwargs(wildcards):
+    kwargs = config["models"][wildcards.model].get("chat_template_kwargs", {})
+    return shlex.quote(json.dumps(kwargs, sort_keys=True))
+
+
+def hub_revision(wildcards):
+    return config["models"][wildcards.hub_model].get("revision", "main")
+
+
+def hub_id(wildcards):
+    return config["models"][wildcards.hub_model]["hf_id"]
+
+
+def cell_outputs(name):
+    """Paths of one per-cell table for every cell of the grid."""
+    return [
+        f"results/runs/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/{name}.parquet"
+        for c in CELLS
+    ]
+
+
+def final_outputs():
+    return [
+        "results/tables/cells.parquet",
+        "results/tables/generation_lengths.md",
+        "results/figures/throughput.png",
+    ]
