@@ -23,6 +23,10 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "datasets",
     "runner",
     "endtoend",
+    "hub",
+    "memory",
+    "bleu",
+    "tinymodels",
 )
 
 
@@ -44,7 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    from sdbench.config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # user input problems: the message names the key
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

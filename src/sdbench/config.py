@@ -15,7 +15,7 @@ import jsonschema
 import yaml
 
 # Methods whose speculative_config needs a drafter model (``method.drafter``).
-DRAFTER_METHODS = frozenset({"eagle", "eagle3", "draft_model", "medusa"})
+DRAFTER_METHODS = frozenset({"eagle", "eagle3", "draft_model", "medusa", "mtp", "deepseek_mtp", "qwen3_next_mtp"})
 
 
 class ConfigError(ValueError):
