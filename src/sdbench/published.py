@@ -26,6 +26,26 @@ class PublishedRequest:
 REQUIRED_KEYS = ("id", "prompt_token_ids", "generated_token_ids", "acc_ngram.acc_len", "acc_eagle.acc_len")
 
 
+def _get(rec: dict[str, object], key: str) -> object:
+    """``rec[key]``; a dotted key also matches the nested form the published files
+    use (``{"acc_ngram": {"acc_len": [...]}}``). Raises ``KeyError`` if absent."""
+    if key in rec:
+        return rec[key]
+    head, _, tail = key.partition(".")
+    inner = rec.get(head)
+    if tail and isinstance(inner, dict) and tail in inner:
+        return inner[tail]
+    raise KeyError(key)
+
+
+def _has(rec: dict[str, object], key: str) -> bool:
+    try:
+        _get(rec, key)
+    except KeyError:
+        return False
+    return True
+
+
 def dataset_name(path: str | os.PathLike[str]) -> str:
     """``combined_<dataset>.jsonl`` -> ``<dataset>``; otherwise the file stem."""
     stem = Path(path).name.split(".")[0]
@@ -46,7 +66,7 @@ def read_published_jsonl(path: str | os.PathLike[str]) -> list[PublishedRequest]
                 rec = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-            missing = [k for k in REQUIRED_KEYS if k not in rec]
+            missing = [k for k in REQUIRED_KEYS if not _has(rec, k)]
             if missing:
                 raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)}")
             requests.append(
@@ -54,8 +74,8 @@ def read_published_jsonl(path: str | os.PathLike[str]) -> list[PublishedRequest]
                     request_id=str(rec["id"]),
                     prompt_token_ids=list(rec["prompt_token_ids"]),
                     generated_token_ids=list(rec["generated_token_ids"]),
-                    acc_ngram=list(rec["acc_ngram.acc_len"]),
-                    acc_eagle=list(rec["acc_eagle.acc_len"]),
+                    acc_ngram=list(_get(rec, "acc_ngram.acc_len")),
+                    acc_eagle=list(_get(rec, "acc_eagle.acc_len")),
                 )
             )
     return requests
