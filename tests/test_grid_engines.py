@@ -1,0 +1,86 @@
+"""Grid expansion and the vLLM version quirks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sdbench.config import load_config
+from sdbench.engines import engine_env, quirks_for, speculative_config, unsupported_reason
+from sdbench.grid import Cell, cells, drafter_of, models_used, resolve_cell
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_0_10 = {"vllm_version": "0.10.1.1", "device": "cuda", "patches": []}
+GPU_0_11 = {"vllm_version": "0.11.1", "device": "cuda", "patches": []}
+
+
+def test_default_grid_is_the_cross_product() -> None:
+    grid = cells(load_config(REPO / "config" / "config.yaml"))
+    assert len(grid) == 1 * 1 * 4 * 2 * 3
+    assert grid == sorted(grid)
+    assert {c.batch_size for c in grid} == {1, 4, 8}
+
+
+def test_paper_grid_resolves_drafters() -> None:
+    cfg = load_config(REPO / "config" / "paper.yaml")
+    assert drafter_of(cfg, "eagle3-k3", "qwen3-8b") == "eagle3-qwen3-8b"
+    assert drafter_of(cfg, "ngram-k3", "qwen3-8b") is None
+    assert "qwen3-0.6b" in models_used(cfg)
+    spec = resolve_cell(cfg, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "eagle-k3", 8))
+    assert spec["drafter"] == "eagle-llama3.1-8b"
+    assert spec["dataset"]["max_tokens"] == 8192
+
+
+@pytest.mark.parametrize(
+    ("engine", "method", "ok"),
+    [
+        (GPU_0_10, "draft_model", False),
+        ({**GPU_0_10, "patches": ["draft_model"]}, "draft_model", True),
+        (GPU_0_10, "deepseek_mtp", False),
+        (GPU_0_11, "deepseek_mtp", True),
+        (GPU_0_11, "draft_model", False),
+        (GPU_0_10, "suffix", False),
+        (GPU_0_11, "suffix", True),
+        ({"vllm_version": "0.10.1.1", "device": "cpu"}, "ngram", False),
+        ({"vllm_version": "0.32.0", "device": "cpu"}, "draft_model", True),
+        (GPU_0_10, "none", True),
+    ],
+)
+def test_method_support_by_version(engine: dict, method: str, ok: bool) -> None:
+    assert (unsupported_reason(engine, method) is None) is ok
+
+
+def test_speculative_config_spelling() -> None:
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 7}
+    assert speculative_config(GPU_0_10, ngram, None) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 7,
+        "prompt_lookup_max": 7,
+    }
+    mtp = {"method": "deepseek_mtp", "num_speculative_tokens": 3}
+    assert speculative_config(GPU_0_11, mtp, "/m")["method"] == "mtp"
+    assert speculative_config(GPU_0_10, mtp, "/m")["method"] == "deepseek_mtp"
+    eagle3 = {"method": "eagle3", "num_speculative_tokens": 3, "speculative_config": {"max_model_len": 8192}}
+    assert speculative_config(GPU_0_10, eagle3, "/d") == {
+        "method": "eagle3",
+        "num_speculative_tokens": 3,
+        "model": "/d",
+        "max_model_len": 8192,
+    }
+    assert speculative_config(GPU_0_10, {"method": "none"}, None) is None
+
+
+def test_tree_methods_select_tree_attention() -> None:
+    tree = {"method": "eagle", "speculative_token_tree": "[(0,)]", "env": {"X": "1"}}
+    assert engine_env({**GPU_0_10, "env": {"A": "b"}}, tree) == {
+        "A": "b",
+        "VLLM_ATTENTION_BACKEND": "TREE_ATTN",
+        "X": "1",
+    }
+
+
+def test_unknown_version_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown vllm_version '0.9'"):
+        quirks_for("0.9")

@@ -1,0 +1,107 @@
+"""SD counter arithmetic, summaries and the joined cell table (no engine needed)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+from vllm.v1.metrics.reader import Counter, Vector
+
+from sdbench.endtoend import generation_length_table, join_cells, render_length_table
+from sdbench.runner import SDCounters, acceptance_stats, build_llm_kwargs, read_counters
+
+
+def _metrics(drafts: int, tokens: int, accepted: int, per_pos: list[int]) -> list:
+    labels = {"model_name": "m", "engine": "0"}
+    return [
+        Counter("vllm:spec_decode_num_drafts", labels, drafts),
+        Counter("vllm:spec_decode_num_draft_tokens", labels, tokens),
+        Counter("vllm:spec_decode_num_accepted_tokens", labels, accepted),
+        Vector("vllm:spec_decode_num_accepted_tokens_per_pos", labels, per_pos),
+        Counter("vllm:prompt_tokens", labels, 999),
+    ]
+
+
+def test_counters_are_differenced() -> None:
+    before = read_counters(_metrics(10, 30, 12, [6, 4, 2]))
+    after = read_counters(_metrics(30, 90, 42, [18, 14, 10]))
+    delta = after - before
+    assert delta == SDCounters(20, 60, 30, (12, 10, 8))
+    stats = acceptance_stats(delta)
+    assert stats["mean_acceptance_length"] == pytest.approx(1 + 30 / 20)
+    assert stats["acceptance_rate"] == pytest.approx(0.5)
+    assert stats["acceptance_rate_per_pos"] == pytest.approx([0.6, 0.5, 0.4])
+
+
+def test_no_drafts_gives_nan() -> None:
+    stats = acceptance_stats(read_counters([]))
+    assert math.isnan(stats["mean_acceptance_length"])
+    assert stats["acceptance_rate_per_pos"] == []
+
+
+def test_llm_kwargs_follow_the_cell() -> None:
+    spec = {
+        "cell": {"batch_size": 8},
+        "seed": 7,
+        "engine": {"vllm_version": "0.32.0", "device": "cpu", "llm_kwargs": {"enforce_eager": True}},
+        "model": {"dtype": "float32", "max_model_len": 1024},
+        "method": {"method": "draft_model", "num_speculative_tokens": 3},
+        "run": {},
+    }
+    kwargs = build_llm_kwargs(spec, "/t", "/d")
+    assert kwargs["max_num_seqs"] == 8
+    assert kwargs["enable_prefix_caching"] is False
+    assert kwargs["disable_log_stats"] is False
+    assert kwargs["enforce_eager"] is True
+    assert kwargs["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 3, "model": "/d"}
+
+
+def _summary(method: str, bs: int, tps: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "engine": "e",
+                "model": "m",
+                "dataset": "d",
+                "method": method,
+                "batch_size": bs,
+                "tokens_per_s": tps,
+                "tokens_per_s_pooled": tps / 2,
+            }
+        ]
+    )
+
+
+def test_speedup_is_over_the_same_batch_size_baseline() -> None:
+    table = join_cells(
+        [_summary("none", 1, 100.0), _summary("ngram", 1, 150.0), _summary("none", 4, 300.0), _summary("ngram", 4, 330.0)],
+        baseline="none",
+    )
+    speedups = table.set_index(["method", "batch_size"])["speedup"]
+    assert speedups[("ngram", 1)] == pytest.approx(1.5)
+    assert speedups[("ngram", 4)] == pytest.approx(1.1)
+    assert speedups[("none", 4)] == pytest.approx(1.0)
+    assert list(table["method"]) == ["ngram", "ngram", "none", "none"]
+
+
+def test_duplicate_cells_are_refused() -> None:
+    with pytest.raises(ValueError, match="duplicate cells"):
+        join_cells([_summary("none", 1, 1.0), _summary("none", 1, 2.0)], baseline="none")
+
+
+def test_generation_length_table() -> None:
+    requests = pd.DataFrame(
+        {
+            "engine": "e",
+            "model": "m",
+            "dataset": "d",
+            "method": ["none", "none", "ngram", "ngram"],
+            "batch_size": 1,
+            "num_output_tokens": [10, 20, 10, 10],
+        }
+    )
+    table = generation_length_table(requests)
+    row = table.set_index("method").loc["none"]
+    assert (row.output_len_mean, row.output_len_std, row.n) == (15.0, 5.0, 2)
+    assert "15 ± 5" in render_length_table(table)
