@@ -1,0 +1,336 @@
+"""Prompt-output overlap as BLEU-n, bucketed (paper Sec. 7, Fig. 8).
+
+For each request, BLEU-n between the prompt and the output generated without speculative decoding:
+
+* hypothesis = the no-SD output, reference = the prompt. BLEU's modified n-gram precision is then the
+  share of the output's n-grams that also occur in the prompt, i.e. what an n-gram (prompt-lookup)
+  proposer could have copied. The brevity penalty (standard BLEU, Papineni et al.) applies when the
+  output is shorter than the prompt.
+* On token ids (the published traces carry ids only): ids are joined as space-separated integers and
+  scored with ``tokenize='none'``, so every id is one "word" and BLEU-n measures n-gram overlap of token
+  ids -- exactly the units an n-gram proposer matches. On text (``prompt_text``/``output_text`` columns,
+  or ids decoded with ``--tokenizer``): sacrebleu's default ``13a`` tokenizer.
+* Smoothing: ``exp`` (Chen & Cherry 2014 method 3; sacrebleu's sentence-level default) with
+  ``effective_order=True``. Without smoothing a single order with no match makes BLEU exactly 0; that
+  would put a request with no shared 10-gram in the lowest bucket regardless of its lower-order
+  overlap. ``exp`` only affects orders with zero matches, so long outputs are unaffected.
+
+Buckets are [0,0.2), [0.2,0.4), [0.4,0.6), [0.6,0.8), [0.8,1.0] on BLEU in 0..1 (1.0 in the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sacrebleu.metrics import BLEU
+
+from sdbench.io import atomic_path, write_parquet
+
+DEFAULT_ORDER = 4
+MAX_ORDER = 10
+SMOOTH_METHOD = "exp"
+BUCKET_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+BUCKET_LABELS = ("[0.0,0.2)", "[0.2,0.4)", "[0.4,0.6)", "[0.6,0.8)", "[0.8,1.0]")
+BUCKET_COLUMNS = ("request_id", "bleu_order", "bleu", "bucket")
+BASES = ("auto", "text", "ids")
+# sacrebleu sums logs: a perfect match can come out as 1.0000000000000013.
+_ROUNDING_SLACK = 1e-9
+
+
+@lru_cache(maxsize=None)
+def _scorer(order: int, tokenize: str) -> BLEU:
+    if not 1 <= order <= MAX_ORDER:
+        raise ValueError(f"BLEU order must be in 1..{MAX_ORDER}, got {order}")
+    return BLEU(max_ngram_order=order, tokenize=tokenize, smooth_method=SMOOTH_METHOD, effective_order=True)
+
+
+def _clamp(score: float) -> float:
+    if not -_ROUNDING_SLACK <= score <= 1 + _ROUNDING_SLACK:
+        raise ValueError(f"BLEU {score!r} outside [0, 1]")
+    return min(max(score, 0.0), 1.0)
+
+
+def sentence_bleu(output: str, prompt: str, order: int = DEFAULT_ORDER, tokenize: str = "13a") -> float:
+    """BLEU-``order`` in [0, 1] of ``output`` (hypothesis) against ``prompt`` (reference)."""
+    return _clamp(_scorer(order, tokenize).sentence_score(output, [prompt]).score / 100.0)
+
+
+def ids_to_words(ids: Sequence[int]) -> str:
+    """Token ids as one space-separated string: each id becomes one BLEU "word"."""
+    return " ".join(str(int(i)) for i in ids)
+
+
+def bleu_ids(prompt_ids: Sequence[int], output_ids: Sequence[int], order: int = DEFAULT_ORDER) -> float:
+    """BLEU-``order`` of the output against the prompt, on token ids."""
+    return sentence_bleu(ids_to_words(output_ids), ids_to_words(prompt_ids), order, tokenize="none")
+
+
+def bleu_text(prompt_text: str, output_text: str, order: int = DEFAULT_ORDER) -> float:
+    """BLEU-``order`` of the output against the prompt, on text (sacrebleu ``13a`` tokenization)."""
+    return sentence_bleu(output_text, prompt_text, order, tokenize="13a")
+
+
+def bucket_of(score: float) -> str:
+    """Bucket label of a BLEU score in [0, 1]; left-closed, the last bucket also holds 1.0."""
+    if score is None or not isinstance(score, (int, float)) or math.isnan(score) or not 0.0 <= score <= 1.0:
+        raise ValueError(f"BLEU score {score!r} is not in [0, 1]")
+    # searchsorted on the inner edges: a score equal to an edge goes to the bucket it opens.
+    return BUCKET_LABELS[int(np.searchsorted(BUCKET_EDGES[1:-1], score, side="right"))]
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+
+
+def _read_trace_jsonl(path: Path) -> list[tuple[str, list[int], list[int]]]:
+    """(id, prompt ids, generated ids) per line of a published trace; acceptance fields are not needed."""
+    rows = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+            missing = [k for k in ("id", "prompt_token_ids", "generated_token_ids") if k not in rec]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)}")
+            rows.append((str(rec["id"]), list(rec["prompt_token_ids"]), list(rec["generated_token_ids"])))
+    return rows
+
+
+def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read requests from a published-trace JSONL or a run-cell requests parquet, in file order.
+
+    Returns ``request_id``, ``prompt_token_ids``, ``output_token_ids`` and, when the parquet has them,
+    ``prompt_text`` / ``output_text``.
+    """
+    path = Path(path)
+    if path.suffix in (".jsonl", ".json"):
+        df = pd.DataFrame(_read_trace_jsonl(path), columns=["request_id", "prompt_token_ids", "output_token_ids"])
+    elif path.suffix == ".parquet":
+        df = pd.read_parquet(path)
+        missing = [c for c in ("request_id", "prompt_token_ids", "output_token_ids") if c not in df.columns]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (have: {', '.join(df.columns)})")
+        keep = [
+            c
+            for c in ("request_id", "prompt_token_ids", "output_token_ids", "prompt_text", "output_text")
+            if c in df.columns
+        ]
+        df = df[keep].copy()
+        df["request_id"] = df["request_id"].astype(str)
+    else:
+        raise ValueError(f"{path}: expected a .jsonl published trace or a .parquet requests table")
+    dup = df["request_id"][df["request_id"].duplicated()]
+    if len(dup):
+        raise ValueError(f"{path}: duplicate request_id(s) {', '.join(map(str, dup.unique()[:5]))}")
+    return df.reset_index(drop=True)
+
+
+def _decode_with(tokenizer_path: str | os.PathLike[str], df: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``prompt_text`` / ``output_text`` by decoding ids with a ``tokenizer.json``."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:  # optional dependency (the `engine` extra)
+        raise ValueError("--tokenizer needs the `tokenizers` package (pip install sdbench[engine])") from exc
+    path = Path(tokenizer_path)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    df = df.copy()
+    df["prompt_text"] = [tok.decode(list(map(int, ids)), skip_special_tokens=False) for ids in df["prompt_token_ids"]]
+    df["output_text"] = [tok.decode(list(map(int, ids)), skip_special_tokens=False) for ids in df["output_token_ids"]]
+    return df
+
+
+def _has_text(df: pd.DataFrame) -> bool:
+    return all(c in df.columns and df[c].notna().all() for c in ("prompt_text", "output_text"))
+
+
+def compute_buckets(requests: pd.DataFrame, order: int = DEFAULT_ORDER, basis: str = "auto") -> pd.DataFrame:
+    """Per-request BLEU-``order`` and bucket, in input order.
+
+    ``basis``: ``text`` (needs text columns), ``ids``, or ``auto`` (text when every row has both texts,
+    otherwise ids for all rows -- never a mix, so buckets stay comparable within a file). The basis and
+    smoothing are recorded in ``DataFrame.attrs`` (stored in the parquet's pandas metadata).
+    """
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    _scorer(order, "none")  # validate order early
+    use_text = basis == "text" or (basis == "auto" and _has_text(requests))
+    if use_text and not _has_text(requests):
+        raise ValueError("basis 'text' needs non-null prompt_text and output_text for every request")
+    if use_text:
+        scores = [bleu_text(p, o, order) for p, o in zip(requests["prompt_text"], requests["output_text"])]
+    else:
+        scores = [bleu_ids(p, o, order) for p, o in zip(requests["prompt_token_ids"], requests["output_token_ids"])]
+    out = pd.DataFrame(
+        {
+            "request_id": requests["request_id"].astype(str).to_numpy(),
+            "bleu_order": np.full(len(scores), order, dtype="int64"),
+            "bleu": np.asarray(scores, dtype="float64"),
+            "bucket": [bucket_of(s) for s in scores],
+        }
+    )
+    out.attrs = {
+        "bleu_basis": "text_13a" if use_text else "token_ids",
+        "hypothesis": "output",
+        "reference": "prompt",
+        "smooth_method": SMOOTH_METHOD,
+    }
+    return out
+
+
+def bucket_counts(buckets: pd.DataFrame) -> dict[str, int]:
+    """Requests per bucket label, every bucket present (zero if empty), in bucket order."""
+    counts = buckets["bucket"].value_counts()
+    return {label: int(counts.get(label, 0)) for label in BUCKET_LABELS}
+
+
+# --------------------------------------------------------------------------------------------------
+# Fig. 8 heatmap
+
+
+def plot_heatmap(
+    speedups: pd.DataFrame,
+    buckets: pd.DataFrame,
+    out_png: str | os.PathLike[str],
+    title: str | None = None,
+) -> None:
+    """Fig. 8-style heatmap of n-gram's speedup relative to EAGLE, by BLEU bucket and batch size.
+
+    ``speedups`` has ``bucket``, ``batch_size`` and ``relative_speedup`` (n-gram speedup / EAGLE
+    speedup); cells show ``(relative_speedup - 1)`` in percent, blue where n-gram wins, red where it
+    loses. ``buckets`` (the ``bleu buckets`` product) supplies n per bucket and the BLEU order.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import TwoSlopeNorm
+
+    for name, df, cols in (
+        ("speedups", speedups, ("bucket", "batch_size", "relative_speedup")),
+        ("buckets", buckets, BUCKET_COLUMNS),
+    ):
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise ValueError(f"{name} table lacks column(s) {', '.join(missing)}")
+    unknown = sorted(set(speedups["bucket"]) - set(BUCKET_LABELS))
+    if unknown:
+        raise ValueError(f"speedups: unknown bucket label(s) {unknown} (expected {list(BUCKET_LABELS)})")
+    if speedups.duplicated(["bucket", "batch_size"]).any():
+        raise ValueError("speedups: more than one row for a (bucket, batch_size)")
+    orders = sorted(set(int(o) for o in buckets["bleu_order"]))
+    if len(orders) != 1:
+        raise ValueError(f"buckets: expected one bleu_order, found {orders}")
+
+    batch_sizes = sorted(int(b) for b in speedups["batch_size"].unique())
+    grid = (
+        speedups.assign(
+            pct=(speedups["relative_speedup"].astype(float) - 1.0) * 100.0,
+            batch_size=speedups["batch_size"].astype(int),
+        )
+        .pivot(index="batch_size", columns="bucket", values="pct")
+        .reindex(index=batch_sizes, columns=list(BUCKET_LABELS))
+    )
+    values = grid.to_numpy(dtype=float)
+    counts = bucket_counts(buckets)
+    span = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    span = max(span, 1.0)
+
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(batch_sizes) + 1.8))
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=TwoSlopeNorm(0.0, -span, span), aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(
+                j,
+                i,
+                f"{v:+.0f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if abs(v) > 0.6 * span else "black",
+            )
+    ax.set_xticks(range(len(BUCKET_LABELS)))
+    ax.set_xticklabels([f"{b}\nn={counts[b]}" for b in BUCKET_LABELS], fontsize=8)
+    ax.set_yticks(range(len(batch_sizes)))
+    ax.set_yticklabels([str(b) for b in batch_sizes], fontsize=8)
+    ax.set_xlabel(f"BLEU-{orders[0]} (prompt vs. no-SD output)")
+    ax.set_ylabel("Batch size")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, label="n-gram speedup relative to EAGLE (%)")
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=150, metadata={"Software": None})
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _run_buckets(args: argparse.Namespace) -> int:
+    try:
+        requests = read_requests(args.input)
+        if args.tokenizer:
+            requests = _decode_with(args.tokenizer, requests)
+        out = compute_buckets(requests, order=args.order, basis=args.basis)
+    except ValueError as exc:
+        raise SystemExit(f"sdbench bleu buckets: {exc}") from exc
+    write_parquet(out, args.output)
+    print(
+        json.dumps(
+            {
+                "output": str(args.output),
+                "bleu_order": args.order,
+                "basis": out.attrs["bleu_basis"],
+                "counts": bucket_counts(out),
+            }
+        )
+    )
+    return 0
+
+
+def _run_heatmap(args: argparse.Namespace) -> int:
+    try:
+        plot_heatmap(pd.read_parquet(args.speedups), pd.read_parquet(args.buckets), args.output, title=args.title)
+    except ValueError as exc:
+        raise SystemExit(f"sdbench bleu heatmap: {exc}") from exc
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench bleu buckets`` and ``sdbench bleu heatmap``."""
+    p = subparsers.add_parser("bleu", help="prompt-output BLEU buckets and the Fig. 8 heatmap (paper Sec. 7)")
+    sub = p.add_subparsers(dest="bleu_command", required=True)
+
+    b = sub.add_parser("buckets", help="per-request BLEU-n between prompt and no-SD output, bucketed")
+    b.add_argument(
+        "--input", required=True, type=Path, metavar="FILE", help="published-trace .jsonl or requests .parquet"
+    )
+    b.add_argument("--output", required=True, type=Path, metavar="OUT.parquet")
+    b.add_argument(
+        "--order", type=int, default=DEFAULT_ORDER, choices=range(1, MAX_ORDER + 1), metavar=f"1..{MAX_ORDER}"
+    )
+    b.add_argument("--basis", choices=BASES, default="auto", help="text or token ids (auto: text when present)")
+    b.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json (or its directory) to decode ids to text")
+    b.set_defaults(func=_run_buckets)
+
+    h = sub.add_parser("heatmap", help="Fig. 8: n-gram vs EAGLE relative speedup by BLEU bucket and batch size")
+    h.add_argument("--speedups", required=True, type=Path, metavar="TABLE.parquet")
+    h.add_argument("--buckets", required=True, type=Path, metavar="BUCKETS.parquet")
+    h.add_argument("--output", required=True, type=Path, metavar="fig8.png")
+    h.add_argument("--title", default=None)
+    h.set_defaults(func=_run_heatmap)

@@ -1,0 +1,777 @@
+"""Analytical memory accounting of speculative decoding (paper Sec. 5.2, Tab. 2/3, App. A.2).
+
+Two numbers per (target, drafter, method) cell, both computed from architecture configs, never typed in:
+
+* static memory: bytes of the weights the engine holds for target + drafter, at the serving dtype
+  (App. A.2: ``(P_target + P_draft) * 2 / 2**30`` for 16-bit weights);
+* per-token KV cache: ``layers * 2 (K and V) * n_kv * d_head * bytes`` summed over target and drafter
+  layers, in KiB.
+
+Parameter counts follow what vLLM 0.10.1.1 loads, which is also what the paper counts: EAGLE-1 heads
+share the target's embedding and LM head; EAGLE-3 heads share the embedding but bring their own
+draft-vocabulary LM head and a ``d2t`` table (``t2d`` is skipped); n-gram adds nothing.
+
+Architecture configs live in ``resources/models/<org>--<name>.yaml`` (one per Hugging Face repo id) and
+are validated with a JSON schema on load; a local model directory (or its ``config.json``) is accepted
+too, so the tiny models the pipeline trains itself need no YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from sdbench.io import atomic_path
+
+ARCHITECTURES = ("llama", "qwen3", "eagle", "eagle3", "glm4_moe")
+# "none" = no speculative decoding; "mtp" = the target's own multi-token-prediction layers.
+METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+# d2t is a torch.long parameter in vLLM's Eagle3LlamaForCausalLM, whatever the weights' dtype.
+INT64_BYTES = 8
+GIB = 2**30
+KIB = 2**10
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+_POS_INT = {"type": "integer", "minimum": 1}
+_NONNEG_INT = {"type": "integer", "minimum": 0}
+_BOOL = {"type": "boolean"}
+
+_COMMON_REQUIRED = [
+    "repo_id",
+    "architecture",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "torch_dtype",
+]
+_EAGLE_REQUIRED = ["fc_bias", "first_layer_input_layernorm", "shares_embed_tokens", "shares_lm_head"]
+_EAGLE3_REQUIRED = ["draft_vocab_size", "fc_bias", "shares_embed_tokens", "shares_lm_head", "has_d2t", "has_t2d"]
+_MOE_REQUIRED = [
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "n_shared_experts",
+    "num_experts_per_tok",
+    "first_k_dense_replace",
+    "num_nextn_predict_layers",
+]
+
+MODEL_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "sdbench model architecture config",
+    "type": "object",
+    "required": _COMMON_REQUIRED,
+    "additionalProperties": False,
+    "properties": {
+        "repo_id": {"type": "string", "pattern": r"^[^/\s]+/[^/\s]+$"},
+        "architecture": {"enum": list(ARCHITECTURES)},
+        "vocab_size": _POS_INT,
+        "hidden_size": _POS_INT,
+        "intermediate_size": _POS_INT,
+        "num_hidden_layers": _POS_INT,
+        "num_attention_heads": _POS_INT,
+        "num_key_value_heads": _POS_INT,
+        "head_dim": _POS_INT,
+        "tie_word_embeddings": _BOOL,
+        "torch_dtype": {"enum": list(DTYPE_BYTES)},
+        "attention_bias": _BOOL,
+        "mlp_bias": _BOOL,
+        # EAGLE / EAGLE-3 heads
+        "target_repo_id": {"type": "string"},
+        "draft_vocab_size": _POS_INT,
+        "target_hidden_size": _POS_INT,
+        "fc_bias": _BOOL,
+        "first_layer_input_layernorm": _BOOL,
+        "shares_embed_tokens": _BOOL,
+        "shares_lm_head": _BOOL,
+        "has_d2t": _BOOL,
+        "has_t2d": _BOOL,
+        # glm4_moe
+        "use_qk_norm": _BOOL,
+        "moe_intermediate_size": _POS_INT,
+        "n_routed_experts": _POS_INT,
+        "n_shared_experts": _NONNEG_INT,
+        "num_experts_per_tok": _POS_INT,
+        "first_k_dense_replace": _NONNEG_INT,
+        "num_nextn_predict_layers": _NONNEG_INT,
+    },
+    "allOf": [
+        {
+            "if": {"properties": {"architecture": {"const": "eagle"}}, "required": ["architecture"]},
+            "then": {"required": _EAGLE_REQUIRED},
+        },
+        {
+            "if": {"properties": {"architecture": {"const": "eagle3"}}, "required": ["architecture"]},
+            "then": {"required": _EAGLE3_REQUIRED},
+        },
+        {
+            "if": {"properties": {"architecture": {"const": "glm4_moe"}}, "required": ["architecture"]},
+            "then": {"required": _MOE_REQUIRED},
+        },
+    ],
+}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts of one model (a validated ``resources/models`` YAML or a ``config.json``)."""
+
+    repo_id: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    torch_dtype: str
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    target_repo_id: str | None = None
+    draft_vocab_size: int | None = None
+    target_hidden_size: int | None = None
+    fc_bias: bool = False
+    first_layer_input_layernorm: bool = True
+    shares_embed_tokens: bool = False
+    shares_lm_head: bool = False
+    has_d2t: bool = False
+    has_t2d: bool = False
+    use_qk_norm: bool = False
+    moe_intermediate_size: int | None = None
+    n_routed_experts: int | None = None
+    n_shared_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    first_k_dense_replace: int | None = None
+    num_nextn_predict_layers: int = 0
+    source: str = field(default="", compare=False)
+
+    @property
+    def kv_bytes_per_layer_elem(self) -> int:
+        """K and V elements per token for one layer: ``2 * n_kv * d_head``."""
+        return 2 * self.num_key_value_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class ParamBreakdown:
+    """Parameters one model contributes to a cell, by component.
+
+    ``components`` are held in GPU memory at the serving dtype, except those named in ``int64``;
+    ``shared_with_target`` names the drafter parts reused from the target (counted once, in the
+    target); ``not_loaded`` lists checkpoint tensors the engine skips (not counted).
+    """
+
+    components: dict[str, int]
+    int64: tuple[str, ...] = ()
+    shared_with_target: tuple[str, ...] = ()
+    not_loaded: dict[str, int] = field(default_factory=dict)
+    kv_layers: int = 0
+
+    @property
+    def total(self) -> int:
+        """Total counted parameters."""
+        return sum(self.components.values())
+
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        """Bytes of the counted parameters at ``dtype_bytes`` per element (int64 tables at 8)."""
+        return sum(n * (INT64_BYTES if name in self.int64 else dtype_bytes) for name, n in self.components.items())
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def model_file_name(repo_id: str) -> str:
+    """``org/name`` -> ``org--name.yaml`` (the file holding that repo's architecture config)."""
+    return repo_id.replace("/", "--") + ".yaml"
+
+
+def default_models_dir() -> Path:
+    """``resources/models`` under the working directory, else under the repository checkout."""
+    cwd = Path("resources/models")
+    return cwd if cwd.is_dir() else _REPO_ROOT / "resources" / "models"
+
+
+def _format_schema_error(source: str, err: jsonschema.ValidationError) -> str:
+    where = "/".join(str(p) for p in err.absolute_path)
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if isinstance(err.instance, dict) and k not in err.instance]
+        arch = err.instance.get("architecture") if isinstance(err.instance, dict) else None
+        why = f" (required for architecture {arch!r})" if arch and set(missing) - set(_COMMON_REQUIRED) else ""
+        return "; ".join(f"{source}: key {k!r}: missing{why}" for k in missing)
+    if err.validator == "additionalProperties" and isinstance(err.instance, dict):
+        unknown = [k for k in err.instance if k not in MODEL_SCHEMA["properties"]]
+        return "; ".join(
+            f"{source}: key {k!r}: unknown key (allowed: {', '.join(sorted(MODEL_SCHEMA['properties']))})"
+            for k in unknown
+        )
+    return f"{source}: key {where or '<root>'!r}: {err.message}"
+
+
+def validate_model_config(data: Any, source: str) -> None:
+    """Check ``data`` against :data:`MODEL_SCHEMA`; raise ``ValueError`` naming ``source`` and each bad key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: expected a mapping of config keys, got {type(data).__name__}")
+    validator = jsonschema.Draft202012Validator(MODEL_SCHEMA)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    if errors:
+        raise ValueError("invalid model config:\n  " + "\n  ".join(_format_schema_error(source, e) for e in errors))
+
+
+def _spec_from_mapping(data: Mapping[str, Any], source: str) -> ModelSpec:
+    validate_model_config(dict(data), source)
+    allowed = {f.name for f in fields(ModelSpec)}
+    return ModelSpec(**{k: v for k, v in data.items() if k in allowed}, source=source)
+
+
+def load_model_yaml(path: str | os.PathLike[str]) -> ModelSpec:
+    """Load and validate one ``resources/models`` YAML; its ``repo_id`` must match the file name."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+    spec = _spec_from_mapping(data if data is not None else {}, str(path))
+    if model_file_name(spec.repo_id) != path.name:
+        raise ValueError(
+            f"{path}: key 'repo_id': {spec.repo_id!r} belongs in {model_file_name(spec.repo_id)!r}, "
+            f"not {path.name!r}"
+        )
+    return spec
+
+
+# config.json model_type -> our architecture name (EAGLE-1 heads ship a plain llama config).
+_HF_MODEL_TYPES = {"llama": "llama", "qwen3": "qwen3", "glm4_moe": "glm4_moe"}
+
+
+def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> ModelSpec:
+    """Build a spec from a local Hugging Face ``config.json`` (or the directory holding it).
+
+    ``expect="eagle"`` reads a plain llama config as an EAGLE-1 head (that is all its config says);
+    an EAGLE-3 head is recognised by ``draft_vocab_size`` or an ``*Eagle3*`` architecture name.
+    """
+    path = Path(path)
+    cfg_path = path / "config.json" if path.is_dir() else path
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{cfg_path}: cannot read a Hugging Face config.json ({exc})") from exc
+    src = str(cfg_path)
+    archs = [str(a) for a in cfg.get("architectures") or []]
+    model_type = cfg.get("model_type")
+    if "draft_vocab_size" in cfg or any("eagle3" in a.lower() for a in archs):
+        arch = "eagle3"
+    elif model_type in _HF_MODEL_TYPES:
+        arch = _HF_MODEL_TYPES[model_type]
+    else:
+        raise ValueError(
+            f"{src}: key 'model_type': {model_type!r} is not supported "
+            f"(supported: {', '.join(sorted(_HF_MODEL_TYPES))}, or an EAGLE-3 head)"
+        )
+    if expect == "eagle" and arch == "llama":
+        arch = "eagle"
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if key not in cfg:
+            raise ValueError(f"{src}: key {key!r}: missing")
+    heads = cfg["num_attention_heads"]
+    data: dict[str, Any] = {
+        "repo_id": cfg.get("_name_or_path") if "/" in str(cfg.get("_name_or_path", "")) else f"local/{path.name}",
+        "architecture": arch,
+        "vocab_size": cfg["vocab_size"],
+        "hidden_size": cfg["hidden_size"],
+        "intermediate_size": cfg["intermediate_size"],
+        "num_hidden_layers": cfg["num_hidden_layers"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": cfg.get("num_key_value_heads") or heads,
+        # transformers' default when config.json has no head_dim key
+        "head_dim": cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        # transformers >= 4.56 writes "dtype"; no key means float32 weights
+        "torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
+        "attention_bias": bool(cfg.get("attention_bias", False)),
+    }
+    if arch != "glm4_moe":
+        data["mlp_bias"] = bool(cfg.get("mlp_bias", False))
+    if arch == "eagle":
+        data.update(fc_bias=False, first_layer_input_layernorm=False, shares_embed_tokens=True, shares_lm_head=True)
+    elif arch == "eagle3":
+        data.update(
+            draft_vocab_size=cfg.get("draft_vocab_size") or cfg["vocab_size"],
+            fc_bias=False,
+            shares_embed_tokens=True,
+            shares_lm_head=False,
+            has_d2t=True,
+            has_t2d=True,
+        )
+        if cfg.get("target_hidden_size"):
+            data["target_hidden_size"] = cfg["target_hidden_size"]
+    elif arch == "glm4_moe":
+        data["use_qk_norm"] = bool(cfg.get("use_qk_norm", False))
+        for key in _MOE_REQUIRED:
+            if key in cfg:
+                data[key] = cfg[key]
+    return _spec_from_mapping(data, src)
+
+
+def load_model_spec(
+    name: str, models_dir: str | os.PathLike[str] | None = None, expect: str | None = None
+) -> ModelSpec:
+    """Resolve ``name`` to a spec: a local model dir / ``config.json`` path, else a repo id in ``models_dir``."""
+    local = Path(name)
+    if local.is_dir() or (local.is_file() and local.suffix == ".json"):
+        return load_hf_config(local, expect=expect)
+    if local.is_file() and local.suffix in (".yaml", ".yml"):
+        return load_model_yaml(local)
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise ValueError(f"{name!r}: no such model directory or config.json (a repo id looks like 'org/name')")
+    mdir = Path(models_dir) if models_dir is not None else default_models_dir()
+    path = mdir / model_file_name(name)
+    if not path.is_file():
+        known = sorted(p.stem.replace("--", "/", 1) for p in mdir.glob("*.yaml")) if mdir.is_dir() else []
+        raise ValueError(
+            f"no architecture config for {name!r}: expected {path} "
+            f"(known: {', '.join(known) or 'none'}; or pass a local model directory / config.json)"
+        )
+    return load_model_yaml(path)
+
+
+def iter_model_specs(models_dir: str | os.PathLike[str] | None = None) -> Iterable[ModelSpec]:
+    """Load and validate every YAML in ``models_dir``."""
+    mdir = Path(models_dir) if models_dir is not None else default_models_dir()
+    for path in sorted(mdir.glob("*.yaml")):
+        yield load_model_yaml(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameter counting
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _attention(spec: ModelSpec, n_in: int) -> int:
+    """q, k, v, o projections (GQA: k/v have n_kv heads); q/k/v read ``n_in`` features."""
+    q_out = spec.num_attention_heads * spec.head_dim
+    kv_out = spec.num_key_value_heads * spec.head_dim
+    # GLM-4.5 puts a bias on q/k/v only; Llama/Qwen3 `attention_bias` covers o_proj too.
+    o_bias = spec.attention_bias and spec.architecture != "glm4_moe"
+    return (
+        _linear(n_in, q_out, spec.attention_bias)
+        + 2 * _linear(n_in, kv_out, spec.attention_bias)
+        + _linear(q_out, spec.hidden_size, o_bias)
+    )
+
+
+def _qk_norm(spec: ModelSpec) -> int:
+    """Per-head RMSNorm weights on q and k (Qwen3 always, GLM-4.5 if ``use_qk_norm``)."""
+    has = spec.architecture == "qwen3" or (spec.architecture == "glm4_moe" and spec.use_qk_norm)
+    return 2 * spec.head_dim if has else 0
+
+
+def _gated_mlp(hidden: int, inter: int, bias: bool) -> int:
+    """SwiGLU MLP: gate and up (h -> I), down (I -> h)."""
+    return 2 * _linear(hidden, inter, bias) + _linear(inter, hidden, bias)
+
+
+def _moe_parts(spec: ModelSpec) -> dict[str, int]:
+    """One MoE layer's MLP: routed experts, shared experts, router (gate weight + correction bias)."""
+    assert spec.moe_intermediate_size and spec.n_routed_experts is not None and spec.n_shared_experts is not None
+    expert = _gated_mlp(spec.hidden_size, spec.moe_intermediate_size, False)
+    return {
+        "moe_routed_experts": spec.n_routed_experts * expert,
+        "moe_shared_experts": spec.n_shared_experts * expert,
+        "moe_router": spec.n_routed_experts * spec.hidden_size + spec.n_routed_experts,
+    }
+
+
+def _add(acc: dict[str, int], part: Mapping[str, int], times: int = 1) -> None:
+    for k, v in part.items():
+        acc[k] = acc.get(k, 0) + v * times
+
+
+def _decoder_layers(spec: ModelSpec) -> dict[str, int]:
+    """All decoder layers of a full model (dense, or GLM-style dense-then-MoE)."""
+    h = spec.hidden_size
+    acc: dict[str, int] = {}
+    per_layer = {"attention": _attention(spec, h), "layer_norms": 2 * h}
+    if _qk_norm(spec):
+        per_layer["qk_norm"] = _qk_norm(spec)
+    _add(acc, per_layer, spec.num_hidden_layers)
+    if spec.architecture == "glm4_moe":
+        dense = spec.first_k_dense_replace or 0
+        _add(acc, {"mlp_dense": _gated_mlp(h, spec.intermediate_size, False)}, dense)
+        _add(acc, _moe_parts(spec), spec.num_hidden_layers - dense)
+    else:
+        _add(acc, {"mlp": _gated_mlp(h, spec.intermediate_size, spec.mlp_bias)}, spec.num_hidden_layers)
+    return acc
+
+
+def count_full_model(spec: ModelSpec) -> ParamBreakdown:
+    """A complete causal LM (target, or draft model for draft-model SD)."""
+    if spec.architecture in ("eagle", "eagle3"):
+        raise ValueError(f"{spec.source}: {spec.repo_id} is an {spec.architecture} head, not a standalone model")
+    emb = spec.vocab_size * spec.hidden_size
+    comps = {"embed_tokens": emb}
+    comps.update(_decoder_layers(spec))
+    comps["final_norm"] = spec.hidden_size
+    # Tied embeddings: the LM head *is* the embedding matrix (App. A.2, Qwen3-0.6B), so it adds nothing.
+    comps["lm_head"] = 0 if spec.tie_word_embeddings else emb
+    return ParamBreakdown(components=comps, kv_layers=spec.num_hidden_layers)
+
+
+def count_eagle(spec: ModelSpec) -> ParamBreakdown:
+    """EAGLE-1 head: fc (2h -> h) + decoder layer(s); embedding and LM head usually from the target."""
+    h = spec.hidden_size
+    comps: dict[str, int] = {"fc": _linear(2 * h, h, spec.fc_bias)}
+    _add(
+        comps,
+        {"attention": _attention(spec, h), "mlp": _gated_mlp(h, spec.intermediate_size, spec.mlp_bias)},
+        spec.num_hidden_layers,
+    )
+    # post_attention_layernorm on every layer; input_layernorm absent on layer 0 (EAGLE cnets.py).
+    comps["layer_norms"] = spec.num_hidden_layers * h + (spec.num_hidden_layers - 1) * h
+    if spec.first_layer_input_layernorm:
+        comps["layer_norms"] += h
+    shared = []
+    if spec.shares_embed_tokens:
+        shared.append("embed_tokens")
+    else:
+        comps["embed_tokens"] = spec.vocab_size * h
+    if spec.shares_lm_head:
+        shared.append("lm_head")
+    else:
+        comps["lm_head"] = spec.vocab_size * h
+    return ParamBreakdown(components=comps, shared_with_target=tuple(shared), kv_layers=spec.num_hidden_layers)
+
+
+def count_eagle3(spec: ModelSpec) -> ParamBreakdown:
+    """EAGLE-3 head: fc (3 target hiddens -> h), decoder layer(s) whose first qkv reads 2h, final norm,
+    draft-vocabulary LM head and d2t; the embedding comes from the target, t2d is not loaded."""
+    h = spec.hidden_size
+    draft_vocab = spec.draft_vocab_size or spec.vocab_size
+    comps: dict[str, int] = {"fc": _linear(3 * (spec.target_hidden_size or h), h, spec.fc_bias)}
+    # Layer 0 attends over concat(normed embedding, normed fused feature); later layers over h.
+    comps["attention"] = _attention(spec, 2 * h) + (spec.num_hidden_layers - 1) * _attention(spec, h)
+    comps["mlp"] = spec.num_hidden_layers * _gated_mlp(h, spec.intermediate_size, spec.mlp_bias)
+    # input_layernorm + post_attention_layernorm per layer, hidden_norm on layer 0.
+    comps["layer_norms"] = spec.num_hidden_layers * 2 * h + h
+    comps["final_norm"] = h
+    shared = []
+    if spec.shares_embed_tokens:
+        shared.append("embed_tokens")
+    else:
+        comps["embed_tokens"] = spec.vocab_size * h
+    if spec.shares_lm_head:
+        shared.append("lm_head")
+    else:
+        comps["lm_head"] = draft_vocab * h
+    int64: tuple[str, ...] = ()
+    if spec.has_d2t:
+        comps["d2t"] = draft_vocab
+        int64 = ("d2t",)
+    not_loaded = {"t2d": spec.vocab_size} if spec.has_t2d else {}
+    return ParamBreakdown(
+        components=comps,
+        int64=int64,
+        shared_with_target=tuple(shared),
+        not_loaded=not_loaded,
+        kv_layers=spec.num_hidden_layers,
+    )
+
+
+def count_mtp(spec: ModelSpec) -> ParamBreakdown:
+    """GLM-4.5 MTP layers as vLLM loads them: per layer enorm, hnorm, eh_proj (2h -> h), one MoE decoder
+    layer, shared_head norm and its own LM head; the embedding is the target's."""
+    n = spec.num_nextn_predict_layers
+    if spec.architecture != "glm4_moe" or n < 1:
+        raise ValueError(f"{spec.source}: {spec.repo_id} has no MTP layers (num_nextn_predict_layers = {n})")
+    h = spec.hidden_size
+    layer: dict[str, int] = {"attention": _attention(spec, h), "layer_norms": 2 * h}
+    if _qk_norm(spec):
+        layer["qk_norm"] = _qk_norm(spec)
+    layer.update(_moe_parts(spec))
+    layer.update({"eh_proj": 2 * h * h, "mtp_norms": 3 * h, "lm_head": spec.vocab_size * h})
+    comps: dict[str, int] = {}
+    _add(comps, layer, n)
+    return ParamBreakdown(components=comps, shared_with_target=("embed_tokens",), kv_layers=n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cells
+
+
+def _infer_method(draft: ModelSpec | None) -> str:
+    if draft is None:
+        return "none"
+    return {"eagle": "eagle", "eagle3": "eagle3"}.get(draft.architecture, "draft_model")
+
+
+def _draft_breakdown(target: ModelSpec, draft: ModelSpec | None, method: str) -> ParamBreakdown | None:
+    """Check the (target, draft, method) combination and count the drafter."""
+    if method in ("none", "ngram"):
+        if draft is not None:
+            raise ValueError(f"method {method!r} uses no drafter model, but --draft {draft.repo_id!r} was given")
+        return None  # n-gram looks up CPU-resident token history: no weights, no KV cache
+    if method == "mtp":
+        if draft is not None and draft.repo_id != target.repo_id:
+            raise ValueError(f"method 'mtp' uses the target's own MTP layers; --draft {draft.repo_id!r} is not allowed")
+        return count_mtp(target)
+    if draft is None:
+        raise ValueError(f"method {method!r} needs --draft")
+    if method in ("eagle", "eagle3"):
+        if draft.architecture != method:
+            raise ValueError(
+                f"method {method!r} needs an {method} head, but {draft.repo_id!r} ({draft.source}) "
+                f"has architecture {draft.architecture!r}"
+            )
+        fused = (draft.target_hidden_size or draft.hidden_size) if method == "eagle3" else draft.hidden_size
+        if fused != target.hidden_size:
+            raise ValueError(
+                f"{draft.repo_id!r} ({draft.source}) reads hidden states of size {fused}, "
+                f"but target {target.repo_id!r} has hidden_size {target.hidden_size}"
+            )
+        if draft.shares_embed_tokens and draft.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"{draft.repo_id!r} shares the target's embedding but has vocab_size {draft.vocab_size} "
+                f"!= {target.vocab_size} of {target.repo_id!r}"
+            )
+        return count_eagle(draft) if method == "eagle" else count_eagle3(draft)
+    if method == "draft_model":
+        if draft.architecture in ("eagle", "eagle3"):
+            raise ValueError(f"{draft.repo_id!r} is an {draft.architecture} head; use --method {draft.architecture}")
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"draft model {draft.repo_id!r} has vocab_size {draft.vocab_size}, target {target.repo_id!r} "
+                f"has {target.vocab_size}: draft-model SD needs a shared vocabulary"
+            )
+        return count_full_model(draft)
+    raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+
+
+def memory_report(
+    target: str | ModelSpec,
+    draft: str | ModelSpec | None = None,
+    method: str | None = None,
+    models_dir: str | os.PathLike[str] | None = None,
+    dtype: str | None = None,
+) -> dict[str, Any]:
+    """Static weight memory (GiB) and per-token KV cache (KiB) of one cell, with the breakdown.
+
+    ``dtype`` is the serving dtype of weights and KV cache; by default the target's ``torch_dtype``
+    (vLLM runs the drafter at the target's dtype). ``method`` defaults to what the drafter implies.
+    """
+    tspec = target if isinstance(target, ModelSpec) else load_model_spec(target, models_dir)
+    if method is not None and method not in METHODS:
+        raise ValueError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    dspec = None
+    if draft is not None:
+        dspec = draft if isinstance(draft, ModelSpec) else load_model_spec(draft, models_dir, expect=method)
+    method = method or _infer_method(dspec)
+    serving = dtype or tspec.torch_dtype
+    if serving not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {serving!r} (choose from {', '.join(DTYPE_BYTES)})")
+    nbytes = DTYPE_BYTES[serving]
+
+    tparams = count_full_model(tspec)
+    dparams = _draft_breakdown(tspec, dspec, method)
+    t_bytes = tparams.weight_bytes(nbytes)
+    d_bytes = dparams.weight_bytes(nbytes) if dparams else 0
+    # KV cache is allocated at the model dtype (vLLM kv_cache_dtype "auto").
+    t_kv = tparams.kv_layers * tspec.kv_bytes_per_layer_elem * nbytes
+    kv_spec = tspec if method == "mtp" else dspec
+    d_kv = dparams.kv_layers * kv_spec.kv_bytes_per_layer_elem * nbytes if dparams and kv_spec else 0
+
+    return {
+        "target": tspec.repo_id,
+        "draft": (tspec.repo_id if method == "mtp" else dspec.repo_id) if dparams else None,
+        "method": method,
+        "dtype": serving,
+        "bytes_per_param": nbytes,
+        "static_gib": (t_bytes + d_bytes) / GIB,
+        "per_token_kib": (t_kv + d_kv) / KIB,
+        "target_params": tparams.total,
+        "draft_params": dparams.total if dparams else 0,
+        "target_params_b": tparams.total / 1e9,
+        "draft_params_b": (dparams.total if dparams else 0) / 1e9,
+        "target_static_gib": t_bytes / GIB,
+        "draft_static_gib": d_bytes / GIB,
+        "target_per_token_kib": t_kv / KIB,
+        "draft_per_token_kib": d_kv / KIB,
+        "target_kv_layers": tparams.kv_layers,
+        "draft_kv_layers": dparams.kv_layers if dparams else 0,
+        "breakdown": {
+            "target": tparams.components,
+            "draft": dparams.components if dparams else {},
+            "draft_int64": list(dparams.int64) if dparams else [],
+            "draft_shared_with_target": list(dparams.shared_with_target) if dparams else [],
+            "draft_not_loaded": dparams.not_loaded if dparams else {},
+        },
+        "sources": {"target": tspec.source, "draft": (kv_spec.source if dparams and kv_spec else None)},
+    }
+
+
+ANALYTICAL_COLUMNS = ("analytical_static_gib", "analytical_per_token_kib", "target_params_b", "draft_params_b")
+
+
+def _is_missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and not value)
+
+
+def analytical_memory_table(
+    cells: Any,
+    models_dir: str | os.PathLike[str] | None = None,
+    dtype: str | None = None,
+) -> Any:
+    """Add analytical memory columns to a table of cells.
+
+    ``cells`` is a ``pandas.DataFrame`` with columns ``target``, ``draft`` (null for none/n-gram) and
+    ``method`` (null: inferred from the drafter). Returns a copy with :data:`ANALYTICAL_COLUMNS`
+    appended, ready to be joined with measured memory columns.
+    """
+    import pandas as pd
+
+    missing = [c for c in ("target", "draft", "method") if c not in cells.columns]
+    if missing:
+        raise ValueError(f"cells table lacks column(s) {', '.join(missing)}")
+    clash = [c for c in ANALYTICAL_COLUMNS if c in cells.columns]
+    if clash:
+        raise ValueError(f"cells table already has column(s) {', '.join(clash)}")
+    specs: dict[tuple[str, str | None], ModelSpec] = {}
+
+    def spec(name: str, expect: str | None) -> ModelSpec:
+        key = (name, expect)
+        if key not in specs:
+            specs[key] = load_model_spec(name, models_dir, expect=expect)
+        return specs[key]
+
+    rows = []
+    for i, (target, draft, method) in enumerate(zip(cells["target"], cells["draft"], cells["method"])):
+        method = None if _is_missing(method) else str(method)
+        try:
+            rep = memory_report(
+                spec(str(target), None),
+                None if _is_missing(draft) else spec(str(draft), method),
+                method,
+                models_dir,
+                dtype,
+            )
+        except ValueError as exc:
+            raise ValueError(f"cells row {i} (target={target!r}, draft={draft!r}, method={method!r}): {exc}") from exc
+        rows.append([rep["static_gib"], rep["per_token_kib"], rep["target_params_b"], rep["draft_params_b"]])
+    out = cells.copy()
+    extra = pd.DataFrame(rows, columns=list(ANALYTICAL_COLUMNS), index=cells.index, dtype="float64")
+    return pd.concat([out, extra], axis=1)
+
+
+def _short(name: Any) -> str:
+    return "" if _is_missing(name) else str(name).rstrip("/").split("/")[-1]
+
+
+def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
+    """Analytical vs measured memory per cell, written atomically to ``out_png``.
+
+    Left: weights, analytical ``analytical_static_gib`` next to ``measured_weights_gib`` (bars) and
+    ``peak_memory_gib`` (marker). Right: ``analytical_per_token_kib``, annotated with the KV-cache
+    capacity in tokens that ``measured_kv_cache_gib`` implies. Measured columns may be absent or NaN.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    for col in ("analytical_static_gib", "analytical_per_token_kib"):
+        if col not in df.columns:
+            raise ValueError(f"plot_memory: missing column {col!r} (run analytical_memory_table first)")
+    n = len(df)
+    if n == 0:
+        raise ValueError("plot_memory: no cells to plot")
+
+    def col(name: str) -> np.ndarray:
+        return df[name].to_numpy(dtype=float) if name in df.columns else np.full(n, np.nan)
+
+    if "cell" in df.columns:
+        labels = [str(c) for c in df["cell"]]
+    else:
+        labels = [
+            f"{_short(t)} | {m if not _is_missing(m) else 'none'}" + (f" | {_short(d)}" if not _is_missing(d) else "")
+            for t, d, m in zip(df["target"], df.get("draft", [None] * n), df.get("method", [None] * n))
+        ]
+    static, weights, peak = col("analytical_static_gib"), col("measured_weights_gib"), col("peak_memory_gib")
+    per_tok, kv_gib = col("analytical_per_token_kib"), col("measured_kv_cache_gib")
+
+    x = np.arange(n)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(9.0, 1.2 * n + 5), 5.5))
+    w = 0.38
+    ax1.bar(x - w / 2, static, w, label="analytical weights", color="#4c72b0")
+    ax1.bar(x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452")
+    if np.isfinite(peak).any():
+        ax1.plot(x, peak, "k_", markersize=22, mew=2, linestyle="none", label="peak memory")
+    for xi, m in zip(x, weights):
+        if not np.isfinite(m):
+            ax1.text(xi + w / 2, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax1.set_ylabel("GiB")
+    ax1.set_title("Static memory (weights)")
+    ax1.legend(fontsize=8)
+
+    ax2.bar(x, per_tok, 0.6, color="#55a868")
+    for xi, kib, gib in zip(x, per_tok, kv_gib):
+        if np.isfinite(gib) and kib > 0:
+            ax2.text(xi, kib, f"{gib:.2f} GiB\n= {gib * 2**20 / kib:,.0f} tok", ha="center", va="bottom", fontsize=7)
+    ax2.set_ylim(0, float(np.nanmax(per_tok)) * 1.2)
+    ax2.set_ylabel("KiB per token")
+    ax2.set_title("KV cache per token (labels: measured cache, capacity)", fontsize=10)
+    for ax in (ax1, ax2):
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right", rotation_mode="anchor")
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=150, metadata={"Software": None})
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        report = memory_report(args.target, args.draft, args.method, args.models_dir, args.dtype)
+    except ValueError as exc:
+        raise SystemExit(f"sdbench memory: {exc}") from exc
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench memory``."""
+    p = subparsers.add_parser(
+        "memory",
+        help="analytical weight and KV-cache memory of a target/drafter pair (paper Tab. 2)",
+        description="Print static weight memory (GiB) and per-token KV cache (KiB) as JSON. "
+        "NAME is a Hugging Face repo id with a config in --models-dir, or a local model directory / config.json.",
+    )
+    p.add_argument("--target", required=True, metavar="NAME")
+    p.add_argument("--draft", metavar="NAME", help="EAGLE/EAGLE-3 head or draft model (omit for none/ngram/mtp)")
+    p.add_argument("--method", choices=METHODS, help="default: none without --draft, else implied by the drafter")
+    p.add_argument("--models-dir", type=Path, default=None, help="architecture YAMLs (default: resources/models)")
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="serving dtype (default: the target's torch_dtype)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,161 @@
+"""Prompt-output BLEU buckets (paper Sec. 7, Fig. 8)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sdbench import cli
+from sdbench.bleu import (
+    BUCKET_LABELS,
+    bleu_ids,
+    bleu_text,
+    bucket_counts,
+    bucket_of,
+    compute_buckets,
+    ids_to_words,
+    plot_heatmap,
+    read_requests,
+    sentence_bleu,
+)
+
+PROMPT = "rename the variable count to total in def f count = 0 return count"
+OUTPUT = "def f total = 0 return total"
+
+
+def _vocab_ids(*texts: str) -> tuple[list[int], ...]:
+    vocab: dict[str, int] = {}
+    return tuple([vocab.setdefault(w, 1000 + len(vocab)) for w in t.split()] for t in texts)
+
+
+@pytest.mark.parametrize("order", [1, 2, 4, 10])
+def test_bleu_on_ids_matches_bleu_on_equivalent_text(order: int) -> None:
+    prompt_ids, output_ids = _vocab_ids(PROMPT, OUTPUT)
+    on_ids = bleu_ids(prompt_ids, output_ids, order)
+    assert on_ids == pytest.approx(bleu_text(PROMPT, OUTPUT, order), abs=1e-12)
+    assert 0.0 < on_ids < 1.0
+    assert ids_to_words([5, 17, 5]) == "5 17 5"
+
+
+def test_hypothesis_is_the_output_and_reference_the_prompt() -> None:
+    """An output copied verbatim from a longer prompt has perfect precision; only the brevity
+    penalty (output shorter than prompt) keeps it below 1. Swapped roles would give a different score."""
+    prompt = list(range(40))
+    output = prompt[10:30]
+    score = bleu_ids(prompt, output)
+    assert score == pytest.approx(math.exp(1 - 40 / 20))
+    assert bleu_ids(output, prompt) != pytest.approx(score)
+    assert bleu_ids(prompt, prompt) == 1.0  # clamped: sacrebleu returns 100.00000000000001
+    assert bleu_ids(prompt, []) == 0.0 and bleu_ids([], output) == 0.0
+
+
+def test_smoothing_keeps_lower_order_overlap() -> None:
+    """With ``exp`` smoothing an output sharing unigrams but no 4-gram with the prompt is > 0."""
+    assert sentence_bleu("a b c d e f", "b a d c f e", 4) > 0.0
+
+
+@pytest.mark.parametrize(
+    ("score", "label"),
+    [
+        (0.0, "[0.0,0.2)"),
+        (0.1999999, "[0.0,0.2)"),
+        (0.2, "[0.2,0.4)"),
+        (0.4, "[0.4,0.6)"),
+        (0.6, "[0.6,0.8)"),
+        (0.7999999, "[0.6,0.8)"),
+        (0.8, "[0.8,1.0]"),
+        (1.0, "[0.8,1.0]"),
+    ],
+)
+def test_bucket_edges(score: float, label: str) -> None:
+    assert bucket_of(score) == label
+
+
+@pytest.mark.parametrize("score", [-0.01, 1.01, float("nan")])
+def test_bucket_rejects_out_of_range(score: float) -> None:
+    with pytest.raises(ValueError, match="not in"):
+        bucket_of(score)
+
+
+def _requests_parquet(path: Path, with_text: bool) -> Path:
+    (p1, o1), (p2, o2) = _vocab_ids(PROMPT, OUTPUT), _vocab_ids("a b c d e", "x y z")
+    df = pd.DataFrame(
+        {"request_id": ["r2", "r1"], "prompt_token_ids": [p1, p2], "output_token_ids": [o1, o2], "extra": [1, 2]}
+    )
+    if with_text:
+        df["prompt_text"] = [PROMPT, "a b c d e"]
+        df["output_text"] = [OUTPUT, "x y z"]
+    df.to_parquet(path, index=False)
+    return path
+
+
+def test_cli_buckets_on_parquet_keeps_input_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = _requests_parquet(tmp_path / "requests.parquet", with_text=True)
+    out = tmp_path / "buckets.parquet"
+    assert cli.main(["bleu", "buckets", "--input", str(src), "--output", str(out), "--order", "2"]) == 0
+    df = pd.read_parquet(out)
+    assert list(df.columns) == ["request_id", "bleu_order", "bleu", "bucket"]
+    assert df["request_id"].tolist() == ["r2", "r1"]
+    assert df["bleu_order"].tolist() == [2, 2]
+    assert df["bleu"].iloc[0] == pytest.approx(bleu_text(PROMPT, OUTPUT, 2))
+    assert df["bucket"].iloc[1] == "[0.0,0.2)"
+    assert json.loads(capsys.readouterr().out)["basis"] == "text_13a"
+
+
+def test_parquet_input_errors_name_file_and_column(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.parquet"
+    pd.DataFrame({"request_id": ["a"], "prompt_token_ids": [[1, 2]]}).to_parquet(bad)
+    with pytest.raises(ValueError, match=r"bad\.parquet: missing column\(s\) output_token_ids"):
+        read_requests(bad)
+    req = read_requests(_requests_parquet(tmp_path / "ids.parquet", with_text=False))
+    with pytest.raises(ValueError, match="basis 'text' needs"):
+        compute_buckets(req, basis="text")
+    assert compute_buckets(req).attrs["bleu_basis"] == "token_ids"
+
+
+# Bucket counts of BLEU-4 (token ids, exp smoothing) on the paper's published Llama-3.1-8B traces.
+PUBLISHED_COUNTS = {
+    "instructcoder": {"[0.0,0.2)": 86, "[0.2,0.4)": 193, "[0.4,0.6)": 167, "[0.6,0.8)": 50, "[0.8,1.0]": 4},
+    "gsm8k": {"[0.0,0.2)": 271, "[0.2,0.4)": 29, "[0.4,0.6)": 0, "[0.6,0.8)": 0, "[0.8,1.0]": 0},
+}
+
+
+@pytest.mark.parametrize("dataset", sorted(PUBLISHED_COUNTS))
+def test_published_traces_bucket_counts(published_traces_dir: Path, dataset: str, tmp_path: Path) -> None:
+    src = published_traces_dir / f"combined_{dataset}.jsonl"
+    out = tmp_path / "buckets.parquet"
+    assert cli.main(["bleu", "buckets", "--input", str(src), "--output", str(out)]) == 0
+    df = pd.read_parquet(out)
+    ids_in_file = [json.loads(line)["id"] for line in src.read_text().splitlines() if line.strip()]
+    assert df["request_id"].tolist() == ids_in_file
+    assert bucket_counts(df) == PUBLISHED_COUNTS[dataset]
+    # Code editing copies from the prompt far more than math word problems do (Sec. 7).
+    if dataset == "instructcoder":
+        assert df["bleu"].median() > 0.3
+    else:
+        assert df["bleu"].median() < 0.2
+
+
+def test_heatmap_cli(tmp_path: Path) -> None:
+    buckets = pd.DataFrame(
+        {
+            "request_id": ["a", "b", "c"],
+            "bleu_order": [4, 4, 4],
+            "bleu": [0.1, 0.5, 0.9],
+            "bucket": ["[0.0,0.2)", "[0.4,0.6)", "[0.8,1.0]"],
+        }
+    )
+    rows = [(b, bs, 0.8 + 0.1 * i + 0.01 * bs) for i, b in enumerate(BUCKET_LABELS[:4]) for bs in (1, 8, 32)]
+    speedups = pd.DataFrame(rows, columns=["bucket", "batch_size", "relative_speedup"])
+    buckets.to_parquet(tmp_path / "b.parquet")
+    speedups.to_parquet(tmp_path / "s.parquet")
+    png = tmp_path / "fig8.png"
+    argv = ["bleu", "heatmap", "--speedups", str(tmp_path / "s.parquet"), "--buckets", str(tmp_path / "b.parquet")]
+    assert cli.main([*argv, "--output", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ValueError, match="unknown bucket label"):
+        plot_heatmap(speedups.assign(bucket="0-0.2"), buckets, tmp_path / "x.png")

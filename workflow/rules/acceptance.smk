@@ -1,0 +1,102 @@
+# Acceptance tracing (paper Sec. 6): in-engine traces of the grid's SD methods,
+# offline n-gram traces of the no-SD outputs, the published traces, and the
+# acceptance tables and figures drawn from trace tables only.
+
+
+rule trace_cell:
+    input:
+        unpack(drafter_inputs),
+        prompts="results/prompts/{model}/{dataset}.parquet",
+        model=target_dir,
+    output:
+        trace=f"{TRACE_DIR}/{{method}}/engine_trace.parquet",
+        requests=f"{TRACE_DIR}/{{method}}/engine_requests.parquet",
+    log:
+        "logs/trace_cell/{engine}/{model}/{dataset}/{method}.log",
+    benchmark:
+        "benchmarks/trace_cell/{engine}/{model}/{dataset}/{method}.tsv"
+    container:
+        cell_container
+    threads: 1024
+    resources:
+        gpu=cell_gpus,
+    params:
+        spec=trace_spec,
+        drafter=drafter_arg,
+        k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
+        seqs=TRACE_SETTINGS.get("max_num_seqs", 8),
+    shell:
+        "sdbench trace-cell --spec {params.spec} --prompts {input.prompts} "
+        "--model-dir {input.model} {params.drafter} --num-speculative-tokens {params.k} "
+        "--max-num-seqs {params.seqs} --output {output.trace} --requests {output.requests} "
+        "> {log} 2>&1"
+
+
+rule trace_ngram_offline:
+    input:
+        baseline_requests,
+    output:
+        f"{TRACE_DIR}/offline_ngram.parquet",
+    log:
+        "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
+    params:
+        k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
+    shell:
+        "sdbench trace ngram --input {input} --output {output} "
+        "--num-speculative-tokens {params.k} > {log} 2>&1"
+
+
+rule acceptance_grid:
+    input:
+        engine_trace_files(),
+    output:
+        table="results/acceptance/grid/table4.parquet",
+        markdown="results/acceptance/grid/table4.md",
+        figures=directory("results/acceptance/grid/figures"),
+    log:
+        "logs/acceptance_grid.log",
+    params:
+        labels=engine_trace_labels(),
+    shell:
+        "(sdbench acceptance table4 --traces {input} --labels {params.labels} "
+        "--output {output.table} --markdown {output.markdown} && "
+        "sdbench acceptance figures --traces {input} --labels {params.labels} "
+        "--outdir {output.figures}) > {log} 2>&1"
+
+
+rule fetch_published_traces:
+    output:
+        "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+    log:
+        "logs/fetch_published_traces/{published}.log",
+    params:
+        local=published_local_arg,
+    shell:
+        "sdbench fetch published-traces --dataset {wildcards.published} "
+        "--output {output} {params.local} > {log} 2>&1"
+
+
+rule published_trace_table:
+    input:
+        "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+    output:
+        "results/traces/published/{published}.parquet",
+    log:
+        "logs/published_trace_table/{published}.log",
+    shell:
+        "sdbench trace published --input {input} --output {output} > {log} 2>&1"
+
+
+rule acceptance_published:
+    input:
+        published_trace_files(),
+    output:
+        table="results/acceptance/published/table4.parquet",
+        markdown="results/acceptance/published/table4.md",
+        figures=directory("results/acceptance/published/figures"),
+    log:
+        "logs/acceptance_published.log",
+    shell:
+        "(sdbench acceptance table4 --traces {input} --output {output.table} "
+        "--markdown {output.markdown} && "
+        "sdbench acceptance figures --traces {input} --outdir {output.figures}) > {log} 2>&1"
