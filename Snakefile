@@ -24,6 +24,7 @@ include: "workflow/rules/models.smk"
 include: "workflow/rules/datasets.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/acceptance.smk"
 
 
 rule all:

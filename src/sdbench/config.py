@@ -103,6 +103,11 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
                     )
                 elif drafter not in config["models"]:
                     problems.append(f"methods.{method_name}.drafter.{model_name}: unknown model {drafter!r}")
+    for i, name in enumerate(config.get("traces", {}).get("methods", [])):
+        if name not in config["methods"]:
+            problems.append(f"traces.methods[{i}]: unknown method {name!r}")
+        elif config["methods"][name]["method"] == "none":
+            problems.append(f"traces.methods[{i}]: {name!r} is the no-SD baseline; nothing to trace")
     for name, method in config["methods"].items():
         lo, hi = method.get("prompt_lookup_min"), method.get("prompt_lookup_max")
         if lo is not None and hi is not None and lo > hi:

@@ -106,3 +106,31 @@ def resolve_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "dataset": {k: config["datasets"][cell.dataset][k] for k in ("max_tokens", "num_prompts")},
         "run": config.get("run", {}),
     }
+
+
+@dataclass(frozen=True, order=True)
+class TraceTarget:
+    """An in-engine trace: one SD method on one engine x model x dataset."""
+
+    engine: str
+    model: str
+    dataset: str
+    method: str
+
+
+def trace_targets(config: dict[str, Any]) -> list[TraceTarget]:
+    """Traced methods (``traces.methods``) wherever the grid runs them, sorted."""
+    wanted = set(config.get("traces", {}).get("methods", []))
+    return sorted({TraceTarget(c.engine, c.model, c.dataset, c.method) for c in cells(config) if c.method in wanted})
+
+
+def baseline_cells(config: dict[str, Any]) -> list[Cell]:
+    """Per engine x model x dataset, the no-SD cell at the smallest batch size (its
+    greedy outputs feed the offline tracer and BLEU)."""
+    base = baseline_method(config)
+    smallest: dict[tuple[str, str, str], Cell] = {}
+    for c in cells(config):
+        key = (c.engine, c.model, c.dataset)
+        if c.method == base and (key not in smallest or c.batch_size < smallest[key].batch_size):
+            smallest[key] = c
+    return [smallest[k] for k in sorted(smallest)]

@@ -266,6 +266,90 @@ def _sum_lists(series: pd.Series) -> np.ndarray:
     return total
 
 
+def _match_trace_ids(output_ids: list[str], traced: dict[str, Any]) -> dict[str, str]:
+    """Output request id -> engine-internal id (vLLM >= 0.32 appends ``-<random>`` internally)."""
+    mapping: dict[str, str] = {}
+    for out_id in output_ids:
+        hits = [k for k in traced if k == out_id or k.startswith(f"{out_id}-")]
+        if len(hits) != 1:
+            raise RuntimeError(f"trace mode: request {out_id!r} matched {len(hits)} traced ids")
+        mapping[out_id] = hits[0]
+    return mapping
+
+
+def trace_cell(
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    model_dir: str,
+    drafter_dir: str | None,
+    num_speculative_tokens: int,
+    max_num_seqs: int,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """In-engine acceptance trace of one method on a prompt set (see sdbench.enginetrace).
+
+    Proposes up to ``num_speculative_tokens`` per step but commits one token per
+    step, so outputs equal plain greedy decoding. Returns (trace table, requests).
+    """
+    import tempfile
+
+    from sdbench.enginetrace import ENV_TRACE_DIR, read_trace_dir
+
+    spec = json.loads(json.dumps(spec))  # private copy
+    spec["method"]["num_speculative_tokens"] = num_speculative_tokens
+    spec["cell"]["batch_size"] = max_num_seqs
+    trace_dir = tempfile.mkdtemp(prefix="sdbench-trace-")
+    os.environ[ENV_TRACE_DIR] = trace_dir
+    env = engine_env(spec["engine"], spec["method"])
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.update(env)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    kwargs["seed"] = spec["seed"]
+    llm = LLM(**kwargs)
+    sampling = SamplingParams(temperature=0.0, max_tokens=int(spec["dataset"]["max_tokens"]), seed=spec["seed"])
+    prompts = _select_prompts(prompts, spec)
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in prompts["prompt_token_ids"]],
+        sampling,
+        use_tqdm=False,
+    )
+    traced = read_trace_dir(trace_dir)
+    ids = _match_trace_ids([o.request_id for o in outputs], traced)
+    from sdbench.trace_cli import MethodTrace, make_trace_table
+
+    method = spec["method"]["method"]
+    traces: list[MethodTrace] = []
+    request_rows: list[dict[str, Any]] = []
+    for row, out in zip(prompts.itertuples(), outputs, strict=True):
+        steps = np.asarray(traced[ids[out.request_id]], dtype=np.int32).reshape(-1, 2)
+        tokens = [int(t) for t in out.outputs[0].token_ids]
+        if len(steps) != len(tokens):
+            raise RuntimeError(f"trace mode: {len(steps)} steps for {len(tokens)} tokens of {row.request_id}")
+        traces.append(MethodTrace(str(row.request_id), method, steps[:, 0], steps[:, 1]))
+        request_rows.append(
+            {
+                "request_id": str(row.request_id),
+                "prompt_token_ids": [int(t) for t in row.prompt_token_ids],
+                "output_token_ids": tokens,
+                "finish_reason": str(out.outputs[0].finish_reason),
+            }
+        )
+    return make_trace_table(traces), pd.DataFrame(request_rows)
+
+
+def _cmd_trace_cell(args: argparse.Namespace) -> int:
+    spec = json.loads(args.spec)
+    prompts = pd.read_parquet(args.prompts)
+    trace, requests = trace_cell(
+        spec, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs
+    )
+    write_parquet(requests, args.requests)
+    write_parquet(trace, args.output)
+    return 0
+
+
 def _cmd_run_cell(args: argparse.Namespace) -> int:
     spec = json.loads(args.spec)
     prompts = pd.read_parquet(args.prompts)
@@ -287,3 +371,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
     p.add_argument("--output-dir", required=True, help="directory for requests/calls/summary.parquet")
     p.set_defaults(func=_cmd_run_cell)
+    t = subparsers.add_parser("trace-cell", help="in-engine acceptance trace of one method (one token per step)")
+    t.add_argument("--spec", required=True, help="resolved cell spec (JSON)")
+    t.add_argument("--prompts", required=True)
+    t.add_argument("--model-dir", required=True)
+    t.add_argument("--drafter-dir", default=None)
+    t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
+    t.add_argument("--max-num-seqs", type=int, default=8, help="concurrent requests (distinct prompts)")
+    t.add_argument("--output", required=True, help="trace table (parquet)")
+    t.add_argument("--requests", required=True, help="prompts and greedy outputs of the traced run (parquet)")
+    t.set_defaults(func=_cmd_trace_cell)

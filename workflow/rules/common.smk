@@ -6,11 +6,21 @@ import shlex
 import sys
 
 from sdbench.config import validate_config
-from sdbench.grid import baseline_method, cells, drafter_of, resolve_cell, Cell
+from sdbench.grid import (
+    Cell,
+    baseline_cells,
+    baseline_method,
+    cells,
+    drafter_of,
+    resolve_cell,
+    trace_targets,
+)
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
 # visible even when the virtualenv is not activated.
-os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+os.environ["PATH"] = os.pathsep.join(
+    [os.path.dirname(sys.executable), os.environ.get("PATH", "")]
+)
 
 # Fails before any job runs, naming the offending key.
 validate_config(config, source="config")
@@ -31,6 +41,7 @@ wildcard_constraints:
     batch_size=r"\d+",
     built_model=_alternatives(BUILT_MODELS),
     hub_model=_alternatives(HUB_MODELS),
+    published="gsm8k|instructcoder|sharegpt|cnn",
 
 
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
@@ -129,8 +140,67 @@ def cell_outputs(name):
 
 
 def final_outputs():
-    return [
+    outputs = [
         "results/tables/cells.parquet",
         "results/tables/generation_lengths.md",
         "results/figures/throughput.png",
     ]
+    if TRACES:
+        outputs += ["results/acceptance/grid/table4.md", *offline_ngram_files()]
+    if PUBLISHED.get("datasets"):
+        outputs.append("results/acceptance/published/table4.md")
+    return outputs
+
+
+TRACES = trace_targets(config)
+TRACE_SETTINGS = config.get("traces", {})
+BASELINE_CELLS = {(c.engine, c.model, c.dataset): c for c in baseline_cells(config)}
+PUBLISHED = config.get("published_traces", {})
+TRACE_DIR = "results/traces/{engine}/{model}/{dataset}"
+
+
+def trace_spec(wildcards):
+    """Cell spec of a trace run: the method's entry on the grid's engine/model/dataset."""
+    cell = Cell(
+        wildcards.engine,
+        wildcards.model,
+        wildcards.dataset,
+        wildcards.method,
+        TRACE_SETTINGS["max_num_seqs"],
+    )
+    return shlex.quote(json.dumps(resolve_cell(config, cell), sort_keys=True))
+
+
+def baseline_requests(wildcards):
+    """No-SD greedy outputs (smallest batch size) of an engine x model x dataset."""
+    c = BASELINE_CELLS[(wildcards.engine, wildcards.model, wildcards.dataset)]
+    return f"results/runs/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/requests.parquet"
+
+
+def engine_trace_files():
+    return [
+        f"results/traces/{t.engine}/{t.model}/{t.dataset}/{t.method}/engine_trace.parquet"
+        for t in TRACES
+    ]
+
+
+def engine_trace_labels():
+    return " ".join(shlex.quote(f"{t.model}/{t.dataset}") for t in TRACES)
+
+
+def offline_ngram_files():
+    return [
+        f"results/traces/{e}/{m}/{d}/offline_ngram.parquet"
+        for (e, m, d) in sorted(BASELINE_CELLS)
+    ]
+
+
+def published_trace_files():
+    return [
+        f"results/traces/published/{d}.parquet" for d in PUBLISHED.get("datasets", [])
+    ]
+
+
+def published_local_arg(wildcards):
+    local = PUBLISHED.get("local_dir")
+    return f"--local-dir {shlex.quote(local)}" if local else ""
