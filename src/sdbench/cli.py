@@ -27,6 +27,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "memory",
     "bleu",
     "tinymodels",
+    "costmodel",
+    "simulator",
 )
 
 
