@@ -75,6 +75,28 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
     plt.close(fig)
 
 
+def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> None:
+    """Acceptance rate by draft position (run-cell counters), one panel per model x dataset."""
+    sd = cells[cells["acceptance_rate_per_pos"].map(len) > 0]
+    panels = list(sd.groupby(["engine", "model", "dataset"], sort=True))
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.6), squeeze=False)
+    for col, (keys, sub) in enumerate(panels):
+        ax = axes[0, col]
+        for (method, bs), row in sub.groupby(["method", "batch_size"], sort=True):
+            rates = list(row["acceptance_rate_per_pos"].iloc[0])
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{method} bs{bs}")
+        ax.set_title("\n".join(map(str, keys)), fontsize=9)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance rate")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def _cmd_aggregate(args: argparse.Namespace) -> int:
     cells = join_cells([pd.read_parquet(p) for p in args.summaries], args.baseline)
     requests = pd.concat([pd.read_parquet(p) for p in args.requests], ignore_index=True)
@@ -86,7 +108,10 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    plot_throughput(pd.read_parquet(args.cells), args.output)
+    cells = pd.read_parquet(args.cells)
+    plot_throughput(cells, args.output)
+    if args.acceptance:
+        plot_acceptance_per_position(cells, args.acceptance)
     return 0
 
 
@@ -103,4 +128,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q = subparsers.add_parser("plot-throughput", help="Fig. 1/2: throughput and speedup vs batch size")
     q.add_argument("--cells", required=True)
     q.add_argument("--output", required=True, help="PNG path")
+    q.add_argument("--acceptance", default=None, help="PNG path: acceptance rate by draft position")
     q.set_defaults(func=_cmd_plot)

@@ -23,8 +23,10 @@ rule plot_throughput:
     input:
         cells="results/tables/cells.parquet",
     output:
-        "results/figures/throughput.png",
+        throughput="results/figures/throughput.png",
+        acceptance="results/figures/acceptance_per_position.png",
     log:
         "logs/plot_throughput.log",
     shell:
-        "sdbench plot-throughput --cells {input.cells} --output {output} > {log} 2>&1"
+        "sdbench plot-throughput --cells {input.cells} --output {output.throughput} "
+        "--acceptance {output.acceptance} > {log} 2>&1"
