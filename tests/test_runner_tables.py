@@ -105,3 +105,28 @@ def test_generation_length_table() -> None:
     row = table.set_index("method").loc["none"]
     assert (row.output_len_mean, row.output_len_std, row.n) == (15.0, 5.0, 2)
     assert "15 ± 5" in render_length_table(table)
+
+
+def test_output_divergence_against_smallest_batch_greedy() -> None:
+    from sdbench.endtoend import output_divergence
+
+    def row(method: str, bs: int, slot: int, rid: str, ids: list[int]) -> dict:
+        return {"engine": "e", "model": "m", "dataset": "d", "method": method, "batch_size": bs,
+                "slot": slot, "request_id": rid, "output_token_ids": ids}
+
+    requests = pd.DataFrame(
+        [
+            row("none", 1, 0, "a", [1, 2, 3]),
+            row("none", 1, 0, "b", [4, 5]),
+            row("none", 4, 0, "a", [1, 2, 3]),
+            row("none", 4, 1, "a", [1, 9, 3]),  # batch-size nondeterminism
+            row("ngram", 1, 0, "a", [1, 2, 3]),
+            row("ngram", 1, 0, "b", [4, 5, 6]),  # longer: differs at the shorter length
+        ]
+    )
+    table = output_divergence(requests, "none").set_index(["method", "batch_size"])
+    assert table.loc[("none", 1), "share_differs"] == 0.0
+    assert table.loc[("none", 4), "share_differs"] == 0.5
+    assert table.loc[("none", 4), "first_diff_mean"] == 1.0
+    assert table.loc[("ngram", 1), "share_differs"] == 0.5
+    assert table.loc[("ngram", 1), "first_diff_mean"] == 2.0

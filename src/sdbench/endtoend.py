@@ -41,6 +41,37 @@ def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
     return grouped.agg(output_len_mean="mean", output_len_std=lambda s: s.std(ddof=0), n="size").reset_index()
 
 
+def output_divergence(requests: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Per cell: share of sequences whose output differs from the reference greedy output.
+
+    The reference is the no-SD output of the same request at the smallest batch size
+    (first slot); ``first_diff_mean`` is the mean first differing position among
+    differing sequences (a length difference counts at the shorter length).
+    """
+    base = requests[requests["method"] == baseline]
+    smallest = base.groupby(["engine", "model", "dataset"])["batch_size"].transform("min")
+    ref = base[(base["batch_size"] == smallest) & (base["slot"] == 0)]
+    ref = ref.drop_duplicates(["engine", "model", "dataset", "request_id"])
+    ref = ref[["engine", "model", "dataset", "request_id", "output_token_ids"]].rename(
+        columns={"output_token_ids": "reference_ids"}
+    )
+    joined = requests.merge(ref, on=["engine", "model", "dataset", "request_id"], how="inner")
+
+    def first_diff(a: list[int], b: list[int]) -> int:
+        n = min(len(a), len(b))
+        for i in range(n):
+            if a[i] != b[i]:
+                return i
+        return n if len(a) != len(b) else -1
+
+    joined["first_diff"] = [first_diff(list(a), list(b)) for a, b in zip(joined.output_token_ids, joined.reference_ids)]
+    joined["differs"] = joined["first_diff"] >= 0
+    grouped = joined.groupby(SORT, sort=True)
+    out = grouped.agg(n=("differs", "size"), share_differs=("differs", "mean")).reset_index()
+    diffs = joined[joined["differs"]].groupby(SORT)["first_diff"].mean().rename("first_diff_mean")
+    return out.merge(diffs.reset_index(), on=SORT, how="left")
+
+
 def render_length_table(table: pd.DataFrame) -> str:
     """Tab. 1 as Markdown: rows = batch size, columns = method, cells = mean +- std."""
     parts: list[str] = []
@@ -104,6 +135,7 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     write_parquet(cells, args.cells)
     write_parquet(lengths, args.lengths)
     write_text(render_length_table(lengths), args.lengths_md)
+    write_parquet(output_divergence(requests, args.baseline), args.divergence)
     return 0
 
 
@@ -124,6 +156,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cells", required=True, help="output: joined cell table (parquet)")
     p.add_argument("--lengths", required=True, help="output: Tab. 1 generation lengths (parquet)")
     p.add_argument("--lengths-md", required=True, help="output: Tab. 1 rendered as Markdown")
+    p.add_argument("--divergence", required=True, help="output: share of outputs differing from no-SD")
     p.set_defaults(func=_cmd_aggregate)
     q = subparsers.add_parser("plot-throughput", help="Fig. 1/2: throughput and speedup vs batch size")
     q.add_argument("--cells", required=True)

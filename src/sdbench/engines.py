@@ -136,3 +136,42 @@ def engine_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str]
         env.update(quirks_for(engine["vllm_version"]).tree_env)
     env.update(method.get("env", {}))
     return env
+
+
+def _worker_memory(worker: Any) -> dict[str, float]:
+    """Runs inside each engine worker (``LLM.collective_rpc``): what the runner allocated."""
+    runner = getattr(worker, "model_runner", None)
+    weights = getattr(runner, "model_memory_usage", None)
+    if not weights:
+        # CPU runner: no profiled number; count the loaded tensors (target + drafter).
+        models = [getattr(runner, "model", None), getattr(getattr(runner, "drafter", None), "model", None)]
+        weights = sum(
+            p.numel() * p.element_size() for m in models if hasattr(m, "parameters") for p in m.parameters()
+        )
+    kv = 0
+    for tensor in getattr(runner, "kv_caches", None) or []:
+        if hasattr(tensor, "numel"):
+            kv += tensor.numel() * tensor.element_size()
+    return {"weights_bytes": float(weights) if weights else float("nan"), "kv_bytes": float(kv) or float("nan")}
+
+
+def engine_memory(llm: Any) -> dict[str, float]:
+    """Engine-reported memory, summed over workers: weights and KV cache (GiB), KV capacity (tokens).
+
+    ``model_memory_usage`` and ``kv_caches`` exist on the V1 GPU runner in 0.10.1.1, 0.11.1
+    and 0.32 (whose CPU runner subclasses it); anything missing is NaN, never an error.
+    """
+    out = {"measured_weights_gib": float("nan"), "measured_kv_cache_gib": float("nan"),
+           "kv_cache_capacity_tokens": float("nan")}
+    try:
+        per_worker = llm.collective_rpc(_worker_memory)
+        out["measured_weights_gib"] = sum(w["weights_bytes"] for w in per_worker) / 2**30
+        out["measured_kv_cache_gib"] = sum(w["kv_bytes"] for w in per_worker) / 2**30
+    except Exception:  # noqa: BLE001 - memory accounting must never fail a timed run
+        pass
+    try:
+        cache = llm.llm_engine.vllm_config.cache_config
+        out["kv_cache_capacity_tokens"] = float(cache.num_gpu_blocks * cache.block_size)
+    except Exception:  # noqa: BLE001
+        pass
+    return out

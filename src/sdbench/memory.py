@@ -761,8 +761,59 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+# vLLM method name (cells table ``sd_method``) -> the method names of this module.
+_CELL_METHODS = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"}
+
+
+def cells_memory_table(cells: Any, model_names: Mapping[str, str], dtype: str | None = None) -> Any:
+    """Analytical next to measured memory for every cell of a joined cells table.
+
+    ``cells`` has the run-cell summary columns (``model``, ``drafter``, ``sd_method``,
+    ``peak_rss_gib``, ``peak_device_gib``, ``measured_*``); ``model_names`` maps config
+    model keys to what :func:`load_model_spec` accepts (a repo id or a model directory).
+    ``peak_memory_gib`` is device memory on GPU, resident memory on CPU.
+    """
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "target": [model_names[m] for m in cells["model"]],
+            "draft": [model_names[d] if d else None for d in cells["drafter"]],
+            "method": [_CELL_METHODS.get(m, m) for m in cells["sd_method"]],
+        }
+    )
+    table = analytical_memory_table(frame, dtype=dtype)
+    keys = ["engine", "model", "dataset", "method", "batch_size"]
+    out = pd.concat([cells[keys].reset_index(drop=True), table[list(ANALYTICAL_COLUMNS)]], axis=1)
+    peak_device = cells["peak_device_gib"].to_numpy(dtype=float)
+    out["peak_memory_gib"] = np.where(np.isnan(peak_device), cells["peak_rss_gib"].to_numpy(dtype=float), peak_device)
+    for col in ("measured_weights_gib", "measured_kv_cache_gib", "kv_cache_capacity_tokens"):
+        out[col] = cells[col].to_numpy(dtype=float)
+    return out
+
+
+def _run_cells_table(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from sdbench.io import write_parquet
+
+    cells = pd.read_parquet(args.cells)
+    table = cells_memory_table(cells, json.loads(args.models), dtype=args.dtype)
+    write_parquet(table, args.output)
+    plot_memory(table.assign(cell=table["model"] + "/" + table["method"] + "/bs" + table["batch_size"].astype(str)), args.figure)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench memory``."""
+    """Add ``sdbench memory`` and ``sdbench memory-table``."""
+    t = subparsers.add_parser("memory-table", help="analytical vs measured memory per cell")
+    t.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    t.add_argument("--models", required=True, help="JSON: model key -> repo id or model directory")
+    t.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default=None)
+    t.add_argument("--output", required=True, help="parquet")
+    t.add_argument("--figure", required=True, help="PNG")
+    t.set_defaults(func=_run_cells_table)
     p = subparsers.add_parser(
         "memory",
         help="analytical weight and KV-cache memory of a target/drafter pair (paper Tab. 2)",

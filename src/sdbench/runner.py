@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engines import engine_env, quirks_for, speculative_config
-from sdbench.hardware import peak_rss_gib, provenance
+from sdbench.engines import engine_env, engine_memory, quirks_for, speculative_config
+from sdbench.hardware import peak_device_gib, peak_rss_gib, provenance
 from sdbench.io import write_parquet
 
 log = logging.getLogger(__name__)
@@ -216,9 +216,12 @@ def run_cell(
             frame.insert(i, k, v)
     summary = summarise(keys, spec, calls, requests)
     summary = summary.assign(
+        drafter=spec.get("drafter") or "",
         startup_s=startup_s,
         warmup_s=warmup_s,
         peak_rss_gib=peak_rss_gib(),
+        peak_device_gib=peak_device_gib(),
+        **engine_memory(llm),
         speculative_config=json.dumps(kwargs.get("speculative_config"), sort_keys=True),
         **provenance(),
     )

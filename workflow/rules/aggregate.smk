@@ -9,6 +9,7 @@ rule aggregate:
         cells="results/tables/cells.parquet",
         lengths="results/tables/generation_lengths.parquet",
         lengths_md="results/tables/generation_lengths.md",
+        divergence="results/tables/output_divergence.parquet",
     log:
         "logs/aggregate.log",
     params:
@@ -16,7 +17,7 @@ rule aggregate:
     shell:
         "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
         "--baseline {params.baseline} --cells {output.cells} --lengths {output.lengths} "
-        "--lengths-md {output.lengths_md} > {log} 2>&1"
+        "--lengths-md {output.lengths_md} --divergence {output.divergence} > {log} 2>&1"
 
 
 rule plot_throughput:
@@ -30,3 +31,19 @@ rule plot_throughput:
     shell:
         "sdbench plot-throughput --cells {input.cells} --output {output.throughput} "
         "--acceptance {output.acceptance} > {log} 2>&1"
+
+
+rule memory_table:
+    input:
+        cells="results/tables/cells.parquet",
+        models=built_model_dirs(),
+    output:
+        table="results/tables/memory.parquet",
+        figure="results/figures/memory.png",
+    log:
+        "logs/memory_table.log",
+    params:
+        models=memory_model_names(),
+    shell:
+        "sdbench memory-table --cells {input.cells} --models {params.models} "
+        "--output {output.table} --figure {output.figure} > {log} 2>&1"

@@ -12,6 +12,7 @@ from sdbench.grid import (
     baseline_method,
     cells,
     drafter_of,
+    models_used,
     resolve_cell,
     trace_targets,
 )
@@ -144,6 +145,8 @@ def final_outputs():
         "results/tables/cells.parquet",
         "results/tables/generation_lengths.md",
         "results/figures/throughput.png",
+        "results/tables/memory.parquet",
+        "results/tables/output_divergence.parquet",
     ]
     if TRACES:
         outputs += ["results/acceptance/grid/table4.md", *offline_ngram_files()]
@@ -204,3 +207,16 @@ def published_trace_files():
 def published_local_arg(wildcards):
     local = PUBLISHED.get("local_dir")
     return f"--local-dir {shlex.quote(local)}" if local else ""
+
+
+def memory_model_names():
+    """Model key -> what `sdbench memory` loads: the repo id, or the built model's directory."""
+    names = {
+        k: model_dir(k) if k in BUILT_MODELS else m["hf_id"]
+        for k, m in config["models"].items()
+    }
+    return shlex.quote(json.dumps(names, sort_keys=True))
+
+
+def built_model_dirs():
+    return [model_dir(k) for k in BUILT_MODELS if k in models_used(config)]
