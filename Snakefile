@@ -6,7 +6,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# --configfile replaces the embedded default instead of being merged into it.
+if not config:
+
+    configfile: "config/config.yaml"
 
 
 # Analysis steps run in the sdbench image (containers/sdbench-analysis.def);
@@ -25,6 +28,7 @@ include: "workflow/rules/datasets.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/acceptance.smk"
+include: "workflow/rules/bleu.smk"
 
 
 rule all:

@@ -311,6 +311,40 @@ def _run_heatmap(args: argparse.Namespace) -> int:
     return 0
 
 
+def measured_bucket_speedups(
+    calls: pd.DataFrame, buckets: pd.DataFrame, baseline: str, ngram: str, versus: str
+) -> pd.DataFrame:
+    """Fig. 8 from engine runs: n-gram's speedup relative to ``versus`` per BLEU bucket x batch size.
+
+    Uses replicate-mode calls (one prompt per call): per request, speedup = its call's
+    throughput with a method / without SD at the same batch size; per bucket, the ratio of
+    the mean n-gram speedup to the mean ``versus`` speedup.
+    """
+    keys = ["engine", "model", "dataset", "batch_size", "request_id"]
+    calls = calls[calls["request_id"] != "*"]
+    if calls.empty:
+        raise ValueError("measured BLEU speedups need replicate-mode calls (one prompt per call)")
+    base = calls[calls["method"] == baseline][keys + ["tokens_per_s"]].rename(columns={"tokens_per_s": "base_tps"})
+    rows = calls[calls["method"].isin([ngram, versus])].merge(base, on=keys, how="inner")
+    rows = rows.assign(speedup=rows["tokens_per_s"] / rows["base_tps"])
+    rows = rows.merge(buckets[["request_id", "bucket"]], on="request_id", how="inner")
+    mean = rows.groupby(["bucket", "batch_size", "method"])["speedup"].mean().unstack("method")
+    counts = rows[rows["method"] == ngram].groupby(["bucket", "batch_size"]).size().rename("n")
+    out = pd.DataFrame({"relative_speedup": mean[ngram] / mean[versus]}).join(counts).reset_index()
+    return out.dropna(subset=["relative_speedup"]).sort_values(["bucket", "batch_size"]).reset_index(drop=True)
+
+
+def _run_measured(args: argparse.Namespace) -> int:
+    from sdbench.io import write_parquet
+
+    calls = pd.concat([pd.read_parquet(p) for p in args.calls], ignore_index=True)
+    buckets = pd.read_parquet(args.buckets)
+    table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus)
+    write_parquet(table, args.output)
+    plot_heatmap(table, buckets, args.figure, title=f"{args.ngram} vs {args.versus} (measured)")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench bleu buckets`` and ``sdbench bleu heatmap``."""
     p = subparsers.add_parser("bleu", help="prompt-output BLEU buckets and the Fig. 8 heatmap (paper Sec. 7)")
@@ -334,3 +368,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--output", required=True, type=Path, metavar="fig8.png")
     h.add_argument("--title", default=None)
     h.set_defaults(func=_run_heatmap)
+    m = sub.add_parser("measured", help="Fig. 8 from engine runs: per-bucket n-gram vs drafter speedup")
+    m.add_argument("--calls", nargs="+", required=True, help="calls.parquet of the baseline, n-gram and versus cells")
+    m.add_argument("--buckets", required=True, help="bleu buckets parquet of the same prompts")
+    m.add_argument("--baseline", required=True, help="method key of the no-SD cells")
+    m.add_argument("--ngram", required=True, help="method key of the n-gram cells")
+    m.add_argument("--versus", required=True, help="method key of the learned/draft-model cells")
+    m.add_argument("--output", required=True, help="table (parquet)")
+    m.add_argument("--figure", required=True, help="heatmap (PNG)")
+    m.set_defaults(func=_run_measured)

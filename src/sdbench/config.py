@@ -108,6 +108,10 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
             problems.append(f"traces.methods[{i}]: unknown method {name!r}")
         elif config["methods"][name]["method"] == "none":
             problems.append(f"traces.methods[{i}]: {name!r} is the no-SD baseline; nothing to trace")
+    for key in ("ngram", "versus"):
+        name = config.get("bleu", {}).get(key)
+        if name is not None and name not in config["methods"]:
+            problems.append(f"bleu.{key}: unknown method {name!r}")
     for name, method in config["methods"].items():
         lo, hi = method.get("prompt_lookup_min"), method.get("prompt_lookup_max")
         if lo is not None and hi is not None and lo > hi:

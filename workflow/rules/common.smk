@@ -150,6 +150,9 @@ def final_outputs():
     ]
     if TRACES:
         outputs += ["results/acceptance/grid/table4.md", *offline_ngram_files()]
+    outputs += [
+        f"results/bleu/{e}/{m}/{d}/fig8_measured.png" for (e, m, d) in bleu_targets()
+    ]
     if PUBLISHED.get("datasets"):
         outputs.append("results/acceptance/published/table4.md")
     return outputs
@@ -220,3 +223,29 @@ def memory_model_names():
 
 def built_model_dirs():
     return [model_dir(k) for k in BUILT_MODELS if k in models_used(config)]
+
+
+BLEU = config.get("bleu")
+
+
+def bleu_targets():
+    """Engine x model x dataset where the grid runs both BLEU-compared methods."""
+    if not BLEU:
+        return []
+    have = {(c.engine, c.model, c.dataset, c.method) for c in CELLS}
+    return [
+        k
+        for k in sorted(BASELINE_CELLS)
+        if (*k, BLEU["ngram"]) in have and (*k, BLEU["versus"]) in have
+    ]
+
+
+def bleu_calls(wildcards):
+    methods = {BASELINE, BLEU["ngram"], BLEU["versus"]}
+    return [
+        f"results/runs/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/calls.parquet"
+        for c in CELLS
+        if (c.engine, c.model, c.dataset)
+        == (wildcards.engine, wildcards.model, wildcards.dataset)
+        and c.method in methods
+    ]
