@@ -14,6 +14,8 @@ fi
 stamp=.venv/.sdbench-lock.sha256
 want="$(sha256sum requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    # The build backend is pinned too (an old venv setuptools rejects the SPDX license field).
+    .venv/bin/python -m pip install --quiet --no-deps setuptools==78.1.1
     .venv/bin/python -m pip install --quiet --no-deps -r requirements/lock.txt
     .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
     echo "$want" > "$stamp"
