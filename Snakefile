@@ -29,6 +29,7 @@ include: "workflow/rules/runs.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/acceptance.smk"
 include: "workflow/rules/bleu.smk"
+include: "workflow/rules/breakdown.smk"
 
 
 rule all:

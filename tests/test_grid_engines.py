@@ -75,10 +75,19 @@ def test_speculative_config_spelling() -> None:
 def test_tree_methods_select_tree_attention() -> None:
     tree = {"method": "eagle", "speculative_token_tree": "[(0,)]", "env": {"X": "1"}}
     assert engine_env({**GPU_0_10, "env": {"A": "b"}}, tree) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "A": "b",
         "VLLM_ATTENTION_BACKEND": "TREE_ATTN",
         "X": "1",
     }
+
+
+def test_0_11_1_keeps_the_engine_core_out_of_process_for_sd() -> None:
+    # 0.11.1's in-process client never calls post_step: SD would silently not draft.
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    assert engine_env(GPU_0_11, ngram)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert engine_env(GPU_0_11, {"method": "none"})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert engine_env(GPU_0_10, ngram)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
 def test_unknown_version_is_named() -> None:

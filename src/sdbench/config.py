@@ -108,6 +108,10 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
             problems.append(f"traces.methods[{i}]: unknown method {name!r}")
         elif config["methods"][name]["method"] == "none":
             problems.append(f"traces.methods[{i}]: {name!r} is the no-SD baseline; nothing to trace")
+    for key, section in (("methods", "methods"), ("datasets", "datasets")):
+        for i, name in enumerate(config.get("breakdown", {}).get(key, [])):
+            if name not in config[section]:
+                problems.append(f"breakdown.{key}[{i}]: unknown {section[:-1]} {name!r}")
     for key in ("ngram", "versus"):
         name = config.get("bleu", {}).get(key)
         if name is not None and name not in config["methods"]:

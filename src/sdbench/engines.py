@@ -29,6 +29,10 @@ class EngineQuirks:
     per_request_spec_metrics: bool = False
     # Tree drafting needs the TREE_ATTN backend selected by env var.
     tree_env: dict[str, str] = field(default_factory=dict)
+    # The engine core may run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with SD:
+    # 0.11.1's in-process client never calls EngineCore.post_step, which hands the
+    # drafts to the scheduler, so SD would silently run as no-SD (vLLM issue #27287).
+    inprocess_spec_decode: bool = True
     # Where the in-engine acceptance trace hooks in (documented in docs/engines.md).
     trace_hook: str = "gpu_model_runner.GPUModelRunner._bookkeeping_sync"
 
@@ -57,6 +61,7 @@ _V0_11_1 = EngineQuirks(
     },
     aliases={"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"},
     tree_env={"VLLM_ATTENTION_BACKEND": "TREE_ATTN"},
+    inprocess_spec_decode=False,
     trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
 )
 
@@ -130,8 +135,15 @@ def speculative_config(
 
 
 def engine_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str]:
-    """Environment variables a cell needs: engine's, then tree quirks, then the method's."""
-    env = dict(engine.get("env", {}))
+    """Environment variables a cell needs: process layout, engine's, tree quirks, the method's.
+
+    The engine core runs in-process where the release allows it with SD (as in the
+    authors' scripts): counters, peak memory and the trace hooks then live in this process.
+    """
+    quirks = quirks_for(engine["vllm_version"])
+    inprocess = method["method"] == "none" or quirks.inprocess_spec_decode
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if inprocess else "1"}
+    env.update(engine.get("env", {}))
     if "speculative_token_tree" in method:
         env.update(quirks_for(engine["vllm_version"]).tree_env)
     env.update(method.get("env", {}))

@@ -134,3 +134,15 @@ def baseline_cells(config: dict[str, Any]) -> list[Cell]:
         if c.method == base and (key not in smallest or c.batch_size < smallest[key].batch_size):
             smallest[key] = c
     return [smallest[k] for k in sorted(smallest)]
+
+
+def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
+    """Grid cells re-run in breakdown mode: those matching ``breakdown`` methods, datasets, batch sizes."""
+    spec = config.get("breakdown")
+    if not spec:
+        return []
+    return [
+        c
+        for c in cells(config)
+        if c.method in spec["methods"] and c.dataset in spec["datasets"] and c.batch_size in spec["batch_sizes"]
+    ]

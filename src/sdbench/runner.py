@@ -131,13 +131,19 @@ def run_cell(
     prompts: pd.DataFrame,
     model_dir: str,
     drafter_dir: str | None,
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Run the cell; returns (requests, calls, summary) tables."""
-    env = engine_env(spec["engine"], spec["method"])
-    # In-process engine core: counters and RSS belong to this process, as in the
-    # authors' scripts (VLLM_ENABLE_V1_MULTIPROCESSING=0).
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.update(env)
+    steps_dir: str | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """Run the cell; returns (requests, calls, summary, steps) tables.
+
+    With ``steps_dir`` the run is in breakdown mode (sdbench.steptiming): every engine
+    step of the timed calls is timed by stage, with device synchronisation; ``steps``
+    is then one row per step, otherwise ``None``.
+    """
+    if steps_dir is not None:
+        from sdbench.steptiming import ENV_STEP_TIMING_DIR
+
+        os.environ[ENV_STEP_TIMING_DIR] = steps_dir
+    os.environ.update(engine_env(spec["engine"], spec["method"]))
 
     from vllm import LLM, SamplingParams  # imported late: env vars must be set first
     from vllm.inputs import TokensPrompt
@@ -147,6 +153,8 @@ def run_cell(
     bs = int(cell["batch_size"])
     prompts = _select_prompts(prompts, spec)
     kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    if steps_dir is not None:
+        kwargs["async_scheduling"] = False  # breakdown needs steps that do not overlap
     log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
 
     t_start = time.perf_counter()
@@ -167,6 +175,7 @@ def run_cell(
     for i in range(warmup):
         llm.generate([as_prompt(i)] * bs, sampling, use_tqdm=False)
     warmup_s = time.perf_counter() - t_warm
+    warmup_steps = _steps_so_far(steps_dir)
 
     request_rows: list[dict[str, Any]] = []
     call_rows: list[dict[str, Any]] = []
@@ -209,6 +218,14 @@ def run_cell(
         )
 
     keys = {k: cell[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
+    steps = None
+    if steps_dir is not None:
+        from sdbench.steptiming import read_step_dir
+
+        steps = read_step_dir(steps_dir).iloc[warmup_steps:].reset_index(drop=True)
+        for i, (k, v) in enumerate(keys.items()):
+            steps.insert(i, k, v)
+        steps.insert(len(keys), "sd_method", spec["method"]["method"])
     requests = pd.DataFrame(request_rows)
     calls = pd.DataFrame(call_rows)
     for frame in (requests, calls):
@@ -225,7 +242,15 @@ def run_cell(
         speculative_config=json.dumps(kwargs.get("speculative_config"), sort_keys=True),
         **provenance(),
     )
-    return requests, calls, summary
+    return requests, calls, summary, steps
+
+
+def _steps_so_far(steps_dir: str | None) -> int:
+    if steps_dir is None:
+        return 0
+    from sdbench.steptiming import read_step_dir
+
+    return len(read_step_dir(steps_dir))
 
 
 def summarise(
@@ -302,9 +327,7 @@ def trace_cell(
     spec["cell"]["batch_size"] = max_num_seqs
     trace_dir = tempfile.mkdtemp(prefix="sdbench-trace-")
     os.environ[ENV_TRACE_DIR] = trace_dir
-    env = engine_env(spec["engine"], spec["method"])
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.update(env)
+    os.environ.update(engine_env(spec["engine"], spec["method"]))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -356,7 +379,12 @@ def _cmd_trace_cell(args: argparse.Namespace) -> int:
 def _cmd_run_cell(args: argparse.Namespace) -> int:
     spec = json.loads(args.spec)
     prompts = pd.read_parquet(args.prompts)
-    requests, calls, summary = run_cell(spec, prompts, args.model_dir, args.drafter_dir)
+    import tempfile
+
+    steps_dir = tempfile.mkdtemp(prefix="sdbench-steps-") if args.steps_output else None
+    requests, calls, summary, steps = run_cell(spec, prompts, args.model_dir, args.drafter_dir, steps_dir)
+    if steps is not None:
+        write_parquet(steps, args.steps_output)
     out = Path(args.output_dir)
     # Summary last: its presence marks a complete cell.
     write_parquet(requests, out / "requests.parquet")
@@ -373,6 +401,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model-dir", required=True, help="target model directory (HF format)")
     p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
     p.add_argument("--output-dir", required=True, help="directory for requests/calls/summary.parquet")
+    p.add_argument("--steps-output", default=None, help="breakdown mode: per-step stage timings (parquet)")
     p.set_defaults(func=_cmd_run_cell)
     t = subparsers.add_parser("trace-cell", help="in-engine acceptance trace of one method (one token per step)")
     t.add_argument("--spec", required=True, help="resolved cell spec (JSON)")

@@ -9,6 +9,7 @@ from sdbench.config import validate_config
 from sdbench.grid import (
     Cell,
     baseline_cells,
+    breakdown_cells,
     baseline_method,
     cells,
     drafter_of,
@@ -153,6 +154,8 @@ def final_outputs():
     outputs += [
         f"results/bleu/{e}/{m}/{d}/fig8_measured.png" for (e, m, d) in bleu_targets()
     ]
+    if BREAKDOWN:
+        outputs.append("results/figures/breakdown.png")
     if PUBLISHED.get("datasets"):
         outputs.append("results/acceptance/published/table4.md")
     return outputs
@@ -248,4 +251,15 @@ def bleu_calls(wildcards):
         if (c.engine, c.model, c.dataset)
         == (wildcards.engine, wildcards.model, wildcards.dataset)
         and c.method in methods
+    ]
+
+
+BREAKDOWN = breakdown_cells(config)
+BREAKDOWN_DIR = "results/breakdown/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
+
+
+def breakdown_steps():
+    return [
+        f"results/breakdown/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/steps.parquet"
+        for c in BREAKDOWN
     ]

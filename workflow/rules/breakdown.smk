@@ -1,0 +1,42 @@
+# Runtime breakdown (paper Sec. 5.1, Fig. 3): selected cells re-run with per-step
+# stage timing (drafting, verification, sampling, other).
+
+
+rule breakdown_cell:
+    input:
+        unpack(drafter_inputs),
+        prompts="results/prompts/{model}/{dataset}.parquet",
+        model=target_dir,
+    output:
+        steps=f"{BREAKDOWN_DIR}/steps.parquet",
+        summary=f"{BREAKDOWN_DIR}/summary.parquet",
+    log:
+        "logs/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
+    benchmark:
+        "benchmarks/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.tsv"
+    container:
+        cell_container
+    threads: 1024
+    resources:
+        gpu=cell_gpus,
+    params:
+        spec=cell_spec,
+        drafter=drafter_arg,
+        outdir=subpath(output.summary, parent=True),
+    shell:
+        "sdbench run-cell --spec {params.spec} --prompts {input.prompts} "
+        "--model-dir {input.model} {params.drafter} --output-dir {params.outdir} "
+        "--steps-output {output.steps} > {log} 2>&1"
+
+
+rule breakdown_plot:
+    input:
+        breakdown_steps(),
+    output:
+        figure="results/figures/breakdown.png",
+        table="results/tables/breakdown.parquet",
+    log:
+        "logs/breakdown_plot.log",
+    shell:
+        "sdbench breakdown plot --steps {input} --output {output.figure} "
+        "--table {output.table} > {log} 2>&1"
