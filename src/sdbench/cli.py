@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "bleu",
     "tinymodels",
     "costmodel",
+    "steptiming",
     "simulator",
 )
 
