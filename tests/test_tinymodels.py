@@ -1,0 +1,107 @@
+"""Tokenizer and model building on a tiny corpus (the stdlib's wsgiref package), a few steps."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sdbench import corpus, tinymodels
+
+TINY = tinymodels.TrainConfig(
+    layers=1,
+    hidden=32,
+    heads=2,
+    kv_heads=1,
+    intermediate=64,
+    steps=5,
+    batch_size=2,
+    seq_len=64,
+    warmup_steps=2,
+    max_position_embeddings=128,
+    threads=1,
+    eval_tokens=256,
+    eval_edit_examples=2,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    tinymodels.build_tokenizer(out, vocab_size=320, seed=0, corpus_root=corpus.stdlib_root() / "wsgiref")
+    return out
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tokenizer_dir, tmp_path_factory) -> tuple[Path, Path]:
+    base = tmp_path_factory.mktemp("models")
+    for name in ("a", "b"):
+        tinymodels.train_model(tokenizer_dir, base / name, TINY, log=lambda _msg: None)
+    return base / "a", base / "b"
+
+
+def test_tokenizer_files_and_round_trip(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    for name in (*tinymodels.TOKENIZER_FILES, "tokenizer_info.json", "data/train_stream.npy"):
+        assert (tokenizer_dir / name).is_file(), name
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == tinymodels.SPECIAL_TOKENS
+    assert len(tok) == 320
+    text = "def f(x):\n\tif x:  # ünïcode ✓\n        return {'a': 1}\n"
+    ids = tok(text)["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    # The tokenizers-only loader agrees with transformers.
+    assert tinymodels.load_tokenizer(tokenizer_dir).encode(text).ids == ids
+
+
+def test_tokenizer_build_is_deterministic(tokenizer_dir, tmp_path):
+    again = tmp_path / "tok"
+    tinymodels.build_tokenizer(again, vocab_size=320, seed=0, corpus_root=corpus.stdlib_root() / "wsgiref")
+    for name in ("tokenizer.json", "data/train_stream.npy", "data/train_edits.npy", "data/heldout_edits.npy"):
+        assert (again / name).read_bytes() == (tokenizer_dir / name).read_bytes(), name
+
+
+def test_training_is_bit_identical_and_loadable(model_dirs):
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    a, b = model_dirs
+    for name in ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    model = LlamaForCausalLM.from_pretrained(a)
+    tok = AutoTokenizer.from_pretrained(a)
+    assert model.config.tie_word_embeddings and model.config.eos_token_id == tok.eos_token_id
+    assert next(model.parameters()).dtype == torch.float32
+    out = model.generate(torch.tensor([tok("def f(")["input_ids"]]), max_new_tokens=3, do_sample=False)
+    assert out.shape[1] >= 4
+    info = json.loads((a / "training.json").read_text())
+    assert info["config"]["steps"] == 5 and info["parameters"] == sum(p.numel() for p in model.parameters())
+    assert info["heldout_cross_entropy"] > 0 and info["final_train_loss"] > 0
+
+
+def test_invalid_options_are_named(tokenizer_dir, tmp_path):
+    with pytest.raises(ValueError, match="--hidden"):
+        tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=33), log=lambda _m: None)
+    with pytest.raises(ValueError, match="--hidden / --heads"):
+        tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=30), log=lambda _m: None)
+    with pytest.raises(FileNotFoundError, match="--tokenizer"):
+        tinymodels.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
+    assert not (tmp_path / "m").exists()
+
+
+def test_cli_registers_both_commands():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    tinymodels.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        "train-model --tokenizer t --output o --layers 3 --hidden 128 --heads 2 --kv-heads 2 --intermediate 384 "
+        "--steps 3000 --batch-size 4 --seq-len 512 --lr 3e-3 --seed 0 --threads 2 --edit-fraction 0.25".split()
+    )
+    assert (args.layers, args.kv_heads, args.lr, args.edit_fraction) == (3, 2, 3e-3, 0.25)
+    args = parser.parse_args("build-tokenizer --output t --vocab-size 2048 --seed 0".split())
+    assert args.vocab_size == 2048
