@@ -30,6 +30,7 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/acceptance.smk"
 include: "workflow/rules/bleu.smk"
 include: "workflow/rules/breakdown.smk"
+include: "workflow/rules/simulator.smk"
 
 
 rule all:

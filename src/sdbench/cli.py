@@ -29,6 +29,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "tinymodels",
     "costmodel",
     "steptiming",
+    "validation",
     "simulator",
 )
 

@@ -365,8 +365,12 @@ def _format_fit(model: CostModel) -> str:
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
-    steps = read_step_table(args.steps)
-    model = fit_cost_model(steps, args.name, source=f"fit from {args.steps}")
+    steps = pd.concat([read_step_table(p) for p in args.steps], ignore_index=True)
+    if args.method_column != "method":
+        if args.method_column not in steps.columns:
+            raise ValueError(f"step tables lack the method column {args.method_column!r}")
+        steps["method"] = steps[args.method_column]
+    model = fit_cost_model(steps, args.name, source=f"fit from {len(args.steps)} step table(s)")
     save_cost_model(model, args.output)
     print(_format_fit(model))
     print(f"wrote {args.output}")
@@ -384,7 +388,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = parser.add_subparsers(dest="costmodel_command", required=True)
     fit = sub.add_parser("fit", help="least-squares fit of a cost model from per-step timings")
     fit.add_argument(
-        "--steps", required=True, help=f"step table (.parquet or .csv) with columns {', '.join(STEP_COLUMNS)}"
+        "--steps",
+        nargs="+",
+        required=True,
+        help=f"step table(s) (.parquet or .csv) with columns {', '.join(STEP_COLUMNS)}",
+    )
+    fit.add_argument(
+        "--method-column",
+        default="method",
+        help="column naming the vLLM method of each step (run-cell breakdown tables: sd_method)",
     )
     fit.add_argument("--output", required=True, help="cost-model YAML to write")
     fit.add_argument("--name", required=True, help="name recorded in the model")

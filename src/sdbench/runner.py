@@ -312,20 +312,18 @@ def trace_cell(
     drafter_dir: str | None,
     num_speculative_tokens: int,
     max_num_seqs: int,
+    trace_dir: str,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """In-engine acceptance trace of one method on a prompt set (see sdbench.enginetrace).
 
     Proposes up to ``num_speculative_tokens`` per step but commits one token per
     step, so outputs equal plain greedy decoding. Returns (trace table, requests).
     """
-    import tempfile
-
     from sdbench.enginetrace import ENV_TRACE_DIR, read_trace_dir
 
     spec = json.loads(json.dumps(spec))  # private copy
     spec["method"]["num_speculative_tokens"] = num_speculative_tokens
     spec["cell"]["batch_size"] = max_num_seqs
-    trace_dir = tempfile.mkdtemp(prefix="sdbench-trace-")
     os.environ[ENV_TRACE_DIR] = trace_dir
     os.environ.update(engine_env(spec["engine"], spec["method"]))
     from vllm import LLM, SamplingParams
@@ -368,9 +366,12 @@ def trace_cell(
 def _cmd_trace_cell(args: argparse.Namespace) -> int:
     spec = json.loads(args.spec)
     prompts = pd.read_parquet(args.prompts)
-    trace, requests = trace_cell(
-        spec, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs
-    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sdbench-trace-") as trace_dir:
+        trace, requests = trace_cell(
+            spec, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir
+        )
     write_parquet(requests, args.requests)
     write_parquet(trace, args.output)
     return 0
@@ -381,8 +382,9 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
     prompts = pd.read_parquet(args.prompts)
     import tempfile
 
-    steps_dir = tempfile.mkdtemp(prefix="sdbench-steps-") if args.steps_output else None
-    requests, calls, summary, steps = run_cell(spec, prompts, args.model_dir, args.drafter_dir, steps_dir)
+    with tempfile.TemporaryDirectory(prefix="sdbench-steps-") as scratch:
+        steps_dir = scratch if args.steps_output else None
+        requests, calls, summary, steps = run_cell(spec, prompts, args.model_dir, args.drafter_dir, steps_dir)
     if steps is not None:
         write_parquet(steps, args.steps_output)
     out = Path(args.output_dir)

@@ -217,8 +217,14 @@ def _cmd_bench_tracer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_trace_stack(args: argparse.Namespace) -> int:
+    tables = [read_trace_table(p) for p in args.inputs]
+    write_parquet(pd.concat(tables, ignore_index=True).astype(TRACE_DTYPES), args.output)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``trace {ngram,published}`` and ``bench tracer``."""
+    """Add ``trace {ngram,published,stack}`` and ``bench tracer``."""
     trace = subparsers.add_parser("trace", help="build per-position acceptance trace tables")
     sub = trace.add_subparsers(dest="trace_command", required=True)
 
@@ -234,6 +240,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     published.add_argument("--input", required=True, help="combined_<dataset>.jsonl")
     published.add_argument("--output", required=True, help="trace table .parquet to write")
     published.set_defaults(func=_cmd_trace_published)
+
+    stack = sub.add_parser("stack", help="concatenate trace tables (e.g. one per method) into one")
+    stack.add_argument("--inputs", nargs="+", required=True, help="trace table .parquet files")
+    stack.add_argument("--output", required=True, help="trace table .parquet to write")
+    stack.set_defaults(func=_cmd_trace_stack)
 
     bench = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)

@@ -44,6 +44,8 @@ wildcard_constraints:
     built_model=_alternatives(BUILT_MODELS),
     hub_model=_alternatives(HUB_MODELS),
     published="gsm8k|instructcoder|sharegpt|cnn",
+    mode="compat|exact",
+    proposer="ngram|eagle|combined",
 
 
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
@@ -156,6 +158,15 @@ def final_outputs():
     ]
     if BREAKDOWN:
         outputs.append("results/figures/breakdown.png")
+    if BREAKDOWN and validation_targets():
+        outputs.append("results/tables/simulated_vs_measured.md")
+    if PUBLISHED.get("datasets"):
+        outputs += [
+            "results/simulator/published/exact/figures",
+            "results/simulator/published/compat/figures",
+            "results/simulator/published/compare",
+            "results/simulator/published/adaptive",
+        ]
     if PUBLISHED.get("datasets"):
         outputs.append("results/acceptance/published/table4.md")
     return outputs
@@ -263,3 +274,70 @@ def breakdown_steps():
         f"results/breakdown/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/steps.parquet"
         for c in BREAKDOWN
     ]
+
+
+SIMULATOR = config.get("simulator", {})
+SIM_POLICIES = {
+    "ngram": "fixed-1 fixed-3 fixed-5 oracle",
+    "eagle": "fixed-1 fixed-3 fixed-5 oracle",
+    "combined": "oracle adaptive",
+}
+
+
+def sim_policies(wildcards):
+    """Policies per proposer; the compat (published simulator) mode has no adaptive policy."""
+    policies = SIM_POLICIES[wildcards.proposer]
+    return policies.replace(" adaptive", "") if wildcards.mode == "compat" else policies
+
+
+def published_jsonl():
+    return [
+        f"resources/published-traces/llama3.1-8B/combined_{d}.jsonl"
+        for d in PUBLISHED.get("datasets", [])
+    ]
+
+
+def validation_targets():
+    """Engine x model x dataset with in-engine traces of both an n-gram and a drafter method."""
+    kinds = {}
+    for t in TRACES:
+        kind = (
+            "ngram" if config["methods"][t.method]["method"] == "ngram" else "drafter"
+        )
+        kinds.setdefault((t.engine, t.model, t.dataset), {})[kind] = t.method
+    return {k: v for k, v in sorted(kinds.items()) if len(v) == 2}
+
+
+def sim_trace_inputs(wildcards):
+    methods = validation_targets()[
+        (wildcards.engine, wildcards.model, wildcards.dataset)
+    ]
+    base = f"results/traces/{wildcards.engine}/{wildcards.model}/{wildcards.dataset}"
+    return {
+        "traces": [
+            f"{base}/{m}/engine_trace.parquet" for m in sorted(methods.values())
+        ],
+        "requests": f"{base}/{methods['ngram']}/engine_requests.parquet",
+    }
+
+
+def sim_cell_batch_sizes(wildcards):
+    key = (wildcards.engine, wildcards.model, wildcards.dataset)
+    return " ".join(
+        str(b)
+        for b in sorted(
+            {c.batch_size for c in CELLS if (c.engine, c.model, c.dataset) == key}
+        )
+    )
+
+
+def sim_cell_files():
+    return [
+        f"results/simulator/cells/{e}/{m}/{d}/{p}.csv"
+        for (e, m, d) in validation_targets()
+        for p in ("ngram", "eagle")
+    ]
+
+
+def methods_json():
+    return shlex.quote(json.dumps(config["methods"], sort_keys=True))

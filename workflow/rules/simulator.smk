@@ -1,0 +1,117 @@
+# Simulator (paper Sec. 8): upper bounds on the published traces (compat and exact
+# modes, compat-vs-exact, adaptive policies), and validation against the grid's own
+# runs with a cost model fitted from this machine's breakdown step timings.
+
+
+rule simulate_published:
+    input:
+        published_jsonl(),
+    output:
+        "results/simulator/published/{mode}/{proposer}.csv",
+    log:
+        "logs/simulate_published/{mode}/{proposer}.log",
+    params:
+        policies=sim_policies,
+        batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
+        cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
+    shell:
+        "sdbench simulate --traces {input} --proposer {wildcards.proposer} "
+        "--policy {params.policies} --batch-sizes {params.batch_sizes} "
+        "--cost-model {params.cost_model} --mode {wildcards.mode} --output {output} > {log} 2>&1"
+
+
+rule simulate_published_figures:
+    input:
+        expand(
+            "results/simulator/published/{{mode}}/{proposer}.csv",
+            proposer=["ngram", "eagle", "combined"],
+        ),
+    output:
+        directory("results/simulator/published/{mode}/figures"),
+    log:
+        "logs/simulate_published_figures/{mode}.log",
+    shell:
+        "sdbench simulate figures --results {input} --output-dir {output} > {log} 2>&1"
+
+
+rule simulate_compare:
+    input:
+        published_jsonl(),
+    output:
+        directory("results/simulator/published/compare"),
+    log:
+        "logs/simulate_compare.log",
+    params:
+        cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
+    shell:
+        "sdbench simulate compare --traces {input} --cost-model {params.cost_model} "
+        "--output-dir {output} > {log} 2>&1"
+
+
+rule simulate_adaptive:
+    input:
+        published_jsonl(),
+    output:
+        directory("results/simulator/published/adaptive"),
+    log:
+        "logs/simulate_adaptive.log",
+    shell:
+        "sdbench simulate adaptive-report --traces {input} --output-dir {output} > {log} 2>&1"
+
+
+rule fit_cost_model:
+    input:
+        breakdown_steps(),
+    output:
+        "results/cost_models/measured.yaml",
+    log:
+        "logs/fit_cost_model.log",
+    shell:
+        "sdbench costmodel fit --steps {input} --method-column sd_method "
+        "--output {output} --name measured > {log} 2>&1"
+
+
+rule simulation_traces:
+    input:
+        unpack(sim_trace_inputs),
+    output:
+        "results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
+    log:
+        "logs/simulation_traces/{engine}/{model}/{dataset}.log",
+    shell:
+        "sdbench trace stack --inputs {input.traces} --output {output} > {log} 2>&1"
+
+
+rule simulate_cells:
+    input:
+        unpack(sim_trace_inputs),
+        stacked="results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
+        cost_model="results/cost_models/measured.yaml",
+    output:
+        "results/simulator/cells/{engine}/{model}/{dataset}/{proposer}.csv",
+    log:
+        "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
+    params:
+        batch_sizes=sim_cell_batch_sizes,
+    shell:
+        "sdbench simulate --traces {input.stacked} --requests {input.requests} "
+        "--proposer {wildcards.proposer} --policy fixed-1 fixed-3 fixed-5 oracle "
+        "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
+        "--output {output} > {log} 2>&1"
+
+
+rule validate_simulator:
+    input:
+        cells="results/tables/cells.parquet",
+        simulated=sim_cell_files(),
+    output:
+        table="results/tables/simulated_vs_measured.parquet",
+        markdown="results/tables/simulated_vs_measured.md",
+    log:
+        "logs/validate_simulator.log",
+    params:
+        methods=methods_json(),
+    shell:
+        "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
+        "--methods {params.methods} --output {output.table} --markdown {output.markdown} "
+        "> {log} 2>&1"
