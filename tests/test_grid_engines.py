@@ -93,3 +93,38 @@ def test_0_11_1_keeps_the_engine_core_out_of_process_for_sd() -> None:
 def test_unknown_version_is_named() -> None:
     with pytest.raises(ValueError, match="unknown vllm_version '0.9'"):
         quirks_for("0.9")
+
+
+def test_trace_breakdown_and_baseline_selections() -> None:
+    from sdbench.grid import baseline_cells, breakdown_cells, trace_targets
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert {t.method for t in trace_targets(cfg)} == set(cfg["traces"]["methods"])
+    assert all(c.batch_size == 1 and c.method == "none" for c in baseline_cells(cfg))
+    selected = breakdown_cells(cfg)
+    assert len(selected) == len(cfg["breakdown"]["methods"]) * len(cfg["breakdown"]["batch_sizes"])
+    assert {c.dataset for c in selected} == set(cfg["breakdown"]["datasets"])
+
+
+def test_simulated_vs_measured_join() -> None:
+    import pandas as pd
+
+    from sdbench.validation import compare, simulated_policy
+
+    methods = {
+        "none": {"method": "none"},
+        "ng3": {"method": "ngram", "num_speculative_tokens": 3},
+        "dm3": {"method": "draft_model", "num_speculative_tokens": 3},
+    }
+    assert simulated_policy(methods["dm3"]) == ("eagle", "fixed-3")
+    cells = pd.DataFrame(
+        {"engine": "e", "model": "m", "dataset": "d", "method": ["none", "ng3", "dm3"], "batch_size": 4,
+         "speedup": [1.0, 1.5, 0.8]}
+    )
+    simulated = pd.DataFrame(
+        {"dataset": "d", "proposer": ["ngram", "eagle", "eagle"], "policy": ["fixed-3", "fixed-3", "oracle"],
+         "batch_size": 4, "speedup": [1.2, 1.0, 2.0]}
+    )
+    table = compare(cells, simulated, methods)
+    assert list(table["method"]) == ["dm3", "ng3"]
+    assert list(table["ratio"].round(3)) == [1.25, 0.8]

@@ -55,6 +55,8 @@ REDUCED = {
     },
     "run": {"warmup_requests": 1},
     "traces": {"methods": ["ngram-k3", "draft-k3"], "num_speculative_tokens": 20, "max_num_seqs": 2},
+    "breakdown": {"methods": ["none", "ngram-k3", "draft-k3"], "datasets": ["code-edit"], "batch_sizes": [1]},
+    "bleu": {"order": 4, "ngram": "ngram-k3", "versus": "draft-k3"},
     "grid": [
         {
             "engine": "vllm-cpu",
@@ -165,6 +167,21 @@ def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
     assert (pipeline / "results/acceptance/grid/table4.md").exists()
 
 
+def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
+    breakdown = pd.read_parquet(pipeline / "results/tables/breakdown.parquet")
+    fractions = breakdown[["propose_frac", "verify_frac", "sample_frac", "other_frac"]].sum(axis=1)
+    assert len(breakdown) == 3 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
+    assert (pipeline / "results/cost_models/measured.yaml").exists()
+    validation = pd.read_parquet(pipeline / "results/tables/simulated_vs_measured.parquet")
+    assert len(validation) == 2 * 2 * 2  # datasets x SD methods x batch sizes
+    assert (validation["simulated_speedup"] > 0).all()
+    memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
+    assert (memory["analytical_static_gib"] > 0).all() and (memory["measured_kv_cache_gib"] > 0).all()
+    assert (pipeline / "results/bleu/vllm-cpu/tiny-target/code-edit/fig8_measured.png").exists()
+    divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
+    assert len(divergence) == 12 and divergence["share_differs"].between(0, 1).all()
+
+
 def test_rerun_does_nothing(pipeline: Path) -> None:
     result = snakemake(pipeline, "-n")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -180,7 +197,18 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     finally:
         write_config(pipeline, REDUCED)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert planned_jobs(result) == {"run_cell": 6, "aggregate": 1, "plot_throughput": 1, "all": 1}
+    # Only the new cells and what aggregates over batch sizes; no model, prompt, trace
+    # or breakdown job runs again.
+    assert planned_jobs(result) == {
+        "run_cell": 6,
+        "aggregate": 1,
+        "plot_throughput": 1,
+        "memory_table": 1,
+        "bleu_measured": 2,
+        "simulate_cells": 4,
+        "validate_simulator": 1,
+        "all": 1,
+    }
     outputs = planned_outputs(result, "run_cell")
     assert len(outputs) == 6 and all("/bs3/" in o for o in outputs), outputs
 
