@@ -91,24 +91,6 @@ def bucket_of(score: float) -> str:
 # Inputs
 
 
-def _read_trace_jsonl(path: Path) -> list[tuple[str, list[int], list[int]]]:
-    """(id, prompt ids, generated ids) per line of a published trace; acceptance fields are not needed."""
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
-            missing = [k for k in ("id", "prompt_token_ids", "generated_token_ids") if k not in rec]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)}")
-            rows.append((str(rec["id"]), list(rec["prompt_token_ids"]), list(rec["generated_token_ids"])))
-    return rows
-
-
 def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Read requests from a published-trace JSONL or a run-cell requests parquet, in file order.
 
@@ -117,7 +99,12 @@ def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
     """
     path = Path(path)
     if path.suffix in (".jsonl", ".json"):
-        df = pd.DataFrame(_read_trace_jsonl(path), columns=["request_id", "prompt_token_ids", "output_token_ids"])
+        from sdbench.published import read_published_jsonl
+
+        df = pd.DataFrame(
+            [(r.request_id, r.prompt_token_ids, r.generated_token_ids) for r in read_published_jsonl(path)],
+            columns=["request_id", "prompt_token_ids", "output_token_ids"],
+        )
     elif path.suffix == ".parquet":
         df = pd.read_parquet(path)
         missing = [c for c in ("request_id", "prompt_token_ids", "output_token_ids") if c not in df.columns]
