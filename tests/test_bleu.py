@@ -159,3 +159,38 @@ def test_heatmap_cli(tmp_path: Path) -> None:
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="unknown bucket label"):
         plot_heatmap(speedups.assign(bucket="0-0.2"), buckets, tmp_path / "x.png")
+
+
+def test_simulated_fig8_on_published_instructcoder(published_traces_dir: Path, tmp_path: Path) -> None:
+    """Sec. 7 on the published traces: above BLEU-4 0.6, n-gram beats EAGLE at every batch size,
+    and proposing 5 tokens widens n-gram's lead in the top bucket (paper: up to +53% / +100%)."""
+    src = published_traces_dir / "combined_instructcoder.jsonl"
+    buckets = tmp_path / "buckets.parquet"
+    assert cli.main(["bleu", "buckets", "--input", str(src), "--output", str(buckets)]) == 0
+    tables = {}
+    for policy in ("fixed-3", "fixed-5"):
+        out, png = tmp_path / f"{policy}.parquet", tmp_path / f"{policy}.png"
+        argv = ["bleu", "simulated", "--traces", str(src), "--buckets", str(buckets), "--ngram-policy", policy]
+        assert cli.main([*argv, "--output", str(out), "--figure", str(png)]) == 0
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        tables[policy] = pd.read_parquet(out).set_index(["bucket", "batch_size"])
+    k3, k5 = tables["fixed-3"], tables["fixed-5"]
+    assert len(k3) == 5 * 6 and k3.xs(1, level="batch_size")["n"].to_dict() == PUBLISHED_COUNTS["instructcoder"]
+    high = k3.index.get_level_values("bucket").isin(["[0.6,0.8)", "[0.8,1.0]"])
+    assert (k3.loc[high, "relative_speedup"] > 1.0).all()
+    assert (k3.xs("[0.2,0.4)", level="bucket")["relative_speedup"] < 1.0).all()
+    top = "[0.8,1.0]"
+    assert k5.loc[(top, 1), "relative_speedup"] > k3.loc[(top, 1), "relative_speedup"] > 1.3
+    # The EAGLE side does not depend on the n-gram policy.
+    assert (k3["versus_speedup"] == k5["versus_speedup"]).all()
+
+
+def test_simulated_fig8_rejects_buckets_of_other_requests(published_traces_dir: Path) -> None:
+    from sdbench.bleu import simulated_bucket_speedups
+    from sdbench.costmodel import load_cost_model
+    from sdbench.simulator import load_traces
+
+    traces = load_traces(published_traces_dir / "combined_gsm8k.jsonl")
+    buckets = pd.DataFrame({"request_id": ["x"], "bleu_order": [4], "bleu": [0.5], "bucket": ["[0.4,0.6)"]})
+    with pytest.raises(ValueError, match="have no BLEU bucket"):
+        simulated_bucket_speedups(traces, buckets, [1], load_cost_model("llama3.1-8b-h100"))

@@ -43,6 +43,7 @@ def test_defaults_are_filled(default_config: dict) -> None:
         (lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_min=9), "prompt_lookup_min (9) > prompt_lookup_max"),
         (lambda c: c["grid"][0].update(engine="vllm-9"), "grid[0].engine: unknown engine 'vllm-9'"),
         (lambda c: c["datasets"]["code-edit"].update(num_prompts=0), "datasets.code-edit.num_prompts"),
+        (lambda c: c["bleu"].update(published_ngram_policies=["fixed3"]), "bleu.published_ngram_policies[0]"),
     ],
 )
 def test_bad_config_names_the_key(default_config: dict, mutate, expected: str) -> None:

@@ -25,6 +25,7 @@ import json
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,7 @@ def plot_heatmap(
     buckets: pd.DataFrame,
     out_png: str | os.PathLike[str],
     title: str | None = None,
+    versus_label: str = "EAGLE",
 ) -> None:
     """Fig. 8-style heatmap of n-gram's speedup relative to EAGLE, by BLEU bucket and batch size.
 
@@ -257,7 +259,7 @@ def plot_heatmap(
     ax.set_ylabel("Batch size")
     if title:
         ax.set_title(title, fontsize=10)
-    fig.colorbar(im, ax=ax, label="n-gram speedup relative to EAGLE (%)")
+    fig.colorbar(im, ax=ax, label=f"n-gram speedup relative to {versus_label} (%)")
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=150, metadata={"Software": None})
@@ -321,6 +323,93 @@ def measured_bucket_speedups(
     return out.dropna(subset=["relative_speedup"]).sort_values(["bucket", "batch_size"]).reset_index(drop=True)
 
 
+def simulated_bucket_speedups(
+    traces: Any,
+    buckets: pd.DataFrame,
+    batch_sizes: Sequence[int],
+    cost_model: Any,
+    ngram_policy: str = "fixed-3",
+    versus_policy: str = "fixed-3",
+    mode: str = "exact",
+) -> pd.DataFrame:
+    """Fig. 8 from acceptance traces: per BLEU bucket x batch size, the simulated n-gram speedup
+    divided by the simulated learned-drafter (EAGLE) speedup.
+
+    ``traces`` is a :class:`sdbench.simulator.TraceSet`; every request in the bucket is simulated
+    (no sampling), with replicated batches as in the paper's simulator. Buckets with no request
+    are left out. Columns: ``bucket, batch_size, n, ngram_policy, versus_policy, mode, cost_model,
+    ngram_speedup, versus_speedup, relative_speedup``.
+    """
+    from sdbench import simulator
+
+    bucket_by_id = dict(zip(buckets["request_id"].astype(str), buckets["bucket"]))
+    missing = [r.request_id for r in traces.requests if r.request_id not in bucket_by_id]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} request(s) of {traces.source} have no BLEU bucket (first: {missing[0]!r}); "
+            "were the buckets computed from the same traces?"
+        )
+    if mode == "exact":  # trace n-gram proposal lengths once, not per bucket
+        traces = simulator.with_ngram_proposals(traces)
+    rows = []
+    for label in BUCKET_LABELS:
+        subset = replace(traces, requests=tuple(r for r in traces.requests if bucket_by_id[r.request_id] == label))
+        if not subset.requests:
+            continue
+        runs = {
+            proposer: simulator.simulate(
+                [subset], proposer, [policy], batch_sizes, cost_model, mode, num_requests=0
+            ).set_index("batch_size")
+            for proposer, policy in (("ngram", ngram_policy), ("eagle", versus_policy))
+        }
+        for b in sorted(int(x) for x in batch_sizes):
+            ng, vs = runs["ngram"].loc[b], runs["eagle"].loc[b]
+            rows.append(
+                {
+                    "bucket": label,
+                    "batch_size": b,
+                    "n": int(ng["num_requests"]),
+                    "ngram_policy": ngram_policy,
+                    "versus_policy": versus_policy,
+                    "mode": mode,
+                    "cost_model": cost_model.name,
+                    "ngram_speedup": float(ng["speedup"]),
+                    "versus_speedup": float(vs["speedup"]),
+                    "relative_speedup": float(ng["speedup"]) / float(vs["speedup"]),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _run_simulated(args: argparse.Namespace) -> int:
+    from sdbench.costmodel import load_cost_model
+    from sdbench.simulator import load_traces
+
+    try:
+        traces = load_traces(args.traces)
+        buckets = pd.read_parquet(args.buckets)
+        table = simulated_bucket_speedups(
+            traces,
+            buckets,
+            args.batch_sizes,
+            load_cost_model(args.cost_model),
+            args.ngram_policy,
+            args.versus_policy,
+            args.mode,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"sdbench bleu simulated: {exc}") from exc
+    write_parquet(table, args.output)
+    plot_heatmap(
+        table,
+        buckets,
+        args.figure,
+        title=f"{traces.dataset}: n-gram {args.ngram_policy} vs EAGLE {args.versus_policy} (simulated, {args.mode})",
+    )
+    print(json.dumps({"output": str(args.output), "counts": bucket_counts(buckets)}))
+    return 0
+
+
 def _run_measured(args: argparse.Namespace) -> int:
     from sdbench.io import write_parquet
 
@@ -328,12 +417,14 @@ def _run_measured(args: argparse.Namespace) -> int:
     buckets = pd.read_parquet(args.buckets)
     table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus)
     write_parquet(table, args.output)
-    plot_heatmap(table, buckets, args.figure, title=f"{args.ngram} vs {args.versus} (measured)")
+    plot_heatmap(
+        table, buckets, args.figure, title=f"{args.ngram} vs {args.versus} (measured)", versus_label=args.versus
+    )
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench bleu buckets`` and ``sdbench bleu heatmap``."""
+    """Add ``sdbench bleu buckets|heatmap|measured|simulated``."""
     p = subparsers.add_parser("bleu", help="prompt-output BLEU buckets and the Fig. 8 heatmap (paper Sec. 7)")
     sub = p.add_subparsers(dest="bleu_command", required=True)
 
@@ -364,3 +455,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--output", required=True, help="table (parquet)")
     m.add_argument("--figure", required=True, help="heatmap (PNG)")
     m.set_defaults(func=_run_measured)
+
+    sim = sub.add_parser("simulated", help="Fig. 8 from traces: per-bucket simulated n-gram vs EAGLE speedup")
+    sim.add_argument("--traces", required=True, type=Path, help="published-trace .jsonl (or trace table)")
+    sim.add_argument("--buckets", required=True, type=Path, help="bleu buckets parquet of the same requests")
+    sim.add_argument("--ngram-policy", default="fixed-3", help="simulator policy of the n-gram proposer")
+    sim.add_argument("--versus-policy", default="fixed-3", help="simulator policy of the learned drafter")
+    sim.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128])
+    sim.add_argument("--cost-model", default="llama3.1-8b-h100", help="cost model name or YAML path")
+    sim.add_argument("--mode", choices=("exact", "compat"), default="exact")
+    sim.add_argument("--output", required=True, type=Path, metavar="TABLE.parquet")
+    sim.add_argument("--figure", required=True, type=Path, metavar="fig8.png")
+    sim.set_defaults(func=_run_simulated)

@@ -32,3 +32,36 @@ rule bleu_measured:
         "sdbench bleu measured --calls {input.calls} --buckets {input.buckets} "
         "--baseline {params.baseline} --ngram {params.ngram} --versus {params.versus} "
         "--output {output.table} --figure {output.figure} > {log} 2>&1"
+
+
+rule bleu_buckets_published:
+    input:
+        "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+    output:
+        "results/bleu/published/{published}/buckets.parquet",
+    log:
+        "logs/bleu_buckets_published/{published}.log",
+    params:
+        order=BLEU["order"] if BLEU else 4,
+    shell:
+        "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
+
+
+rule bleu_simulated:
+    input:
+        traces="resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+        buckets="results/bleu/published/{published}/buckets.parquet",
+    output:
+        table="results/bleu/published/{published}/fig8_ngram-{ngram_policy}.parquet",
+        figure="results/bleu/published/{published}/fig8_ngram-{ngram_policy}.png",
+    log:
+        "logs/bleu_simulated/{published}/{ngram_policy}.log",
+    params:
+        versus=BLEU.get("published_versus_policy", "fixed-3") if BLEU else "fixed-3",
+        batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
+        cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
+    shell:
+        "sdbench bleu simulated --traces {input.traces} --buckets {input.buckets} "
+        "--ngram-policy {wildcards.ngram_policy} --versus-policy {params.versus} "
+        "--batch-sizes {params.batch_sizes} --cost-model {params.cost_model} --mode exact "
+        "--output {output.table} --figure {output.figure} > {log} 2>&1"

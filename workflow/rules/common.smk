@@ -46,6 +46,7 @@ wildcard_constraints:
     published="gsm8k|instructcoder|sharegpt|cnn",
     mode="compat|exact",
     proposer="ngram|eagle|combined",
+    ngram_policy=r"fixed-\d+|oracle",
 
 
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
@@ -169,6 +170,12 @@ def final_outputs():
         ]
     if PUBLISHED.get("datasets"):
         outputs.append("results/acceptance/published/table4.md")
+    if PUBLISHED.get("datasets") and BLEU:
+        outputs += [
+            f"results/bleu/published/{d}/fig8_ngram-{p}.png"
+            for d in PUBLISHED["datasets"]
+            for p in BLEU.get("published_ngram_policies", [])
+        ]
     return outputs
 
 
