@@ -43,7 +43,9 @@ def test_split_excludes_tests_and_generated_files(splits):
         rel = path.relative_to(root)
         assert not {"test", "tests", "idle_test", "site-packages", "pydoc_data"} & set(rel.parts[:-1]), rel
         assert not rel.name.startswith("_sysconfigdata"), rel
-    assert not any(p.relative_to(root).as_posix() == "encodings/cp1252.py" for p in splits["train"] + splits["heldout"])
+    assert not any(
+        p.relative_to(root).as_posix() == "encodings/cp1252.py" for p in splits["train"] + splits["heldout"]
+    )
 
 
 def test_split_of_depends_only_on_the_path():
@@ -78,7 +80,9 @@ def test_edit_example_is_deterministic_and_well_formed():
 
 
 def _names(source: str) -> list[str]:
-    return [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.NAME]
+    return [
+        t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.NAME
+    ]
 
 
 def test_rename_variable_renames_every_use_and_nothing_else():

@@ -33,7 +33,8 @@ REDUCED = {
     "models": {
         "tiny-target": {
             "build": {"layers": 2, "hidden": 64, "heads": 2, "kv_heads": 2, "intermediate": 128,
-                      "steps": 30, "batch_size": 2, "seq_len": 128, "lr": 3.0e-3},
+                      "steps": 30, "batch_size": 2, "seq_len": 128, "lr": 3.0e-3,
+                      "rope_theta": 1.0e6, "induction_init": "bigram"},
             "dtype": "float32",
             "max_model_len": 512,
         },

@@ -88,6 +88,8 @@ def test_invalid_options_are_named(tokenizer_dir, tmp_path):
         tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=33), log=lambda _m: None)
     with pytest.raises(ValueError, match="--hidden / --heads"):
         tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=30), log=lambda _m: None)
+    with pytest.raises(ValueError, match="--induction-init"):
+        tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, induction_init="bigram"), log=lambda _m: None)
     with pytest.raises(FileNotFoundError, match="--tokenizer"):
         tinymodels.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
     assert not (tmp_path / "m").exists()
@@ -105,3 +107,24 @@ def test_cli_registers_both_commands():
     assert (args.layers, args.kv_heads, args.lr, args.edit_fraction) == (3, 2, 3e-3, 0.25)
     args = parser.parse_args("build-tokenizer --output t --vocab-size 2048 --seed 0".split())
     assert args.vocab_size == 2048
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bigram"])
+def test_induction_init_copies_before_training(kind):
+    """The hand-initialized circuit already predicts the repeat of a random token sequence."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = tinymodels.TrainConfig(layers=3, heads=2, kv_heads=2, rope_theta=1e6, induction_init=kind)
+    model = LlamaForCausalLM(tinymodels.llama_config(cfg, 2048, 0, 1, 2))
+    tinymodels.init_induction_circuit(model, kind, seed=0)
+    tokens = torch.randint(3, 2048, (2, 100), generator=torch.Generator().manual_seed(1))
+    seq = torch.cat([torch.zeros(2, 1, dtype=torch.long), tokens, tokens], dim=1)
+    with torch.no_grad():
+        logits = model(seq).logits
+    ce = F.cross_entropy(logits[:, :-1].reshape(-1, 2048), seq[:, 1:].reshape(-1), reduction="none").view(
+        2, -1
+    )
+    assert ce[:, 101:].mean() < 2.5 < 7.0 < ce[:, :100].mean()

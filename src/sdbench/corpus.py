@@ -177,7 +177,7 @@ def corpus_functions(
 ) -> list[str]:
     """All functions of ``split`` with a source length in ``[min_chars, max_chars]``.
 
-    Deterministic order (files sorted, functions in ``ast.walk`` order).
+    Deterministic order (files sorted, functions in source order).
     Duplicated function texts are kept once.
     """
     seen: set[str] = set()
@@ -299,12 +299,18 @@ def _local_names(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
 
 def _all_identifiers(source: str) -> set[str]:
     try:
-        return {t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.NAME}
+        return {
+            t.string
+            for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type == tokenize.NAME
+        }
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return set(re.findall(r"[A-Za-z_]\w*", source))
 
 
-def _new_name(old: str, rng: random.Random, taken: set[str], suffixes: tuple[str, ...], prefixes: tuple[str, ...]) -> str | None:
+def _new_name(
+    old: str, rng: random.Random, taken: set[str], suffixes: tuple[str, ...], prefixes: tuple[str, ...]
+) -> str | None:
     candidates = [old + s for s in suffixes] + [p + old.lstrip("_") for p in prefixes]
     rng.shuffle(candidates)
     for cand in candidates:
@@ -330,7 +336,9 @@ def _edit_rename_variable(source: str, fn: ast.AST, rng: random.Random) -> tuple
     return None
 
 
-def _edit_rename_function(source: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, rng: random.Random) -> tuple[str, str] | None:
+def _edit_rename_function(
+    source: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, rng: random.Random
+) -> tuple[str, str] | None:
     old = fn.name
     new = _new_name(old, rng, _all_identifiers(source), _FUNC_SUFFIXES, ())
     if new is None:
@@ -371,14 +379,20 @@ def _edit_change_constant(source: str, fn: ast.AST, rng: random.Random) -> tuple
     start, end, value = sorted(consts)[rng.randrange(len(consts))]
     new_value = value + rng.choice((1, 2, 10)) if value < 1000 else value * 2
     edited = source[:start] + str(new_value) + source[end:]
-    line = source[: start].count("\n") + 1
+    line = source[:start].count("\n") + 1
     return f"change the constant `{value}` on line {line} to `{new_value}`.", edited
 
 
-def _edit_add_print(source: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, rng: random.Random) -> tuple[str, str] | None:
+def _edit_add_print(
+    source: str, fn: ast.FunctionDef | ast.AsyncFunctionDef, rng: random.Random
+) -> tuple[str, str] | None:
     body0 = fn.body[0]
     # Insert after the docstring, if any, with the body's own indentation.
-    is_doc = isinstance(body0, ast.Expr) and isinstance(body0.value, ast.Constant) and isinstance(body0.value.value, str)
+    is_doc = (
+        isinstance(body0, ast.Expr)
+        and isinstance(body0.value, ast.Constant)
+        and isinstance(body0.value.value, str)
+    )
     anchor = fn.body[1] if is_doc and len(fn.body) > 1 else (None if is_doc else body0)
     lines = _source_lines(source)
     if anchor is None or anchor.lineno - 1 >= len(lines):
@@ -443,7 +457,12 @@ def make_edit_example(source_function: str, rng: random.Random) -> EditExample:
 
 
 def edit_examples(
-    split: Split, seed: int, per_function: int = 1, min_chars: int = 120, max_chars: int = 700, root: Path | None = None
+    split: Split,
+    seed: int,
+    per_function: int = 1,
+    min_chars: int = 120,
+    max_chars: int = 700,
+    root: Path | None = None,
 ) -> list[EditExample]:
     """Edit examples for every function of ``split`` (``per_function`` each), deterministic in ``seed``."""
     rng = random.Random(seed)

@@ -60,7 +60,9 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        # mkdtemp makes the directory 0700 and some writers make files 0600.
+        for sub in [tmp, *tmp.rglob("*")]:
+            os.chmod(sub, 0o755 if sub.is_dir() else 0o644)
         if final.exists():
             # os.replace cannot overwrite a non-empty directory: swap via a side name.
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
@@ -102,7 +104,9 @@ def build_tokenizer(
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"--vocab-size must be >= {256 + len(SPECIAL_TOKENS)} (byte alphabet + specials), got {vocab_size}")
+        raise ValueError(
+            f"--vocab-size must be >= {256 + len(SPECIAL_TOKENS)} (byte alphabet + specials), got {vocab_size}"
+        )
     start = time.perf_counter()
     root = Path(corpus_root) if corpus_root is not None else None
     texts = [text for _, text in corpus.corpus_texts("train", root)]
@@ -131,7 +135,9 @@ def build_tokenizer(
             "requested_vocab_size": vocab_size,
             "seed": seed,
             "special_tokens": {"bos": BOS_TOKEN, "eos": EOS_TOKEN, "pad": PAD_TOKEN},
-            "special_token_ids": {name: tok.token_to_id(t) for name, t in zip(("bos", "eos", "pad"), SPECIAL_TOKENS)},
+            "special_token_ids": {
+                name: tok.token_to_id(t) for name, t in zip(("bos", "eos", "pad"), SPECIAL_TOKENS)
+            },
             "train_files": len(texts),
             "train_chars": n_chars,
             "train_tokens": n_tokens,
@@ -146,7 +152,10 @@ def build_tokenizer(
         }
         tok.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json", _tokenizer_config())
-        _write_json(tmp / "special_tokens_map.json", {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN})
+        _write_json(
+            tmp / "special_tokens_map.json",
+            {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN},
+        )
         _write_json(tmp / "tokenizer_info.json", info)
     return info
 
@@ -208,6 +217,7 @@ class TrainConfig:
     edit_fraction: float = 0.5
     max_position_embeddings: int = 1024
     rope_theta: float = 10000.0
+    induction_init: str = "none"
     seed: int = 0
     threads: int = 2
     eval_tokens: int = 65536
@@ -215,29 +225,65 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid option."""
-        positive = ("layers", "hidden", "heads", "kv_heads", "intermediate", "steps", "batch_size", "seq_len", "threads")
+        positive = (
+            "layers",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "intermediate",
+            "steps",
+            "batch_size",
+            "seq_len",
+            "threads",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.hidden % self.heads:
             raise ValueError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads})")
         if (self.hidden // self.heads) % 2:
-            raise ValueError(f"--hidden / --heads (head dim {self.hidden // self.heads}) must be even for RoPE")
+            raise ValueError(
+                f"--hidden / --heads (head dim {self.hidden // self.heads}) must be even for RoPE"
+            )
         if self.heads % self.kv_heads:
             raise ValueError(f"--heads ({self.heads}) must be divisible by --kv-heads ({self.kv_heads})")
         if not 0.0 <= self.edit_fraction <= 1.0:
             raise ValueError(f"--edit-fraction must be in [0, 1], got {self.edit_fraction}")
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.induction_init not in INDUCTION_INITS:
+            raise ValueError(
+                f"--induction-init must be one of {INDUCTION_INITS}, got {self.induction_init!r}"
+            )
+        if self.induction_init != "none":
+            if not (
+                self.layers >= 2
+                and 2 <= self.heads <= 4
+                and self.kv_heads == self.heads
+                and self.hidden % 16 == 0
+            ):
+                raise ValueError(
+                    "--induction-init needs --layers >= 2, 2 <= --heads <= 4, --kv-heads == --heads "
+                    "and --hidden divisible by 16 "
+                    f"(got layers={self.layers}, heads={self.heads}, kv_heads={self.kv_heads}, hidden={self.hidden}); "
+                    "use --induction-init none otherwise"
+                )
         if self.max_position_embeddings < self.seq_len:
-            raise ValueError(f"--max-position-embeddings ({self.max_position_embeddings}) must be >= --seq-len ({self.seq_len})")
+            raise ValueError(
+                f"--max-position-embeddings ({self.max_position_embeddings}) must be >= --seq-len ({self.seq_len})"
+            )
 
 
 DATA_DIR = "data"  # tokenized corpus and edit examples, inside the tokenizer directory
 
 
 def prepare_training_data(
-    tok, output_dir: Path, edit_seed: int, edit_max_chars: int, edits_per_function: int, root: Path | None = None
+    tok,
+    output_dir: Path,
+    edit_seed: int,
+    edit_max_chars: int,
+    edits_per_function: int,
+    root: Path | None = None,
 ) -> dict[str, int]:
     """Tokenize the corpus splits and the edit examples once; save them as ``.npy`` under ``output_dir``.
 
@@ -257,7 +303,10 @@ def prepare_training_data(
         if not texts:
             raise ValueError(f"corpus split {split!r} is empty (corpus root {root or corpus.stdlib_root()})")
         stream = np.concatenate(
-            [np.asarray([bos, *e.ids, eos], dtype=np.int32) for e in tok.encode_batch(texts, add_special_tokens=False)]
+            [
+                np.asarray([bos, *e.ids, eos], dtype=np.int32)
+                for e in tok.encode_batch(texts, add_special_tokens=False)
+            ]
         )
         examples = corpus.edit_examples(split, edit_seed, edits_per_function, max_chars=edit_max_chars, root=root)  # type: ignore[arg-type]
         prompts = tok.encode_batch([e.prompt for e in examples], add_special_tokens=False)
@@ -267,7 +316,10 @@ def prepare_training_data(
         np.save(output_dir / f"{split}_stream.npy", stream)
         np.save(output_dir / f"{split}_edits.npy", np.asarray([t for r in rows for t in r], dtype=np.int32))
         np.save(output_dir / f"{split}_edit_offsets.npy", offsets)
-        np.save(output_dir / f"{split}_edit_prompt_lens.npy", np.asarray([1 + len(p.ids) for p in prompts], dtype=np.int32))
+        np.save(
+            output_dir / f"{split}_edit_prompt_lens.npy",
+            np.asarray([1 + len(p.ids) for p in prompts], dtype=np.int32),
+        )
         counts[f"{split}_stream_tokens"] = int(len(stream))
         counts[f"{split}_edit_examples"] = len(rows)
         counts[f"{split}_edit_tokens"] = int(offsets[-1])
@@ -289,7 +341,9 @@ class TrainingData:
 
         data = Path(tokenizer_dir) / DATA_DIR
         if not (data / "train_stream.npy").is_file():
-            raise FileNotFoundError(f"--tokenizer: {data}/train_stream.npy not found (rebuild with `sdbench build-tokenizer`)")
+            raise FileNotFoundError(
+                f"--tokenizer: {data}/train_stream.npy not found (rebuild with `sdbench build-tokenizer`)"
+            )
         tok = load_tokenizer(tokenizer_dir)
         self.bos = tok.token_to_id(BOS_TOKEN)
         self.eos = tok.token_to_id(EOS_TOKEN)
@@ -353,7 +407,7 @@ def _set_determinism(seed: int, threads: int) -> None:
 
 
 def llama_config(cfg: TrainConfig, vocab_size: int, bos: int, eos: int, pad: int):  # -> LlamaConfig
-    """The ``transformers.LlamaConfig`` for ``cfg`` (tied embeddings, no biases)."""
+    """The ``transformers.LlamaConfig`` for ``cfg`` (tied embeddings; attention biases only with an induction init)."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -370,9 +424,122 @@ def llama_config(cfg: TrainConfig, vocab_size: int, bos: int, eos: int, pad: int
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=pad,
-        attention_bias=False,
+        # Biases give the hand-initialized previous-token heads a content-free query/key.
+        attention_bias=cfg.induction_init != "none",
         mlp_bias=False,
     )
+
+
+INDUCTION_INITS = ("none", "unigram", "bigram")
+
+
+def _previous_token_head(att, head: int, head_dim: int, distance: int, scale: float, inv_freq) -> None:
+    """Make ``head`` attend to the token ``distance`` positions back, whatever the content.
+
+    Query and key are constant (zero weights, biases only), so the RoPE score
+    is ``sum_m scale^2 cos((delta - distance) * theta_m)``: largest at
+    ``delta == distance``.
+    """
+    import torch
+
+    half = head_dim // 2
+    rows = slice(head * head_dim, (head + 1) * head_dim)
+    att.q_proj.weight[rows] = 0.0
+    att.k_proj.weight[rows] = 0.0
+    q_bias, k_bias = torch.zeros(head_dim), torch.zeros(head_dim)
+    q_bias[:half] = scale * torch.cos(distance * inv_freq)
+    q_bias[half:] = -scale * torch.sin(distance * inv_freq)
+    k_bias[:half] = scale
+    att.q_proj.bias[rows] = q_bias
+    att.k_proj.bias[rows] = k_bias
+
+
+def init_induction_circuit(model, kind: str = "bigram", seed: int = 0) -> None:
+    """Hand-initialize a copy (induction) circuit in layers 0-1 of a fresh Llama model.
+
+    Why: in a few thousand CPU steps, gradient descent does not discover
+    induction heads (tried: more edit data, shapes, RoPE base, a synthetic
+    copy task), so the models cannot copy from the prompt, which is what
+    makes code-edit outputs n-gram friendly. Starting from a working circuit,
+    training refines it within the budget. Only the initial weights differ;
+    the architecture is a plain Llama (with attention biases).
+
+    Layout of the residual stream (width d): token identity in dims
+    ``[0, d/2)`` (embeddings are zeroed elsewhere); layer-0 head 0 writes the
+    previous token there (``[d/2, 3d/4)``, projected), and for ``"bigram"``
+    layer-0 head 1 writes the token two back into ``[3d/4, d)``. Layer-1 head 0
+    is the induction head: its query (current [and previous] token) matches
+    keys holding the preceding token(s) through the lowest-frequency RoPE
+    pairs only (nearly position-invariant with a large RoPE base), and its
+    value copies the attended token into the token dims, which the tied LM
+    head reads. ``"unigram"`` matches one token, ``"bigram"`` two (far fewer
+    false matches in code). The scales were tuned so that the untrained model
+    already predicts the second copy of a repeated random sequence.
+    """
+    import torch
+
+    if kind == "none":
+        return
+    if kind not in INDUCTION_INITS:
+        raise ValueError(f"--induction-init must be one of {INDUCTION_INITS}, got {kind!r}")
+    cfg = model.config
+    d = cfg.hidden_size
+    hd = cfg.head_dim
+    half = hd // 2
+    a = d // 2  # token-identity dims
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    inv_freq = theta ** (-torch.arange(half, dtype=torch.float32) * 2 / hd)
+    prev_scale, qk_scale, ov_scale, norm_scale = 9.0, 3.0, 3.0, 8.0
+    low = list(range(half - half // 2, half))  # lowest-frequency half of the RoPE pairs
+    gen = torch.Generator().manual_seed(seed)
+
+    def orthonormal_rows(rows: int, cols: int):
+        return torch.linalg.qr(torch.randn(cols, rows, generator=gen))[0].T
+
+    with torch.no_grad():
+        emb = model.model.embed_tokens.weight
+        emb[:, a:] = 0.0
+        e_norm = emb[:, :a].norm(dim=1).mean().item()
+        att0, att1 = model.model.layers[0].self_attn, model.model.layers[1].self_attn
+        for att in (att0, att1):
+            att.v_proj.weight[:hd] = 0.0
+            att.o_proj.weight[:, :hd] = 0.0
+        att1.q_proj.weight[:hd] = 0.0
+        att1.k_proj.weight[:hd] = 0.0
+        if kind == "unigram":
+            b = d - a
+            _previous_token_head(att0, 0, hd, 1, prev_scale, inv_freq)
+            att0.v_proj.weight[:hd, :a] = torch.eye(hd, a)
+            att0.o_proj.weight[a:, :hd] = torch.eye(b, hd) * e_norm / math.sqrt(d)
+            dims = low + [p + half for p in low]
+            proj = orthonormal_rows(len(dims), a)
+            att1.q_proj.weight[dims, :a] = qk_scale * proj
+            att1.k_proj.weight[dims, a:] = qk_scale * proj
+        else:
+            b = (d - a) // 2
+            compress = orthonormal_rows(b, a)  # token identity -> b dims
+            for head, distance, lo in ((0, 1, a), (1, 2, a + b)):
+                _previous_token_head(att0, head, hd, distance, prev_scale, inv_freq)
+                cols = slice(head * hd, (head + 1) * hd)
+                att0.v_proj.weight[cols] = 0.0
+                att0.v_proj.weight[head * hd : head * hd + b, :a] = compress
+                att0.o_proj.weight[:, cols] = 0.0
+                att0.o_proj.weight[lo : lo + b, head * hd : head * hd + b] = (
+                    torch.eye(b) * e_norm / math.sqrt(d) * math.sqrt(a / b)
+                )
+            k2 = len(low) // 2
+            d1 = low[:k2] + [p + half for p in low[:k2]]
+            d2 = low[k2:] + [p + half for p in low[k2:]]
+            r1, r2 = orthonormal_rows(len(d1), b), orthonormal_rows(len(d2), b)
+            # score(i, j) ~ <tok_i, tok_{j-1}> + <tok_{i-1}, tok_{j-2}>
+            att1.q_proj.weight[d1, :a] = qk_scale * r1 @ compress
+            att1.k_proj.weight[d1, a : a + b] = qk_scale * r1
+            att1.q_proj.weight[d2, a : a + b] = qk_scale * r2
+            att1.k_proj.weight[d2, a + b :] = qk_scale * r2
+        att1.v_proj.weight[:hd, :a] = torch.eye(hd, a)
+        att1.o_proj.weight[:a, :hd] = ov_scale * torch.eye(a, hd) * e_norm / math.sqrt(d / 2)
+        model.model.norm.weight.mul_(norm_scale)
 
 
 def _lr_at(step: int, cfg: TrainConfig) -> float:
@@ -408,7 +575,11 @@ def heldout_cross_entropy(model, stream, seq_len: int, max_tokens: int) -> float
         for chunk in range(0, k, 8):
             rows = torch.from_numpy(np.stack([stream[s : s + n] for s in starts[chunk : chunk + 8]]))
             logits = model(input_ids=rows[:, :-1]).logits.float()
-            losses.append(F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1), reduction="sum").item())
+            losses.append(
+                F.cross_entropy(
+                    logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1), reduction="sum"
+                ).item()
+            )
     return sum(losses) / (k * seq_len)
 
 
@@ -430,7 +601,9 @@ def completion_cross_entropy(model, examples: Sequence[tuple[list[int], int]], l
     return total / max(1, count)
 
 
-def train_model(tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike[str], cfg: TrainConfig, log=print) -> dict[str, Any]:
+def train_model(
+    tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike[str], cfg: TrainConfig, log=print
+) -> dict[str, Any]:
     """Train a Llama model on the corpus and save a Hugging Face model directory.
 
     ``output`` receives ``config.json``, ``generation_config.json``,
@@ -442,7 +615,9 @@ def train_model(tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike
     tokenizer_dir = Path(tokenizer_dir)
     for name in TOKENIZER_FILES:
         if not (tokenizer_dir / name).is_file():
-            raise FileNotFoundError(f"--tokenizer: {tokenizer_dir / name} not found (run `sdbench build-tokenizer` first)")
+            raise FileNotFoundError(
+                f"--tokenizer: {tokenizer_dir / name} not found (run `sdbench build-tokenizer` first)"
+            )
     import torch
     import torch.nn.functional as F
     from transformers import LlamaForCausalLM
@@ -456,6 +631,7 @@ def train_model(tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike
     config = llama_config(cfg, data.vocab_size, data.bos, data.eos, data.pad)
     torch.manual_seed(cfg.seed)
     model = LlamaForCausalLM(config).float()
+    init_induction_circuit(model, cfg.induction_init, cfg.seed)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -467,7 +643,9 @@ def train_model(tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike
         foreach=False,  # one code path regardless of build: keeps reruns bit-identical
     )
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"train-model: {n_params} parameters, {len(data.stream)} train tokens, {len(data.edits)} edit examples, data {t_data:.1f}s")
+    log(
+        f"train-model: {n_params} parameters, {len(data.stream)} train tokens, {len(data.edits)} edit examples, data {t_data:.1f}s"
+    )
     t1 = time.perf_counter()
     losses: list[float] = []
     for step in range(cfg.steps):
@@ -484,7 +662,9 @@ def train_model(tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike
         losses.append(loss.item())
         if (step + 1) % max(1, cfg.steps // 10) == 0 or step + 1 == cfg.steps:
             recent = losses[-max(1, cfg.steps // 10) :]
-            log(f"  step {step + 1}/{cfg.steps} loss {sum(recent) / len(recent):.3f} ({time.perf_counter() - t1:.0f}s)")
+            log(
+                f"  step {step + 1}/{cfg.steps} loss {sum(recent) / len(recent):.3f} ({time.perf_counter() - t1:.0f}s)"
+            )
     train_seconds = time.perf_counter() - t1
     model.eval()
     heldout_ce = heldout_cross_entropy(model, data.heldout_stream, cfg.seq_len, cfg.eval_tokens)
@@ -501,13 +681,19 @@ def train_model(tokenizer_dir: str | os.PathLike[str], output: str | os.PathLike
         "final_train_loss": round(sum(tail) / len(tail), 4),
         "heldout_cross_entropy": round(heldout_ce, 4),
         "heldout_edit_completion_cross_entropy": round(edit_ce, 4),
-        "wall_seconds": {"data": round(t_data, 2), "train": round(train_seconds, 2), "total": round(time.perf_counter() - t0, 2)},
+        "wall_seconds": {
+            "data": round(t_data, 2),
+            "train": round(train_seconds, 2),
+            "total": round(time.perf_counter() - t0, 2),
+        },
         "seconds_per_step": round(train_seconds / cfg.steps, 4),
         "tokenizer_sha256": hashlib.sha256((tokenizer_dir / "tokenizer.json").read_bytes()).hexdigest(),
         "tokenizer_info": _read_json(tokenizer_dir / "tokenizer_info.json"),
         "versions": _versions(),
     }
-    log(f"train-model: held-out CE {heldout_ce:.3f}, edit-completion CE {edit_ce:.3f}, train {train_seconds:.0f}s")
+    log(
+        f"train-model: held-out CE {heldout_ce:.3f}, edit-completion CE {edit_ce:.3f}, train {train_seconds:.0f}s"
+    )
     with atomic_dir(output) as tmp:
         model.save_pretrained(tmp)
         for name in TOKENIZER_FILES:
@@ -535,34 +721,82 @@ def _versions() -> dict[str, str]:
 
 
 def _cmd_build_tokenizer(args: argparse.Namespace) -> int:
-    info = build_tokenizer(args.output, args.vocab_size, args.seed, args.edit_max_chars, args.edits_per_function, args.corpus_root)
-    print(f"build-tokenizer: vocab {info['vocab_size']}, {info['chars_per_token']} chars/token, {info['wall_seconds']}s -> {args.output}")
+    try:
+        info = build_tokenizer(
+            args.output,
+            args.vocab_size,
+            args.seed,
+            args.edit_max_chars,
+            args.edits_per_function,
+            args.corpus_root,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"sdbench build-tokenizer: error: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"build-tokenizer: vocab {info['vocab_size']}, {info['chars_per_token']} chars/token, {info['wall_seconds']}s -> {args.output}"
+    )
     return 0
 
 
 def _cmd_train_model(args: argparse.Namespace) -> int:
     fields = TrainConfig.__dataclass_fields__
     cfg = TrainConfig(**{name: getattr(args, name) for name in fields})
-    train_model(args.tokenizer, args.output, cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        train_model(args.tokenizer, args.output, cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except (ValueError, FileNotFoundError) as exc:  # bad option or input: one clear line, no traceback
+        print(f"sdbench train-model: error: {exc}", file=sys.stderr)
+        return 2
     return 0
+
+
+_OPTION_HELP = {
+    "edit_fraction": "share of training rows made of packed code-edit examples",
+    "induction_init": f"hand-initialized copy circuit: one of {', '.join(INDUCTION_INITS)}",
+    "rope_theta": "RoPE base (large: more position-invariant dims for content matching)",
+    "max_position_embeddings": "positions the model (and vLLM's max_model_len) accepts",
+    "threads": "torch threads; the same count gives bit-identical weights on a rerun",
+    "eval_tokens": "held-out tokens scored for training.json",
+    "eval_edit_examples": "held-out edit examples scored for training.json",
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``build-tokenizer`` and ``train-model`` subcommands."""
-    p = subparsers.add_parser("build-tokenizer", help="train the byte-level BPE tokenizer on the stdlib corpus")
+    p = subparsers.add_parser(
+        "build-tokenizer", help="train the byte-level BPE tokenizer on the stdlib corpus"
+    )
     p.add_argument("--output", required=True, help="tokenizer directory to write")
     p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic edit examples (BPE itself is deterministic)")
-    p.add_argument("--edit-max-chars", type=int, default=700, help="longest function (characters) used for edit examples")
-    p.add_argument("--edits-per-function", type=int, default=2, help="edit examples drawn per train/held-out function")
-    p.add_argument("--corpus-root", default=None, help="directory of .py files instead of the interpreter's stdlib")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the synthetic edit examples (BPE itself is deterministic)",
+    )
+    p.add_argument(
+        "--edit-max-chars", type=int, default=700, help="longest function (characters) used for edit examples"
+    )
+    p.add_argument(
+        "--edits-per-function", type=int, default=2, help="edit examples drawn per train/held-out function"
+    )
+    p.add_argument(
+        "--corpus-root", default=None, help="directory of .py files instead of the interpreter's stdlib"
+    )
     p.set_defaults(func=_cmd_build_tokenizer)
 
     d = TrainConfig()
     p = subparsers.add_parser("train-model", help="train a small Llama model (target or draft) on CPU")
     p.add_argument("--tokenizer", required=True, help="directory written by build-tokenizer")
     p.add_argument("--output", required=True, help="Hugging Face model directory to write")
-    for name, f in TrainConfig.__dataclass_fields__.items():
+    for name in TrainConfig.__dataclass_fields__:
         default = getattr(d, name)
-        p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default), default=default, help=f"default {default}")
+        p.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=type(default),
+            default=default,
+            choices=INDUCTION_INITS if name == "induction_init" else None,
+            help=f"{_OPTION_HELP.get(name, '')} (default {default})".lstrip(),
+        )
     p.set_defaults(func=_cmd_train_model)
