@@ -123,17 +123,26 @@ def _trained(policy: CausalPolicy, proposer: str) -> CausalPolicy:
     return policy
 
 
-def future_leaks(policy: CausalPolicy, ctx: PolicyContext, seeds: range = range(3)) -> list[str]:
+def future_leaks(
+    policy: CausalPolicy, ctx: PolicyContext, seeds: range = range(3), earlier: TraceArrays | None = None
+) -> list[str]:
     """Steps whose decision (or an earlier one) changed when the trace was altered at and after
     the step's position (acceptance) and after it (n-gram draft lengths, which the engine only
-    knows once there)."""
+    knows once there). Each replay starts from a fresh engine that first served ``earlier``."""
     rng = np.random.default_rng(7)
     leaks = []
+
+    def replay(trace: TraceArrays, rec: list) -> None:
+        policy.reset()
+        if earlier is not None:
+            run_causal(policy, earlier, ctx)
+        run_causal(policy, trace, ctx, rec)
+
     for seed in seeds:
         trace = synthetic(np.random.default_rng(seed))
         policy.trace = trace  # only the Peeking policy below uses it
         base: list = []
-        run_causal(policy, trace, ctx, base)
+        replay(trace, base)
         assert len(base) > 10
         for s in sorted(rng.choice(len(base), size=4, replace=False)):
             g = base[s][0].position
@@ -145,7 +154,7 @@ def future_leaks(policy: CausalPolicy, ctx: PolicyContext, seeds: range = range(
             altered = TraceArrays(trace.start, trace.length, trace.prompt_len, acc_n, prop, acc_d)
             policy.trace = altered
             rec: list = []
-            run_causal(policy, altered, ctx, rec)
+            replay(altered, rec)
             if rec[: s + 1] != base[: s + 1]:
                 leaks.append(f"seed {seed} step {s} (position {g})")
     return leaks
@@ -156,6 +165,27 @@ def future_leaks(policy: CausalPolicy, ctx: PolicyContext, seeds: range = range(
 def test_causal_policies_ignore_the_future(proposer: str, name: str, batch_size: int) -> None:
     policy = _trained(make_policy(name, proposer), proposer)
     assert future_leaks(policy, PolicyContext(proposer, batch_size, CM)) == []
+    # Engine-wide state learned on an earlier request carries no information about the future.
+    earlier = synthetic(np.random.default_rng(99))
+    assert future_leaks(policy, PolicyContext(proposer, batch_size, CM), earlier=earlier) == []
+
+
+def test_engine_wide_estimates_carry_over_between_requests() -> None:
+    """Goodput's engine-wide estimates: a request served after others starts from what they
+    showed, and a fresh engine (``reset``) from the fixed priors."""
+    policy = make_policy("adaptive", "combined")
+    ctx = PolicyContext("combined", 1, CM)
+    trace = synthetic(np.random.default_rng(5))
+    policy.reset()
+    fresh: list = []
+    run_causal(policy, trace, ctx, fresh)
+    warm: list = []
+    run_causal(policy, trace, ctx, warm)
+    assert warm != fresh
+    policy.reset()
+    again: list = []
+    run_causal(policy, trace, ctx, again)
+    assert again == fresh
 
 
 class Peeking(CausalPolicy):

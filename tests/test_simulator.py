@@ -16,6 +16,7 @@ from sdbench.simulator import (
     COMPARE_VARIANTS,
     RESULT_COLUMNS,
     adaptive_report,
+    adaptive_summary,
     baseline_trajectories,
     continuous_makespan,
     load_traces,
@@ -182,6 +183,9 @@ def test_oracle_combine_bounds_the_adaptive_policies(traced) -> None:
     assert (report["speedup"] <= report["oracle_combine"]).all()
     ic = report[(report["dataset"] == "instructcoder") & (report["policy"] == "combined:adaptive")]
     assert (ic["gap_closed"] > 0.25).all()  # the n-gram-heavy dataset: a large share of the gap
+    summary = adaptive_summary(report)
+    worst = summary[summary["batch_size"] == "min vs best fixed"]["combined:adaptive"]
+    assert len(worst) == 2 and all(len(v.split(".")[1]) == 3 for v in worst)
 
 
 # ----------------------------------------------------------------------------- inputs and CLI

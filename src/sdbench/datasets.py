@@ -87,7 +87,12 @@ def build_code_write(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]
             continue
         lines = text.splitlines()
         doc_end = node.body[0].end_lineno or node.lineno  # prompt ends after the docstring
-        yield PromptRecord(f"write-{_function_id(text)}", "\n".join(lines[:doc_end]) + "\n", "\n".join(lines[doc_end:]))
+        body = "\n".join(lines[doc_end:])
+        # End with the body's indentation: after a bare docstring the model (trained on edit
+        # examples too) would otherwise take the function as complete and start an edit request.
+        indent = body[: len(body) - len(body.lstrip(" \t"))]
+        prompt = "\n".join(lines[:doc_end]) + "\n" + indent
+        yield PromptRecord(f"write-{_function_id(text)}", prompt, body[len(indent) :])
 
 
 # --- Hugging Face datasets (cluster) ------------------------------------------------

@@ -320,6 +320,9 @@ class CausalPolicy(Policy):
     def train(self, traces: Sequence[TraceArrays], ctx: PolicyContext) -> None:
         """Fit on training traces (data of other datasets); a no-op for untrained policies."""
 
+    def reset(self) -> None:
+        """Forget what is shared across requests (a fresh engine); a no-op for per-request policies."""
+
     @abstractmethod
     def start(self, prompt_len: int, ctx: PolicyContext) -> Any:
         """Fresh per-request state."""
@@ -590,24 +593,45 @@ class Goodput(CausalPolicy):
     (:func:`expected_emitted`, :func:`step_seconds`). The cost model makes it batch-size aware:
     at large batches verification costs relatively more, so ``k`` shrinks and weak drafts are
     skipped.
+
+    With ``engine_wide`` (the default) a new request's estimates start from engine-wide ones,
+    learned from every earlier request's verifications (an engine sees those; the fixed priors
+    only seed them), instead of from the fixed priors: a workload where n-gram rarely pays is
+    recognised after a few requests rather than re-learned by each. Earlier = the order requests
+    are replayed in (sample order); the engine-wide state is reset per :meth:`trajectories` call.
     """
 
     name: str = "goodput"
     ngram_prior: tuple[float, float] = NGRAM_PRIOR
     draft_prior: tuple[float, float] = DRAFT_PRIOR
     draft_prior_at_ngram: tuple[float, float] = DRAFT_PRIOR_AT_NGRAM
-    prior_weight: float = 4.0
+    prior_weight: float = 20.0
     decay: float = 0.9
+    engine_wide: bool = True
+    engine_prior_weight: float = 50.0
+    _engine: dict[tuple[int, bool], AcceptModel] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _priors(self) -> dict[tuple[int, bool], tuple[float, float]]:
+        return {
+            (NGRAM, True): self.ngram_prior,
+            (DRAFT, False): self.draft_prior,
+            (DRAFT, True): self.draft_prior_at_ngram,
+        }
+
+    def reset(self) -> None:
+        """Forget the engine-wide estimates (a fresh engine)."""
+        self._engine = {key: AcceptModel(*prior, self.engine_prior_weight, 1.0) for key, prior in self._priors().items()}
+
+    def trajectories(self, traces: TraceArrays, ctx: PolicyContext, fidelity: Fidelity) -> Trajectories:
+        self.reset()
+        return super().trajectories(traces, ctx, fidelity)
 
     def start(self, prompt_len: int, ctx: PolicyContext) -> Any:
         w, d = self.prior_weight, self.decay
-        return GoodputState(
-            {
-                (NGRAM, True): AcceptModel(*self.ngram_prior, w, d),
-                (DRAFT, False): AcceptModel(*self.draft_prior, w, d),
-                (DRAFT, True): AcceptModel(*self.draft_prior_at_ngram, w, d),
-            }
-        )
+        if self.engine_wide and not self._engine:
+            self.reset()
+        priors = {k: (m.q, m.r) for k, m in self._engine.items()} if self.engine_wide else self._priors()
+        return GoodputState({key: AcceptModel(*prior, w, d) for key, prior in priors.items()})
 
     def qr(self, state: GoodputState, drafter: int, obs: Observation) -> tuple[float, float]:
         """Predicted ``(q, r)`` of ``drafter`` at this step."""
@@ -635,13 +659,18 @@ class Goodput(CausalPolicy):
         return best[0], best[1]
 
     def update(self, state: Any, obs: Observation, fb: Feedback, ctx: PolicyContext) -> None:
+        observed = []
         if fb.ngram_matches is not None:
-            state.models[NGRAM, True].observe(fb.ngram_matches, bool(fb.ngram_rejected))
-        draft = state.models[DRAFT, obs.ngram_proposal_len > 0]
+            observed.append(((NGRAM, True), fb.ngram_matches, bool(fb.ngram_rejected)))
+        key = (DRAFT, obs.ngram_proposal_len > 0)
         if fb.drafter == DRAFT:
-            draft.observe(fb.accepted, fb.rejected)
+            observed.append((key, fb.accepted, fb.rejected))
         else:
-            draft.forget()
+            state.models[key].forget()
+        for key, matches, rejected in observed:
+            state.models[key].observe(matches, rejected)
+            if self.engine_wide:
+                self._engine[key].observe(matches, rejected)
 
 
 def _logit(p: float) -> float:
@@ -679,6 +708,8 @@ class Learned(Goodput):
     """
 
     name: str = "learned"
+    prior_weight: float = 4.0
+    engine_wide: bool = False  # its features are per-request estimates from the fixed priors
     needs_training: bool = True
     weights: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
 
@@ -710,6 +741,7 @@ class Learned(Goodput):
             draft_prior_at_ngram=self.draft_prior_at_ngram,
             prior_weight=self.prior_weight,
             decay=self.decay,
+            engine_wide=False,
         )
         train_ctx = replace(ctx, batch_size=1)
         for arrays in traces:

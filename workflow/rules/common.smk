@@ -161,6 +161,10 @@ def final_outputs():
         outputs.append("results/figures/breakdown.png")
     if BREAKDOWN and validation_targets():
         outputs.append("results/tables/simulated_vs_measured.md")
+        outputs += [
+            f"results/simulator/cells/{e}/{m}/adaptive"
+            for (e, m) in adaptive_cell_targets()
+        ]
     if PUBLISHED.get("datasets"):
         outputs += [
             "results/simulator/published/exact/figures",
@@ -344,6 +348,39 @@ def sim_cell_files():
         for (e, m, d) in validation_targets()
         for p in ("ngram", "eagle")
     ]
+
+
+def adaptive_cell_targets():
+    """Engine x model -> datasets with both in-engine traces (adaptive policies on the grid)."""
+    out = {}
+    for e, m, d in validation_targets():
+        out.setdefault((e, m), []).append(d)
+    return out
+
+
+def sim_cells_all(wildcards):
+    datasets = adaptive_cell_targets()[(wildcards.engine, wildcards.model)]
+    base = f"results/simulator/cells/{wildcards.engine}/{wildcards.model}"
+    ngram = {k: v["ngram"] for k, v in validation_targets().items()}
+    return {
+        "stacked": [f"{base}/{d}/{d}.parquet" for d in datasets],
+        "requests": [
+            f"results/traces/{wildcards.engine}/{wildcards.model}/{d}/"
+            f"{ngram[(wildcards.engine, wildcards.model, d)]}/engine_requests.parquet"
+            for d in datasets
+        ],
+    }
+
+
+def adaptive_cell_args(wildcards):
+    """Batch sizes of the grid and the policies (the learned one needs another dataset)."""
+    key = (wildcards.engine, wildcards.model)
+    sizes = sorted({c.batch_size for c in CELLS if (c.engine, c.model) == key})
+    specs = ["combined:adaptive", "combined:trust", "combined:ngram-else-eagle"]
+    specs += ["eagle:adaptive", "eagle:dynamic-k"]
+    if len(adaptive_cell_targets()[key]) > 1:
+        specs.append("combined:learned")
+    return f"--batch-sizes {' '.join(map(str, sizes))} --policies {' '.join(specs)}"
 
 
 def methods_json():

@@ -115,3 +115,18 @@ rule validate_simulator:
         "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
         "--methods {params.methods} --output {output.table} --markdown {output.markdown} "
         "> {log} 2>&1"
+
+
+rule simulate_adaptive_cells:
+    input:
+        unpack(sim_cells_all),
+        cost_model="results/cost_models/measured.yaml",
+    output:
+        directory("results/simulator/cells/{engine}/{model}/adaptive"),
+    log:
+        "logs/simulate_adaptive_cells/{engine}/{model}.log",
+    params:
+        args=adaptive_cell_args,
+    shell:
+        "sdbench simulate adaptive-report --traces {input.stacked} --requests {input.requests} "
+        "--cost-model {input.cost_model} {params.args} --output-dir {output} > {log} 2>&1"
