@@ -181,6 +181,11 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert (pipeline / "results/bleu/vllm-cpu/tiny-target/code-edit/fig8_measured.png").exists()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
     assert len(divergence) == 12 and divergence["share_differs"].between(0, 1).all()
+    adaptive = pd.read_csv(pipeline / "results/simulator/cells/vllm-cpu/tiny-target/adaptive/adaptive_policies.csv")
+    assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
+    # No bound against oracle-combine here: it picks the drafter accepting more tokens, which is
+    # not the faster one when the drafter costs more than the target's own step (tiny CPU models).
+    assert (adaptive["speedup"] > 0).all() and adaptive["gap_closed"].notna().any()
 
 
 def test_rerun_does_nothing(pipeline: Path) -> None:
@@ -208,6 +213,7 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
         "bleu_measured": 2,
         "simulate_cells": 4,
         "validate_simulator": 1,
+        "simulate_adaptive_cells": 1,
         "all": 1,
     }
     outputs = planned_outputs(result, "run_cell")

@@ -215,3 +215,20 @@ def test_goodput_is_batch_size_aware() -> None:
         run_causal(policy, trace, PolicyContext("eagle", b, CM), rec)
         mean_k.append(np.mean([k for _, _, k in rec]))
     assert mean_k[1] < mean_k[0]
+
+
+def test_learned_without_enough_training_data_keeps_the_running_estimates() -> None:
+    """A stage whose model cannot be fitted (too few rows) falls back to the estimator it
+    would otherwise refine: with nothing fitted, ``learned`` decides like per-request goodput."""
+    from sdbench.policies import Goodput
+
+    ctx = PolicyContext("combined", 8, CM)
+    policy = Learned(min_training_rows=10**9)
+    policy.train([synthetic(np.random.default_rng(3))], ctx)
+    assert policy.weights == {}
+    trace = synthetic(np.random.default_rng(4))
+    got: list = []
+    run_causal(policy, trace, ctx, got)
+    want: list = []
+    run_causal(Goodput(prior_weight=policy.prior_weight, engine_wide=False), trace, ctx, want)
+    assert got == want

@@ -709,6 +709,7 @@ class Learned(Goodput):
 
     name: str = "learned"
     prior_weight: float = 4.0
+    min_training_rows: int = 10
     engine_wide: bool = False  # its features are per-request estimates from the fixed priors
     needs_training: bool = True
     weights: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)
@@ -719,13 +720,15 @@ class Learned(Goodput):
         return [1.0, _logit(m.q), _logit(m.r), float(obs.ngram_proposal_len > 0)]
 
     def qr(self, state: GoodputState, drafter: int, obs: Observation) -> tuple[float, float]:
+        """Predicted ``(q, r)``; a stage without a fitted model keeps the running estimate."""
         m = state.models[drafter, obs.ngram_proposal_len > 0]
-        if not self.weights:
-            return m.q, m.r
         x = np.asarray(self.features(m, obs))
-        q = 1.0 / (1.0 + math.exp(-float(x @ self.weights[drafter, "q"])))
-        r = 1.0 / (1.0 + math.exp(-float(x @ self.weights[drafter, "r"])))
-        return q, r
+
+        def predict(stage: str, estimate: float) -> float:
+            beta = self.weights.get((drafter, stage))
+            return estimate if beta is None else 1.0 / (1.0 + math.exp(-float(x @ beta)))
+
+        return predict("q", m.q), predict("r", m.r)
 
     def train(self, traces: Sequence[TraceArrays], ctx: PolicyContext) -> None:
         """Fit the four logistic models on ``traces`` (see the class docstring)."""
@@ -765,15 +768,14 @@ class Learned(Goodput):
                             if c < cap:
                                 rows[drafter, "r"].append((x, 0.0, 1.0))
         for key, data in rows.items():
-            if len(data) < 10:
-                continue  # too little data (e.g. no learned drafter in training): keep estimates
+            # Too little data (e.g. short outputs, no n-gram match in training): that stage keeps
+            # the running estimate (see :meth:`qr`).
+            if len(data) < self.min_training_rows or len({d[1] for d in data}) < 2:
+                continue
             x = np.array([d[0] for d in data])
             y = np.array([d[1] for d in data])
             w = np.array([d[2] for d in data])
             self.weights[key] = fit_logistic(x, y, w)
-        if len(self.weights) < 4:
-            missing = [f"{DRAFTER_NAMES[d]}-{s}" for d, s in rows if (d, s) not in self.weights]
-            raise ValueError(f"policy {self.name!r}: too little training data for {', '.join(missing)}")
 
 
 class _Recorder(CausalPolicy):
