@@ -89,7 +89,8 @@ def test_invalid_options_are_named(tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="--hidden / --heads"):
         tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=30), log=lambda _m: None)
     with pytest.raises(ValueError, match="--induction-init"):
-        tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, induction_init="bigram"), log=lambda _m: None)
+        bad = replace(TINY, induction_init="bigram")  # one layer: no room for the circuit
+        tinymodels.train_model(tokenizer_dir, tmp_path / "m", bad, log=lambda _m: None)
     with pytest.raises(FileNotFoundError, match="--tokenizer"):
         tinymodels.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
     assert not (tmp_path / "m").exists()

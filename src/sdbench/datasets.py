@@ -87,7 +87,7 @@ def build_code_write(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]
             continue
         lines = text.splitlines()
         doc_end = node.body[0].end_lineno or node.lineno  # prompt ends after the docstring
-        body = "\n".join(lines[doc_end:])
+        body = "\n".join(lines[doc_end:]).lstrip("\n")
         # End with the body's indentation: after a bare docstring the model (trained on edit
         # examples too) would otherwise take the function as complete and start an edit request.
         indent = body[: len(body) - len(body.lstrip(" \t"))]

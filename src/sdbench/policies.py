@@ -609,7 +609,9 @@ class Goodput(CausalPolicy):
     decay: float = 0.9
     engine_wide: bool = True
     engine_prior_weight: float = 50.0
-    _engine: dict[tuple[int, bool], AcceptModel] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _engine: dict[tuple[int, bool], AcceptModel] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def _priors(self) -> dict[tuple[int, bool], tuple[float, float]]:
         return {
@@ -620,7 +622,8 @@ class Goodput(CausalPolicy):
 
     def reset(self) -> None:
         """Forget the engine-wide estimates (a fresh engine)."""
-        self._engine = {key: AcceptModel(*prior, self.engine_prior_weight, 1.0) for key, prior in self._priors().items()}
+        w = self.engine_prior_weight
+        self._engine = {key: AcceptModel(*prior, w, 1.0) for key, prior in self._priors().items()}
 
     def trajectories(self, traces: TraceArrays, ctx: PolicyContext, fidelity: Fidelity) -> Trajectories:
         self.reset()
