@@ -358,7 +358,7 @@ def adaptive_cell_targets():
     return out
 
 
-def sim_cells_all(wildcards):
+def adaptive_cell_inputs(wildcards):
     datasets = adaptive_cell_targets()[(wildcards.engine, wildcards.model)]
     base = f"results/simulator/cells/{wildcards.engine}/{wildcards.model}"
     ngram = {k: v["ngram"] for k, v in validation_targets().items()}

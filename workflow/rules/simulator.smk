@@ -119,7 +119,7 @@ rule validate_simulator:
 
 rule simulate_adaptive_cells:
     input:
-        unpack(sim_cells_all),
+        unpack(adaptive_cell_inputs),
         cost_model="results/cost_models/measured.yaml",
     output:
         directory("results/simulator/cells/{engine}/{model}/adaptive"),
