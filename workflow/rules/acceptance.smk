@@ -17,10 +17,13 @@ rule trace_cell:
         "benchmarks/trace_cell/{engine}/{model}/{dataset}/{method}.tsv"
     container:
         cell_container
-    threads: 1024
+    threads: TIMED_THREADS
     resources:
         gpu=cell_gpus,
+        mem_mb=cell_mem_mb,
+        runtime=cell_runtime,
     params:
+        code=code_digest("sdbench.runner"),
         spec=trace_spec,
         drafter=drafter_arg,
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
@@ -40,6 +43,7 @@ rule trace_ngram_offline:
     log:
         "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
     params:
+        code=code_digest("sdbench.trace_cli"),
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
     shell:
         "sdbench trace ngram --input {input} --output {output} "
@@ -56,6 +60,7 @@ rule acceptance_grid:
     log:
         "logs/acceptance_grid.log",
     params:
+        code=code_digest("sdbench.acceptance"),
         labels=engine_trace_labels(),
     shell:
         "(sdbench acceptance table4 --traces {input} --labels {params.labels} "
@@ -70,6 +75,7 @@ rule fetch_published_traces:
     log:
         "logs/fetch_published_traces/{published}.log",
     params:
+        code=code_digest("sdbench.fetch"),
         local=published_local_arg,
     shell:
         "sdbench fetch published-traces --dataset {wildcards.published} "
@@ -83,6 +89,8 @@ rule published_trace_table:
         "results/traces/published/{published}.parquet",
     log:
         "logs/published_trace_table/{published}.log",
+    params:
+        code=code_digest("sdbench.trace_cli"),
     shell:
         "sdbench trace published --input {input} --output {output} > {log} 2>&1"
 
@@ -96,6 +104,8 @@ rule acceptance_published:
         figures=directory("results/acceptance/published/figures"),
     log:
         "logs/acceptance_published.log",
+    params:
+        code=code_digest("sdbench.acceptance"),
     shell:
         "(sdbench acceptance table4 --traces {input} --output {output.table} "
         "--markdown {output.markdown} && "

@@ -13,6 +13,7 @@ rule aggregate:
     log:
         "logs/aggregate.log",
     params:
+        code=code_digest("sdbench.endtoend"),
         baseline=BASELINE,
     shell:
         "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
@@ -28,6 +29,8 @@ rule plot_throughput:
         acceptance="results/figures/acceptance_per_position.png",
     log:
         "logs/plot_throughput.log",
+    params:
+        code=code_digest("sdbench.endtoend"),
     shell:
         "sdbench plot-throughput --cells {input.cells} --output {output.throughput} "
         "--acceptance {output.acceptance} > {log} 2>&1"
@@ -43,6 +46,7 @@ rule memory_table:
     log:
         "logs/memory_table.log",
     params:
+        code=code_digest("sdbench.memory"),
         models=memory_model_names(),
     shell:
         "sdbench memory-table --cells {input.cells} --models {params.models} "

@@ -16,10 +16,13 @@ rule breakdown_cell:
         "benchmarks/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.tsv"
     container:
         cell_container
-    threads: 1024
+    threads: TIMED_THREADS
     resources:
         gpu=cell_gpus,
+        mem_mb=cell_mem_mb,
+        runtime=cell_runtime,
     params:
+        code=code_digest("sdbench.runner"),
         spec=cell_spec,
         drafter=drafter_arg,
         outdir=subpath(output.summary, parent=True),
@@ -37,6 +40,8 @@ rule breakdown_plot:
         table="results/tables/breakdown.parquet",
     log:
         "logs/breakdown_plot.log",
+    params:
+        code=code_digest("sdbench.steptiming"),
     shell:
         "sdbench breakdown plot --steps {input} --output {output.figure} "
         "--table {output.table} > {log} 2>&1"

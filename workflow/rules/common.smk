@@ -5,6 +5,7 @@ import os
 import shlex
 import sys
 
+from sdbench.codedigest import code_digest
 from sdbench.config import validate_config
 from sdbench.grid import (
     Cell,
@@ -17,6 +18,7 @@ from sdbench.grid import (
     resolve_cell,
     trace_targets,
 )
+from sdbench import scheduling
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
 # visible even when the virtualenv is not activated.
@@ -97,11 +99,36 @@ def cell_container(wildcards):
     return config["engines"][wildcards.engine].get("container")
 
 
+def _engine_cell(wildcards):
+    """The cell of a run/trace/breakdown job (trace jobs run at the trace batch size)."""
+    batch_size = wildcards.get("batch_size", TRACE_SETTINGS.get("max_num_seqs", 8))
+    return Cell(
+        wildcards.engine,
+        wildcards.model,
+        wildcards.dataset,
+        wildcards.method,
+        int(batch_size),
+    )
+
+
 def cell_gpus(wildcards):
     """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines)."""
-    if config["engines"][wildcards.engine]["device"] != "cuda":
-        return 0
-    return config["models"][wildcards.model].get("tensor_parallel_size", 1)
+    return scheduling.cell_gpus(config, _engine_cell(wildcards))
+
+
+def cell_mem_mb(wildcards):
+    return scheduling.cell_mem_mb(config, _engine_cell(wildcards))
+
+
+def cell_runtime(wildcards, attempt):
+    """Wall-time limit (minutes), scaled by output length and batch size, per retry."""
+    return scheduling.cell_runtime_minutes(config, _engine_cell(wildcards), attempt)
+
+
+# A timed engine job takes every core Snakemake may use here (--cores), so that
+# nothing runs beside it on a workstation. Under a batch scheduler each job gets
+# its own allocation: the profile sets its CPUs (set-threads / cpus_per_gpu).
+TIMED_THREADS = workflow.resource_settings.cores or 1
 
 
 def build_args(wildcards):

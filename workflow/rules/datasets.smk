@@ -9,6 +9,7 @@ rule prepare_dataset:
     log:
         "logs/prepare_dataset/{model}/{dataset}.log",
     params:
+        code=code_digest("sdbench.datasets"),
         entry=dataset_entry,
         chat=chat_template_kwargs,
         seed=config["seed"],

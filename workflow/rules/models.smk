@@ -8,6 +8,7 @@ rule build_tokenizer:
     log:
         "logs/build_tokenizer.log",
     params:
+        code=code_digest("sdbench.tinymodels"),
         seed=config["seed"],
     shell:
         "sdbench build-tokenizer --output {output} --seed {params.seed} > {log} 2>&1"
@@ -24,6 +25,7 @@ rule build_model:
         "benchmarks/build_model/{built_model}.tsv"
     threads: build_threads
     params:
+        code=code_digest("sdbench.tinymodels"),
         args=build_args,
         seed=config["seed"],
     shell:
@@ -37,6 +39,7 @@ rule download_model:
     log:
         "logs/download_model/{hub_model}.log",
     params:
+        code=code_digest("sdbench.hub"),
         repo=hub_id,
         revision=hub_revision,
     shell:

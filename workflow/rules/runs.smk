@@ -16,11 +16,13 @@ rule run_cell:
         "benchmarks/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.tsv"
     container:
         cell_container
-    # Timed runs must not share cores: a cell takes the whole machine (capped by --cores).
-    threads: 1024
+    threads: TIMED_THREADS
     resources:
         gpu=cell_gpus,
+        mem_mb=cell_mem_mb,
+        runtime=cell_runtime,
     params:
+        code=code_digest("sdbench.runner"),
         spec=cell_spec,
         drafter=drafter_arg,
         outdir=subpath(output.summary, parent=True),

@@ -11,6 +11,7 @@ rule simulate_published:
     log:
         "logs/simulate_published/{mode}/{proposer}.log",
     params:
+        code=code_digest("sdbench.simulator"),
         policies=sim_policies,
         batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
@@ -30,6 +31,8 @@ rule simulate_published_figures:
         directory("results/simulator/published/{mode}/figures"),
     log:
         "logs/simulate_published_figures/{mode}.log",
+    params:
+        code=code_digest("sdbench.simulator"),
     shell:
         "sdbench simulate figures --results {input} --output-dir {output} > {log} 2>&1"
 
@@ -42,6 +45,7 @@ rule simulate_compare:
     log:
         "logs/simulate_compare.log",
     params:
+        code=code_digest("sdbench.simulator"),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
     shell:
         "sdbench simulate compare --traces {input} --cost-model {params.cost_model} "
@@ -55,6 +59,8 @@ rule simulate_adaptive:
         directory("results/simulator/published/adaptive"),
     log:
         "logs/simulate_adaptive.log",
+    params:
+        code=code_digest("sdbench.simulator"),
     shell:
         "sdbench simulate adaptive-report --traces {input} --output-dir {output} > {log} 2>&1"
 
@@ -66,6 +72,8 @@ rule fit_cost_model:
         "results/cost_models/measured.yaml",
     log:
         "logs/fit_cost_model.log",
+    params:
+        code=code_digest("sdbench.costmodel"),
     shell:
         "sdbench costmodel fit --steps {input} --method-column sd_method "
         "--output {output} --name measured > {log} 2>&1"
@@ -78,6 +86,8 @@ rule simulation_traces:
         "results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
     log:
         "logs/simulation_traces/{engine}/{model}/{dataset}.log",
+    params:
+        code=code_digest("sdbench.trace_cli"),
     shell:
         "sdbench trace stack --inputs {input.traces} --output {output} > {log} 2>&1"
 
@@ -92,6 +102,7 @@ rule simulate_cells:
     log:
         "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
     params:
+        code=code_digest("sdbench.simulator"),
         batch_sizes=sim_cell_batch_sizes,
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
@@ -110,6 +121,7 @@ rule validate_simulator:
     log:
         "logs/validate_simulator.log",
     params:
+        code=code_digest("sdbench.validation"),
         methods=methods_json(),
     shell:
         "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
@@ -126,6 +138,7 @@ rule simulate_adaptive_cells:
     log:
         "logs/simulate_adaptive_cells/{engine}/{model}.log",
     params:
+        code=code_digest("sdbench.simulator"),
         args=adaptive_cell_args,
     shell:
         "sdbench simulate adaptive-report --traces {input.stacked} --requests {input.requests} "

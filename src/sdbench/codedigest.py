@@ -1,0 +1,104 @@
+"""Digests of the package code behind a pipeline step, for Snakemake's rerun decisions.
+
+Snakemake's ``code`` trigger sees only a rule's ``shell:`` text, not the package
+function it calls. Each rule therefore carries ``params: code=<digest>`` of the
+module implementing its step plus every ``sdbench`` module that module imports
+(transitively), so an edit of the BLEU code reruns the BLEU steps and nothing else.
+
+The digest covers the parsed syntax tree without docstrings: comments, formatting
+and documentation do not rerun a measurement; a changed statement does. Modules
+are located with :func:`importlib.util.find_spec` and parsed, never imported, so
+the DAG stays fast and a workflow host without vLLM can compute the digest of the
+engine runner.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib.util
+from pathlib import Path
+
+PACKAGE = "sdbench"
+
+
+def _module_path(name: str) -> Path | None:
+    """Source file of ``name`` (``None`` for a module that does not exist)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _package_imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Names of the ``sdbench`` modules that ``module`` imports (absolute or relative)."""
+    found: set[str] = set()
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == PACKAGE)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parent = base[: len(base) - node.level + 1]
+                target = ".".join(parent + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != PACKAGE:
+                continue
+            found.add(target)
+            # ``from sdbench import io`` names a module, not an attribute.
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return found
+
+
+@functools.cache
+def _parsed(name: str) -> tuple[str, frozenset[str]] | None:
+    """(AST dump without docstrings, imported package modules) of one module."""
+    path = _module_path(name)
+    if path is None:
+        return None
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    imports = _package_imports(tree, name, path.name == "__init__.py")
+    return ast.dump(_strip_docstrings(tree), include_attributes=False), frozenset(imports)
+
+
+def module_closure(*modules: str) -> list[str]:
+    """The given modules and every ``sdbench`` module they import, transitively, sorted."""
+    seen: set[str] = set()
+    todo = list(modules)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        parsed = _parsed(name)
+        if parsed is None:
+            if name in modules:
+                raise ValueError(f"code digest: no source for module {name!r}")
+            continue  # an attribute imported with ``from sdbench.x import y``
+        seen.add(name)
+        todo.extend(parsed[1] - seen)
+    return sorted(seen)
+
+
+def code_digest(*modules: str) -> str:
+    """Short sha256 over the syntax trees of ``modules`` and their package imports."""
+    h = hashlib.sha256()
+    for name in module_closure(*modules):
+        parsed = _parsed(name)
+        assert parsed is not None
+        h.update(name.encode() + b"\0" + parsed[0].encode() + b"\0")
+    return h.hexdigest()[:16]

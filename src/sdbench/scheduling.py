@@ -1,0 +1,66 @@
+"""What an engine job asks of a batch scheduler: GPUs, host memory and wall time.
+
+Snakemake rules call these as resource functions; the SLURM executor plugin turns
+``gpu`` into ``--gpus``, ``mem_mb`` into ``--mem`` and ``runtime`` (minutes) into
+``-t``. CPUs are a site setting (``cpus_per_gpu`` / ``set-threads`` in the profile).
+
+The wall-time estimate is deliberately generous (a job killed at its limit loses
+all of its work; one that asked for too much only waits longer in the queue) and
+grows with each retry.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sdbench.grid import Cell
+
+# Engine start-up (model load, torch.compile, CUDA graph capture) in minutes, and
+# seconds per engine step of decoding, by device. A GPU step of an 8B-70B model at
+# batch size 1 takes ~10-40 ms on an H100; larger batches cost more per step.
+STARTUP_MINUTES = {"cuda": 20.0, "cpu": 3.0}
+STEP_SECONDS = {"cuda": 0.05, "cpu": 0.25}
+# A step at batch size b costs (1 + b / BATCH_KNEE) times a step at batch size 1.
+BATCH_KNEE = 32
+SAFETY = 2.0
+MIN_MINUTES = 10
+MAX_MINUTES = 7 * 24 * 60
+HOST_MEM_MB_PER_GPU = 64_000
+CPU_ENGINE_MEM_MB = 16_000
+
+
+def cell_gpus(config: dict[str, Any], cell: Cell) -> int:
+    """GPUs of a cell: the target's tensor-parallel size on CUDA engines, 0 on CPU."""
+    if config["engines"][cell.engine]["device"] != "cuda":
+        return 0
+    return int(config["models"][cell.model].get("tensor_parallel_size", 1))
+
+
+def cell_mem_mb(config: dict[str, Any], cell: Cell) -> int:
+    """Host memory of a cell's job: weights pass through host RAM while loading."""
+    gpus = cell_gpus(config, cell)
+    if gpus:
+        return HOST_MEM_MB_PER_GPU * gpus
+    kv = config["engines"][cell.engine].get("llm_kwargs", {}).get("kv_cache_memory_bytes", 0)
+    return CPU_ENGINE_MEM_MB + math.ceil(kv / 2**20)
+
+
+def cell_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1) -> int:
+    """Wall-time limit of a cell's job in minutes, scaled by output length and batch size.
+
+    Steps = (warm-up + timed requests) x ``max_tokens`` (replicated batches decode
+    one step per output token for the whole batch); each step costs more at larger
+    batch sizes. Retry ``attempt`` n gets n times the first limit.
+    """
+    device = config["engines"][cell.engine]["device"]
+    dataset = config["datasets"][cell.dataset]
+    run = config.get("run", {})
+    requests = int(dataset["num_prompts"]) + int(run.get("warmup_requests", 1))
+    if run.get("batch_mode", "replicate") == "distinct":
+        requests = math.ceil(requests / cell.batch_size)
+    steps = requests * int(dataset["max_tokens"])
+    step_s = STEP_SECONDS.get(device, STEP_SECONDS["cuda"]) * (1 + cell.batch_size / BATCH_KNEE)
+    minutes = STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]) + steps * step_s / 60
+    first = max(MIN_MINUTES, math.ceil(SAFETY * minutes))
+    return int(min(MAX_MINUTES, first * max(1, attempt)))

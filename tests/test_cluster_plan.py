@@ -1,0 +1,114 @@
+"""The paper grid planned through the SLURM profile: what every job would ask SLURM for.
+
+The plan is built by Snakemake's own API with the settings of
+``profiles/slurm/config.yaml``; the sbatch arguments come from the SLURM executor
+plugin's own functions, so the test sees what ``sbatch`` would receive.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DOUBLES = REPO / "tests" / "doubles"
+PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
+MULTI_GPU_MODELS = {"llama3-70b", "glm-4.5-air"}
+ENGINE_RULES = {"run_cell", "trace_cell", "breakdown_cell"}
+
+
+def planned_jobs(profile: Path, configfile: Path, workdir: Path) -> list:
+    """Jobs of a dry run with the profile's resource settings (Snakemake API)."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
+
+    settings = yaml.safe_load(profile.read_text())
+    with SnakemakeApi(OutputSettings(dryrun=True)) as api:
+        wf = api.workflow(
+            resource_settings=ResourceSettings(
+                nodes=settings["jobs"],
+                overwrite_threads=settings.get("set-threads", {}),
+                overwrite_resources=settings.get("set-resources", {}),
+                default_resources=settings.get("default-resources"),
+            ),
+            config_settings=ConfigSettings(configfiles=[configfile]),
+            snakefile=REPO / "Snakefile",
+            workdir=workdir,
+        )
+        wf.dag(DAGSettings()).execute_workflow(executor="dryrun")
+        return list(wf._workflow.dag.jobs)
+
+
+@pytest.fixture(scope="module")
+def paper_jobs(tmp_path_factory: pytest.TempPathFactory) -> list:
+    return planned_jobs(PROFILE, REPO / "config" / "paper.yaml", tmp_path_factory.mktemp("plan"))
+
+
+def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+    from snakemake_executor_plugin_slurm_jobstep import get_cpu_setting
+
+    engine_jobs = [j for j in paper_jobs if j.rule.name in ENGINE_RULES]
+    assert sum(j.rule.name == "run_cell" for j in engine_jobs) == 546
+    gpu_model = yaml.safe_load(PROFILE.read_text())["set-resources"]["run_cell"]["gpu_model"]
+    for job in paper_jobs:
+        gpus = job.resources.get("gpu") or 0
+        cpu_arg = get_cpu_setting(job, bool(gpus))
+        n = int(re.search(r"=(\d+)", cpu_arg).group(1))
+        cpus = n * gpus if "per-gpu" in cpu_arg else n
+        assert cpus <= 64, (job, cpu_arg)
+        if job.rule.name in ENGINE_RULES:
+            want = 4 if job.wildcards.model in MULTI_GPU_MODELS else 1
+            assert gpus == want, job
+            assert set_gres_string(job).strip() == f"--gpus={gpu_model}:{want}"
+            assert job.resources.get("slurm_partition") == "gpu"
+        else:
+            assert gpus == 0, job
+    per_model = Counter((j.wildcards.model, j.resources.get("gpu")) for j in engine_jobs)
+    assert {m for (m, g) in per_model if g == 4} == MULTI_GPU_MODELS
+
+
+def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
+    from sdbench.grid import Cell
+    from sdbench.scheduling import cell_runtime_minutes
+
+    runs = {
+        (j.wildcards.model, j.wildcards.dataset, j.wildcards.method, int(j.wildcards.batch_size)): j
+        for j in paper_jobs
+        if j.rule.name == "run_cell" and j.wildcards.engine == "vllm-0.10.1.1"
+    }
+    small = runs[("llama3.1-8b", "gsm8k", "none", 1)].resources["runtime"]
+    large = runs[("llama3.1-8b", "gsm8k", "none", 128)].resources["runtime"]
+    assert small < large
+    config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    from sdbench.config import validate_config
+
+    validate_config(config, source="paper.yaml")
+    cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1)
+    assert cell_runtime_minutes(config, cell, attempt=2) == 2 * cell_runtime_minutes(config, cell)
+
+
+def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
+    """``snakemake -n --profile profiles/slurm --configfile config/paper.yaml`` plans the grid.
+
+    Apptainer deployment makes even a dry run look for the binary: the test double
+    (tests/doubles/apptainer, which cannot be the real thing here) answers it.
+    """
+    env = {**os.environ, "PATH": os.pathsep.join([str(DOUBLES), str(BIN), os.environ["PATH"]])}
+    result = subprocess.run(
+        [str(BIN / "snakemake"), "-n", "--profile", str(REPO / "profiles" / "slurm"),
+         "--configfile", str(REPO / "config" / "paper.yaml"), "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
+    assert match and int(match.group(1)) == 546, result.stdout[-3000:]
