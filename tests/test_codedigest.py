@@ -1,0 +1,78 @@
+"""Code digests: a changed statement changes the step's digest; comments and docs do not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sdbench.codedigest import code_digest, module_closure
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def digests_of(src: Path, *modules: str) -> dict[str, str]:
+    """Digests computed in a fresh interpreter that imports sdbench from ``src``."""
+    code = (
+        "import json, sys; from sdbench.codedigest import code_digest; "
+        "print(json.dumps({m: code_digest(m) for m in sys.argv[1:]}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    out = subprocess.run([sys.executable, "-c", code, *modules], env=env, capture_output=True, text=True, check=True)
+    import json
+
+    return json.loads(out.stdout)
+
+
+@pytest.fixture()
+def src_copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "src"
+    shutil.copytree(REPO / "src", dest, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+def test_closure_follows_package_imports() -> None:
+    closure = module_closure("sdbench.bleu")
+    assert {"sdbench.bleu", "sdbench.io"} <= set(closure)
+    assert "sdbench.runner" not in closure
+    assert closure == sorted(closure)
+
+
+def test_digest_is_stable_and_module_specific() -> None:
+    assert code_digest("sdbench.bleu") == code_digest("sdbench.bleu")
+    assert code_digest("sdbench.bleu") != code_digest("sdbench.memory")
+
+
+def test_comment_and_docstring_edits_keep_the_digest(src_copy: Path) -> None:
+    before = digests_of(src_copy, "sdbench.memory", "sdbench.bleu")
+    path = src_copy / "sdbench" / "memory.py"
+    text = path.read_text()
+    text = text.replace('"""', '"""Edited documentation. ', 1) + "\n# a trailing comment\n"
+    path.write_text(text)
+    assert digests_of(src_copy, "sdbench.memory", "sdbench.bleu") == before
+
+
+def test_statement_edit_changes_the_step_and_its_importers_only(src_copy: Path) -> None:
+    modules = ("sdbench.io", "sdbench.memory", "sdbench.bleu", "sdbench.runner")
+    before = digests_of(src_copy, *modules)
+    io_path = src_copy / "sdbench" / "io.py"
+    io_path.write_text(io_path.read_text() + "\n_PROBE = 1\n")
+    after = digests_of(src_copy, *modules)
+    # Every step whose code imports sdbench.io changes; here all of them do.
+    assert all(after[m] != before[m] for m in modules)
+    mem_path = src_copy / "sdbench" / "memory.py"
+    mem_path.write_text(mem_path.read_text() + "\n_PROBE = 2\n")
+    again = digests_of(src_copy, *modules)
+    assert again["sdbench.memory"] != after["sdbench.memory"]
+    assert {m: again[m] for m in modules if m != "sdbench.memory"} == {
+        m: after[m] for m in modules if m != "sdbench.memory"
+    }
+
+
+def test_unknown_module_is_an_error() -> None:
+    with pytest.raises(ValueError, match="sdbench.nonexistent"):
+        code_digest("sdbench.nonexistent")
