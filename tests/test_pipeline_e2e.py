@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,9 +71,9 @@ REDUCED = {
 }
 
 
-def snakemake(workdir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def snakemake(workdir: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the repository's workflow in ``workdir`` with its config/config.yaml."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", **(env or {})}
     cmd = [str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
            "--cores", "2", *args]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1800)
@@ -218,6 +219,34 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     }
     outputs = planned_outputs(result, "run_cell")
     assert len(outputs) == 6 and all("/bs3/" in o for o in outputs), outputs
+
+
+def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
+    changed = yaml.safe_load(yaml.safe_dump(REDUCED))
+    changed["methods"]["ngram-k3"]["prompt_lookup_max"] = 6
+    write_config(pipeline, changed)
+    try:
+        result = snakemake(pipeline, "-n")
+    finally:
+        write_config(pipeline, REDUCED)
+    assert result.returncode == 0, result.stderr[-3000:]
+    jobs = planned_jobs(result)
+    # The method's 4 run cells, its 2 trace cells and 1 breakdown cell, and what reads them.
+    assert jobs["run_cell"] == 4 and jobs["trace_cell"] == 2 and jobs["breakdown_cell"] == 1, jobs
+    assert all("/ngram-k3/" in o for o in planned_outputs(result, "run_cell"))
+    assert not {"build_model", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
+    assert "params have changed" in result.stdout.lower()
+
+
+def test_code_change_in_one_analysis_step_reruns_that_step(pipeline: Path, tmp_path: Path) -> None:
+    """Editing the memory accounting code reruns the memory table, nothing else."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    module = src / "sdbench" / "memory.py"
+    module.write_text(module.read_text() + "\n_CODE_CHANGE_PROBE = 1\n")
+    result = snakemake(pipeline, "-n", env={"PYTHONPATH": str(src)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert planned_jobs(result) == {"memory_table": 1, "all": 1}, result.stdout[-3000:]
 
 
 def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:
