@@ -1,11 +1,42 @@
-"""Offline prompt builders of the embedded default."""
+"""Prompt builders: the embedded default's offline sets, and the paper's six hub datasets.
+
+The hub datasets are tested offline but through the production call path: each test
+writes a few rows in the dataset's real repository layout (``datasets_hub_copies``)
+and points the paper's own config entry at that directory with ``local_path``, so
+``datasets.load_dataset`` resolves config, split and data files exactly as it does
+for ``hf_id`` on the cluster. Nothing is mocked.
+"""
 
 from __future__ import annotations
 
 import ast
+import copy
 import itertools
+import json
+from pathlib import Path
+from typing import Any
 
-from sdbench.datasets import BUILDERS
+import pandas as pd
+import pytest
+from datasets_hub_copies import (
+    AIME,
+    CNN_TEST,
+    GPQA_ANSWERS,
+    GPQA_MAIN,
+    GSM8K_TEST,
+    INSTRUCTCODER,
+    SHAREGPT,
+    WRITERS,
+)
+from datasets_tokenizers import THINK_EMPTY, save_llama3_like, save_qwen3_like
+
+from sdbench.cli import main
+from sdbench.config import ConfigError, load_config, validate_config
+from sdbench.datasets import BUILDERS, prepare
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --- offline prompt sets ---------------------------------------------------------------
 
 
 def test_code_write_prompt_is_the_function_head_up_to_the_body_indentation() -> None:
@@ -22,3 +53,233 @@ def test_code_write_prompt_is_the_function_head_up_to_the_body_indentation() -> 
 def test_code_edit_prompt_ends_with_the_edit_request() -> None:
     rec = next(iter(BUILDERS["code_edit"]({}, 42)))
     assert "# Edit request:" in rec.prompt_text and rec.reference
+
+
+# --- hub datasets: fixtures ------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No hub access, and the Arrow cache in a temporary directory instead of ~/.cache.
+
+    ``datasets`` and ``huggingface_hub`` read these variables when first imported, which
+    another test module may already have done in this process, so their module-level
+    settings are set too; any accidental hub request then fails at once instead of timing out.
+    """
+    import datasets.config
+    import huggingface_hub.constants
+
+    cache = tmp_path_factory.mktemp("hf-datasets-cache")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="module")
+def paper_config() -> dict[str, Any]:
+    """config/paper.yaml, validated (schema defaults filled in, as the pipeline sees it)."""
+    return load_config(REPO / "config" / "paper.yaml")
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_qwen3_like(tmp_path_factory.mktemp("qwen3-tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen3_dir)  # as `sdbench prepare-dataset` loads it
+
+
+def _local_entry(paper_config: dict[str, Any], name: str, copy_dir: Path, **overrides: Any) -> dict[str, Any]:
+    """The paper's entry for ``name`` (hf_id, hf_config, split, data_files, revision untouched) + local_path."""
+    return {**copy.deepcopy(paper_config["datasets"][name]), "local_path": str(copy_dir), **overrides}
+
+
+def _templated(tokenizer: Any, text: str, **chat_template_kwargs: Any) -> str:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False, **chat_template_kwargs
+    )
+
+
+# Expected (prompt_text, reference) per request id: the builders' prompt formats.
+EXPECTED: dict[str, dict[str, tuple[str, str]]] = {
+    "cnn": {r["id"]: (f"Summarize the following news article.\n\n{r['article']}", r["highlights"]) for r in CNN_TEST},
+    "sharegpt": {  # first human turn -> first answer; conversations opening with "gpt" or without answer skipped
+        r["id"]: (r["conversations"][0]["value"], r["conversations"][1]["value"])
+        for r in SHAREGPT
+        if len(r["conversations"]) >= 2 and r["conversations"][0]["from"] == "human"
+    },
+    "instructcoder": {  # no id column: the row index
+        str(i): (f"{r['instruction']}:\n{r['input']}", r["output"]) for i, r in enumerate(INSTRUCTCODER)
+    },
+    "gsm8k": {str(i): (r["question"], r["answer"]) for i, r in enumerate(GSM8K_TEST)},
+    "aime": {str(r["id"]): (r["problem"], r["answer"]) for r in AIME},
+}
+
+
+def _check_gpqa(df: pd.DataFrame) -> None:
+    """GPQA choices are shuffled per row: check the structure and that the letter is right."""
+    assert sorted(df["request_id"]) == [str(i) for i in range(len(GPQA_MAIN))]
+    for rid, prompt, reference in zip(df["request_id"], df["prompt_text"], df["reference"], strict=True):
+        row = GPQA_MAIN[int(rid)]
+        question, body, instruction = prompt.split("\n\n")
+        assert question == row["Question"].strip()
+        assert instruction == "Answer with the letter of the correct choice."
+        choices = dict(line.split(") ", 1) for line in body.splitlines())
+        assert sorted(choices) == ["(A", "(B", "(C", "(D"]
+        assert sorted(choices.values()) == sorted(row[c].strip() for c in GPQA_ANSWERS)
+        assert choices[f"({reference}"] == row["Correct Answer"].strip()
+
+
+# --- hub datasets: tests ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cnn", "sharegpt", "instructcoder", "gsm8k", "aime", "gpqa"])
+def test_prepare_dataset_reads_the_hub_layout_through_load_dataset(
+    name: str, paper_config: dict[str, Any], qwen3_dir: Path, qwen3: Any, tmp_path: Path
+) -> None:
+    """`sdbench prepare-dataset` on the paper's entry, read from a local copy of the hub repository.
+
+    Every usable row comes out exactly once (num_prompts = their number) and no decoy row
+    from another config, split or data file does: the entry's hf_config / split /
+    data_files selected the same files as on the hub.
+    """
+    copy_dir = WRITERS[name](tmp_path / "hub-copy")
+    n_usable = len(GPQA_MAIN) if name == "gpqa" else len(EXPECTED[name])
+    entry = _local_entry(paper_config, name, copy_dir, num_prompts=n_usable)
+    out = tmp_path / "prompts.parquet"
+    chat = {"enable_thinking": False}
+    argv = ["prepare-dataset", "--name", name, "--entry", json.dumps(entry), "--tokenizer", str(qwen3_dir)]
+    argv += ["--seed", "42", "--chat-template-kwargs", json.dumps(chat), "--output", str(out)]
+    assert main(argv) == 0
+
+    df = pd.read_parquet(out)
+    assert list(df.columns) == ["request_id", "dataset", "category", "prompt_text", "prompt_token_ids", "reference"]
+    assert len(df) == n_usable and df["request_id"].is_unique
+    assert set(df["dataset"]) == {name} and set(df["category"]) == {paper_config["datasets"][name]["category"]}
+    assert not df["prompt_text"].str.contains("DECOY").any()
+    if name == "gpqa":
+        _check_gpqa(df)
+    else:
+        got = {rid: (p, r) for rid, p, r in zip(df["request_id"], df["prompt_text"], df["reference"], strict=True)}
+        assert got == EXPECTED[name]
+    for text, ids in zip(df["prompt_text"], df["prompt_token_ids"], strict=True):
+        # The ids are the templated text's (Qwen3 non-thinking: ends in the empty think block).
+        templated = _templated(qwen3, text, **chat)
+        assert list(ids) == qwen3(templated, add_special_tokens=False)["input_ids"]
+        assert qwen3.decode(list(ids)) == templated
+        assert templated.endswith("<|im_start|>assistant\n" + THINK_EMPTY)
+
+
+@pytest.mark.parametrize(
+    ("chat_template_kwargs", "empty_think_block"),
+    [({"enable_thinking": False}, True), ({"enable_thinking": True}, False), ({}, False)],
+    ids=["non-thinking", "thinking", "template-default"],
+)
+def test_qwen3_enable_thinking_reaches_the_chat_template(
+    chat_template_kwargs: dict[str, Any],
+    empty_think_block: bool,
+    paper_config: dict[str, Any],
+    qwen3: Any,
+    tmp_path: Path,
+) -> None:
+    """qwen3-8b (enable_thinking: false) prompts end in the empty think block; qwen3-8b-thinking's do not."""
+    entry = _local_entry(paper_config, "gsm8k", WRITERS["gsm8k"](tmp_path / "gsm8k"), num_prompts=len(GSM8K_TEST))
+    df = prepare("gsm8k", entry, qwen3, 42, chat_template_kwargs)
+    for text, ids in zip(df["prompt_text"], df["prompt_token_ids"], strict=True):
+        decoded = qwen3.decode(ids)
+        assert decoded.endswith(THINK_EMPTY) is empty_think_block
+        assert ("<think>" in decoded) is empty_think_block
+        assert ids == qwen3(_templated(qwen3, text, **chat_template_kwargs), add_special_tokens=False)["input_ids"]
+        assert THINK_EMPTY not in text  # the table's prompt_text stays the dataset's text
+    # Same seed, same sample and order: prompt tables are reproducible.
+    again = prepare("gsm8k", entry, qwen3, 42, chat_template_kwargs)
+    assert again["request_id"].tolist() == df["request_id"].tolist()
+
+
+def test_templated_prompts_carry_one_bos(paper_config: dict[str, Any], tmp_path: Path) -> None:
+    """A Llama-3 template writes BOS itself: the ids must not get a second one from the tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(save_llama3_like(tmp_path / "llama3"))
+    bos = tok.bos_token_id
+    entry = _local_entry(paper_config, "gsm8k", WRITERS["gsm8k"](tmp_path / "gsm8k"), num_prompts=2)
+    df = prepare("gsm8k", entry, tok, 42)
+    for text, ids in zip(df["prompt_text"], df["prompt_token_ids"], strict=True):
+        templated = _templated(tok, text)
+        assert templated.startswith("<|begin_of_text|>")
+        assert ids[0] == bos and ids.count(bos) == 1
+        assert ids == tok(templated, add_special_tokens=False)["input_ids"]
+        assert tok(templated)["input_ids"][:2] == [bos, bos]  # what adding special tokens would do
+
+
+def test_prompts_without_chat_template_get_the_tokenizers_special_tokens(
+    paper_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Base models (no chat template): the raw text, with the tokenizer's BOS."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(save_llama3_like(tmp_path / "llama3-base", with_template=False))
+    assert not tok.chat_template
+    entry = _local_entry(paper_config, "gsm8k", WRITERS["gsm8k"](tmp_path / "gsm8k"), num_prompts=2)
+    df = prepare("gsm8k", entry, tok, 42)
+    for text, ids in zip(df["prompt_text"], df["prompt_token_ids"], strict=True):
+        assert ids == tok(text)["input_ids"] and ids[0] == tok.bos_token_id
+        assert tok.decode(ids[1:]) == text
+
+
+@pytest.mark.parametrize(
+    ("name", "column"),
+    [
+        ("cnn", "highlights"),
+        ("sharegpt", "conversations"),
+        ("instructcoder", "input"),
+        ("gsm8k", "question"),
+        ("aime", "problem"),
+        ("gpqa", "Incorrect Answer 3"),
+    ],
+)
+def test_missing_column_is_a_config_error_naming_dataset_column_and_columns_found(
+    name: str, column: str, paper_config: dict[str, Any], qwen3: Any, tmp_path: Path
+) -> None:
+    copy_dir = WRITERS[name](tmp_path / "hub-copy", drop=column)
+    entry = _local_entry(paper_config, name, copy_dir, num_prompts=1)
+    with pytest.raises(ConfigError) as info:
+        prepare(name, entry, qwen3, 42)
+    message = str(info.value)
+    assert message.startswith(f"datasets.{name}: {entry['hf_id']}")
+    assert f"lack column(s) {column!r}" in message
+    found = message.split("columns found: ", 1)[1]
+    assert repr(column) not in found
+    assert all(repr(c) in found for c in {"cnn": ["article", "id"], "gpqa": ["Question", "Record ID"]}.get(name, []))
+
+
+def test_too_few_usable_rows_is_a_config_error(paper_config: dict[str, Any], qwen3: Any, tmp_path: Path) -> None:
+    """ShareGPT rows without a human-first exchange are skipped, and num_prompts cannot be met."""
+    entry = _local_entry(paper_config, "sharegpt", WRITERS["sharegpt"](tmp_path / "sg"), num_prompts=len(SHAREGPT))
+    with pytest.raises(ConfigError, match=r"datasets\.sharegpt: only 3 prompts available"):
+        prepare("sharegpt", entry, qwen3, 42)
+
+
+def test_local_path_that_is_not_a_directory_is_a_config_error(
+    paper_config: dict[str, Any], qwen3: Any, tmp_path: Path
+) -> None:
+    # A relative "dir/name" that does not exist would otherwise be looked up as a hub id.
+    entry = _local_entry(paper_config, "gsm8k", tmp_path / "missing", num_prompts=1)
+    with pytest.raises(ConfigError, match=r"datasets\.gsm8k: local_path: .*missing.* is not a directory"):
+        prepare("gsm8k", entry, qwen3, 42)
+
+
+def test_local_path_is_a_valid_dataset_key(paper_config: dict[str, Any], tmp_path: Path) -> None:
+    config = copy.deepcopy(paper_config)
+    config["datasets"]["cnn"]["local_path"] = str(tmp_path)
+    validate_config(config)
+    config["datasets"]["cnn"]["local_path"] = 3
+    with pytest.raises(ConfigError, match=r"datasets\.cnn\.local_path"):
+        validate_config(config)

@@ -7,6 +7,14 @@ chat template when it has one, tokenizes, and returns the prompt table:
 
 ``request_id`` (str), ``dataset`` (str), ``category`` (str), ``prompt_text`` (str),
 ``prompt_token_ids`` (list<int32>), ``reference`` (str, "" when none).
+
+The hub datasets are all read by :func:`load_hf_dataset`, one call to
+``datasets.load_dataset(hf_id, hf_config, split=..., revision=..., data_files=...)``.
+An entry's optional ``local_path`` names a directory holding a copy of the hub
+repository (e.g. made by ``hf download --repo-type dataset <hf_id> --revision <sha>
+--local-dir <dir>``); it replaces ``hf_id`` as the first argument and every other
+argument stays the same, so a cluster without hub access (and the tests) go through
+the very call the online run makes.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.config import ConfigError
 from sdbench.io import write_parquet
 
 
@@ -98,27 +107,68 @@ def build_code_write(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]
 # --- Hugging Face datasets (cluster) ------------------------------------------------
 
 
-def _load_hf(entry: dict[str, Any]) -> Any:
-    """Load a pinned dataset revision with the ``datasets`` library."""
+def _source(entry: dict[str, Any]) -> str:
+    """Where an entry's rows come from, for error messages: hub id, local copy, config, split."""
+    where = str(entry.get("hf_id", "<no hf_id>"))
+    if entry.get("local_path"):
+        where += f" (local copy {entry['local_path']})"
+    if entry.get("hf_config"):
+        where += f" config {entry['hf_config']!r}"
+    return f"{where} split {entry.get('split', 'train')!r}"
+
+
+def load_hf_dataset(entry: dict[str, Any]) -> Any:
+    """Load a dataset entry's split with ``datasets.load_dataset``: the one call every hub builder uses.
+
+    The first argument is ``hf_id``, or ``local_path`` when set: a directory with a copy of
+    the hub repository (its README.md ``configs`` and data files), which ``load_dataset``
+    reads like the hub repository, so ``hf_config``, ``split`` and ``data_files`` select
+    the same files. ``revision`` is passed either way; for a local copy ``load_dataset``
+    cannot check it (the copy is whatever revision was downloaded).
+    """
     import datasets  # only needed on machines that prepare the paper's datasets
 
+    path = entry.get("local_path") or entry["hf_id"]
+    if entry.get("local_path") and not Path(path).is_dir():
+        # load_dataset would take a missing "dir/name" for a hub id and fail far from the cause.
+        raise ConfigError(f"local_path: {path!r} is not a directory (a local copy of {entry.get('hf_id')})")
     kwargs: dict[str, Any] = {"revision": entry.get("revision", "main"), "split": entry.get("split", "train")}
     if entry.get("data_files"):
         kwargs["data_files"] = entry["data_files"]
-    return datasets.load_dataset(entry["hf_id"], entry.get("hf_config"), **kwargs)
+    return datasets.load_dataset(path, entry.get("hf_config"), **kwargs)
 
 
-def _hf_records(entry: dict[str, Any], fmt: Callable[[dict[str, Any]], tuple[str, str] | None]) -> Iterator[PromptRecord]:
-    for i, row in enumerate(_load_hf(entry)):
+def _hf_records(
+    entry: dict[str, Any],
+    columns: tuple[str, ...],
+    fmt: Callable[[dict[str, Any]], tuple[str, str] | None],
+) -> Iterator[PromptRecord]:
+    """Rows of the entry's split formatted by ``fmt``; ``columns`` are the ones ``fmt`` reads.
+
+    Checks the columns before the first row so that a wrong config, split or file names the
+    missing column instead of failing with a bare ``KeyError`` deep in formatting.
+    """
+    rows = load_hf_dataset(entry)
+    found = list(rows.column_names)
+    missing = [c for c in columns if c not in found]
+    if missing:
+        raise ConfigError(
+            f"{_source(entry)}: rows lack column(s) {', '.join(map(repr, missing))} "
+            f"(columns found: {', '.join(map(repr, found)) or 'none'})"
+        )
+    for i, row in enumerate(rows):
         formatted = fmt(row)
         if formatted is not None:
-            yield PromptRecord(str(row.get("id", i)), *formatted)
+            rid = row.get("id")
+            yield PromptRecord(str(i if rid is None else rid), *formatted)
 
 
 @builder("instructcoder")
 def build_instructcoder(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
     """likaixin/InstructCoder: instruction + input code (as vLLM's benchmark formats it)."""
-    return _hf_records(entry, lambda r: (f"{r['instruction']}:\n{r['input']}", r.get("output", "")))
+    return _hf_records(
+        entry, ("instruction", "input"), lambda r: (f"{r['instruction']}:\n{r['input']}", r.get("output") or "")
+    )
 
 
 @builder("sharegpt")
@@ -131,49 +181,59 @@ def build_sharegpt(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
             return None
         return turns[0]["value"], turns[1].get("value", "")
 
-    return _hf_records(entry, fmt)
+    return _hf_records(entry, ("conversations",), fmt)
 
 
 @builder("cnn_dailymail")
 def build_cnn(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
     """abisee/cnn_dailymail 3.0.0: summarise the article; reference = highlights."""
     return _hf_records(
-        entry, lambda r: (f"Summarize the following news article.\n\n{r['article']}", r["highlights"])
+        entry,
+        ("article", "highlights"),
+        lambda r: (f"Summarize the following news article.\n\n{r['article']}", r["highlights"]),
     )
 
 
 @builder("gsm8k")
 def build_gsm8k(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
     """openai/gsm8k main: the question; reference = the worked answer."""
-    return _hf_records(entry, lambda r: (r["question"], r["answer"]))
+    return _hf_records(entry, ("question", "answer"), lambda r: (r["question"], r["answer"]))
 
 
 @builder("aime")
 def build_aime(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
     """AI-MO/aimo-validation-aime (AIME 2022-24): the problem; reference = the answer."""
-    return _hf_records(entry, lambda r: (r["problem"], str(r["answer"])))
+    return _hf_records(entry, ("problem", "answer"), lambda r: (r["problem"], str(r["answer"])))
 
 
 @builder("gpqa")
 def build_gpqa(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
     """Idavidrein/gpqa gpqa_main: question with shuffled choices (seeded per row)."""
 
+    answers = ("Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+
     def fmt(r: dict[str, Any]) -> tuple[str, str]:
-        choices = [r["Correct Answer"], r["Incorrect Answer 1"], r["Incorrect Answer 2"], r["Incorrect Answer 3"]]
+        choices = [r[c] for c in answers]
         random.Random(f"{seed}:{r['Question']}").shuffle(choices)
         letters = "ABCD"
         body = "\n".join(f"({letters[i]}) {c.strip()}" for i, c in enumerate(choices))
         answer = letters[choices.index(r["Correct Answer"])]
         return f"{r['Question'].strip()}\n\n{body}\n\nAnswer with the letter of the correct choice.", answer
 
-    return _hf_records(entry, fmt)
+    return _hf_records(entry, ("Question", *answers), fmt)
 
 
 # --- Sampling and tokenization ------------------------------------------------------
 
 
 def render_prompt(tokenizer: Any, text: str, chat_template_kwargs: dict[str, Any]) -> list[int]:
-    """Token ids of ``text``: through the chat template when the tokenizer has one."""
+    """Token ids of ``text``: through the chat template when the tokenizer has one.
+
+    The templated ids are those of the rendered text tokenized *without* the tokenizer's
+    own special tokens (``apply_chat_template`` does so): the template already writes the
+    BOS it wants, and adding it again would give Llama-3 prompts a doubled
+    ``<|begin_of_text|>``. Only untemplated (base model) prompts get ``add_special_tokens``.
+    """
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": text}],
@@ -198,10 +258,13 @@ def prepare(
     try:
         build = BUILDERS[entry["builder"]]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"datasets.{name}.builder: unknown builder {entry['builder']!r} (known: {', '.join(sorted(BUILDERS))})"
         ) from None
-    records = sorted(build(entry, seed), key=lambda r: r.request_id)
+    try:
+        records = sorted(build(entry, seed), key=lambda r: r.request_id)
+    except ConfigError as exc:  # builders know the entry, not its key: name the dataset here
+        raise ConfigError(f"datasets.{name}: {exc}") from exc
     random.Random(seed).shuffle(records)
     limit = entry.get("max_prompt_tokens")
     rows: list[dict[str, Any]] = []
@@ -222,7 +285,7 @@ def prepare(
         if len(rows) == entry["num_prompts"]:
             break
     if len(rows) < entry["num_prompts"]:
-        raise ValueError(
+        raise ConfigError(
             f"datasets.{name}: only {len(rows)} prompts available (num_prompts={entry['num_prompts']}, "
             f"max_prompt_tokens={limit})"
         )
