@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Build the pinned Apptainer images into containers/sif/ (needs apptainer >= 1.0).
-#   bash containers/build.sh            # all
-#   bash containers/build.sh 0.10.1.1   # one
+# Build the rendered Apptainer definitions into containers/sif/<name>.sif (apptainer >= 1.0).
+# The .def files come from containers/images.yaml: `sdbench containers render`, then
+# `sdbench containers check`.
+#   bash containers/build.sh                      # every definition
+#   bash containers/build.sh sdbench-analysis ... # some, by name
 set -euo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")" # the %files paths (../src, ...) are relative to this directory
 mkdir -p sif
-for def in sdbench-vllm-${1:-*}.def; do
-    name="${def%.def}"
-    apptainer build --force "sif/${name}.sif" "$def"
+if [ "$#" -eq 0 ]; then set -- *.def; fi
+for name in "$@"; do
+    name="${name%.def}"
+    apptainer build --force "sif/${name}.sif" "${name}.def"
 done

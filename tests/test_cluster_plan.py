@@ -112,3 +112,29 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
     assert match and int(match.group(1)) == 546, result.stdout[-3000:]
+
+
+def test_a_new_image_changes_exactly_its_cells_params(paper_jobs: list, tmp_path: Path) -> None:
+    """Each engine cell's params hold its image's identity: editing one image's
+    definition changes the params of that engine's cells and of no other cell."""
+    import shutil
+
+    from sdbench.containers import image_identity
+
+    config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
+    containers = {name: e.get("container") for name, e in config["engines"].items()}
+    cells = [j for j in paper_jobs if j.rule.name in ENGINE_RULES]
+    for job in cells:
+        assert job.params.image == image_identity(containers[job.wildcards.engine], REPO / "containers")
+        assert "@def-sha256:" in job.params.image
+    defs = tmp_path / "containers"
+    shutil.copytree(REPO / "containers", defs, ignore=shutil.ignore_patterns("sif"))
+    changed = defs / "sdbench-vllm-0.11.1.def"
+    changed.write_text(changed.read_text().replace("%labels", "%labels\n    rebuilt yes", 1))
+    rerun = {
+        (j.rule.name, str(j.wildcards))
+        for j in cells
+        if image_identity(containers[j.wildcards.engine], defs) != j.params.image
+    }
+    expected = {(j.rule.name, str(j.wildcards)) for j in cells if j.wildcards.engine == "vllm-0.11.1"}
+    assert rerun == expected and expected

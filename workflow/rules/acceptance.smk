@@ -24,6 +24,7 @@ rule trace_cell:
         runtime=cell_runtime,
     params:
         code=code_digest("sdbench.runner"),
+        image=cell_image,
         spec=trace_spec,
         drafter=drafter_arg,
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
@@ -54,9 +55,25 @@ rule acceptance_grid:
     input:
         engine_trace_files(),
     output:
-        table="results/acceptance/grid/table4.parquet",
-        markdown="results/acceptance/grid/table4.md",
-        figures=directory("results/acceptance/grid/figures"),
+        table=report(
+            "results/acceptance/grid/table4.parquet",
+            caption="../report/table4_grid.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="In-engine traces of this run",
+        ),
+        markdown=report(
+            "results/acceptance/grid/table4.md",
+            caption="../report/table4_grid.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="In-engine traces of this run",
+        ),
+        figures=report(
+            directory("results/acceptance/grid/figures"),
+            caption="../report/acceptance_figures_grid.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="In-engine traces of this run",
+            patterns=["{name}.png"],
+        ),
     log:
         "logs/acceptance_grid.log",
     params:
@@ -99,9 +116,25 @@ rule acceptance_published:
     input:
         published_trace_files(),
     output:
-        table="results/acceptance/published/table4.parquet",
-        markdown="results/acceptance/published/table4.md",
-        figures=directory("results/acceptance/published/figures"),
+        table=report(
+            "results/acceptance/published/table4.parquet",
+            caption="../report/table4_published.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="Published Llama-3.1-8B traces",
+        ),
+        markdown=report(
+            "results/acceptance/published/table4.md",
+            caption="../report/table4_published.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="Published Llama-3.1-8B traces",
+        ),
+        figures=report(
+            directory("results/acceptance/published/figures"),
+            caption="../report/acceptance_figures_published.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="Published Llama-3.1-8B traces",
+            patterns=["{name}.png"],
+        ),
     log:
         "logs/acceptance_published.log",
     params:

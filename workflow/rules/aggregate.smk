@@ -6,10 +6,30 @@ rule aggregate:
         summaries=cell_outputs("summary"),
         requests=cell_outputs("requests"),
     output:
-        cells="results/tables/cells.parquet",
-        lengths="results/tables/generation_lengths.parquet",
-        lengths_md="results/tables/generation_lengths.md",
-        divergence="results/tables/output_divergence.parquet",
+        cells=report(
+            "results/tables/cells.parquet",
+            caption="../report/cells.rst",
+            category="Sec. 4 End-to-end throughput",
+            subcategory="Tables",
+        ),
+        lengths=report(
+            "results/tables/generation_lengths.parquet",
+            caption="../report/generation_lengths.rst",
+            category="Sec. 4 End-to-end throughput",
+            subcategory="Tables",
+        ),
+        lengths_md=report(
+            "results/tables/generation_lengths.md",
+            caption="../report/generation_lengths.rst",
+            category="Sec. 4 End-to-end throughput",
+            subcategory="Tables",
+        ),
+        divergence=report(
+            "results/tables/output_divergence.parquet",
+            caption="../report/output_divergence.rst",
+            category="Sec. 4 End-to-end throughput",
+            subcategory="Tables",
+        ),
     log:
         "logs/aggregate.log",
     params:
@@ -25,8 +45,18 @@ rule plot_throughput:
     input:
         cells="results/tables/cells.parquet",
     output:
-        throughput="results/figures/throughput.png",
-        acceptance="results/figures/acceptance_per_position.png",
+        throughput=report(
+            "results/figures/throughput.png",
+            caption="../report/throughput.rst",
+            category="Sec. 4 End-to-end throughput",
+            subcategory="Figures",
+        ),
+        acceptance=report(
+            "results/figures/acceptance_per_position.png",
+            caption="../report/acceptance_per_position.rst",
+            category="Sec. 6 Acceptance",
+            subcategory="Run-cell counters",
+        ),
     log:
         "logs/plot_throughput.log",
     params:
@@ -41,8 +71,18 @@ rule memory_table:
         cells="results/tables/cells.parquet",
         models=built_model_dirs(),
     output:
-        table="results/tables/memory.parquet",
-        figure="results/figures/memory.png",
+        table=report(
+            "results/tables/memory.parquet",
+            caption="../report/memory.rst",
+            category="Sec. 5 Memory and runtime breakdown",
+            subcategory="Memory (Sec. 5.2)",
+        ),
+        figure=report(
+            "results/figures/memory.png",
+            caption="../report/memory.rst",
+            category="Sec. 5 Memory and runtime breakdown",
+            subcategory="Memory (Sec. 5.2)",
+        ),
     log:
         "logs/memory_table.log",
     params:

@@ -6,7 +6,12 @@ rule bleu_buckets:
     input:
         baseline_requests,
     output:
-        "results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
+        report(
+            "results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
+            caption="../report/bleu_buckets.rst",
+            category="Sec. 7 BLEU",
+            subcategory="BLEU buckets",
+        ),
     log:
         "logs/bleu_buckets/{engine}/{model}/{dataset}.log",
     params:
@@ -21,8 +26,18 @@ rule bleu_measured:
         calls=bleu_calls,
         buckets="results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
     output:
-        table="results/bleu/{engine}/{model}/{dataset}/fig8_measured.parquet",
-        figure="results/bleu/{engine}/{model}/{dataset}/fig8_measured.png",
+        table=report(
+            "results/bleu/{engine}/{model}/{dataset}/fig8_measured.parquet",
+            caption="../report/bleu_measured.rst",
+            category="Sec. 7 BLEU",
+            subcategory="Fig. 8 measured on the engine",
+        ),
+        figure=report(
+            "results/bleu/{engine}/{model}/{dataset}/fig8_measured.png",
+            caption="../report/bleu_measured.rst",
+            category="Sec. 7 BLEU",
+            subcategory="Fig. 8 measured on the engine",
+        ),
     log:
         "logs/bleu_measured/{engine}/{model}/{dataset}.log",
     params:
@@ -40,7 +55,12 @@ rule bleu_buckets_published:
     input:
         "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
     output:
-        "results/bleu/published/{published}/buckets.parquet",
+        report(
+            "results/bleu/published/{published}/buckets.parquet",
+            caption="../report/bleu_buckets.rst",
+            category="Sec. 7 BLEU",
+            subcategory="BLEU buckets",
+        ),
     log:
         "logs/bleu_buckets_published/{published}.log",
     params:
@@ -55,8 +75,18 @@ rule bleu_simulated:
         traces="resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
         buckets="results/bleu/published/{published}/buckets.parquet",
     output:
-        table="results/bleu/published/{published}/fig8_ngram-{ngram_policy}.parquet",
-        figure="results/bleu/published/{published}/fig8_ngram-{ngram_policy}.png",
+        table=report(
+            "results/bleu/published/{published}/fig8_ngram-{ngram_policy}.parquet",
+            caption="../report/bleu_simulated.rst",
+            category="Sec. 7 BLEU",
+            subcategory="Fig. 8 simulated on published traces",
+        ),
+        figure=report(
+            "results/bleu/published/{published}/fig8_ngram-{ngram_policy}.png",
+            caption="../report/bleu_simulated.rst",
+            category="Sec. 7 BLEU",
+            subcategory="Fig. 8 simulated on published traces",
+        ),
     log:
         "logs/bleu_simulated/{published}/{ngram_policy}.log",
     params:

@@ -23,6 +23,7 @@ rule breakdown_cell:
         runtime=cell_runtime,
     params:
         code=code_digest("sdbench.runner"),
+        image=cell_image,
         spec=cell_spec,
         drafter=drafter_arg,
         outdir=subpath(output.summary, parent=True),
@@ -36,8 +37,18 @@ rule breakdown_plot:
     input:
         breakdown_steps(),
     output:
-        figure="results/figures/breakdown.png",
-        table="results/tables/breakdown.parquet",
+        figure=report(
+            "results/figures/breakdown.png",
+            caption="../report/breakdown.rst",
+            category="Sec. 5 Memory and runtime breakdown",
+            subcategory="Runtime breakdown (Sec. 5.1)",
+        ),
+        table=report(
+            "results/tables/breakdown.parquet",
+            caption="../report/breakdown.rst",
+            category="Sec. 5 Memory and runtime breakdown",
+            subcategory="Runtime breakdown (Sec. 5.1)",
+        ),
     log:
         "logs/breakdown_plot.log",
     params:

@@ -4,8 +4,10 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from sdbench.codedigest import code_digest
+from sdbench.containers import image_identity
 from sdbench.config import validate_config
 from sdbench.grid import (
     Cell,
@@ -97,6 +99,13 @@ def cell_spec(wildcards):
 
 def cell_container(wildcards):
     return config["engines"][wildcards.engine].get("container")
+
+
+def cell_image(wildcards):
+    """Identity of the engine's image (a param: a new image reruns exactly its cells)."""
+    return image_identity(
+        cell_container(wildcards), Path(workflow.basedir) / "containers"
+    )
 
 
 def _engine_cell(wildcards):

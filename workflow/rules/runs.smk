@@ -23,6 +23,7 @@ rule run_cell:
         runtime=cell_runtime,
     params:
         code=code_digest("sdbench.runner"),
+        image=cell_image,
         spec=cell_spec,
         drafter=drafter_arg,
         outdir=subpath(output.summary, parent=True),

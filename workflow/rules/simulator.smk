@@ -7,7 +7,12 @@ rule simulate_published:
     input:
         published_jsonl(),
     output:
-        "results/simulator/published/{mode}/{proposer}.csv",
+        report(
+            "results/simulator/published/{mode}/{proposer}.csv",
+            caption="../report/simulate_published.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Published traces, {mode} mode",
+        ),
     log:
         "logs/simulate_published/{mode}/{proposer}.log",
     params:
@@ -28,7 +33,13 @@ rule simulate_published_figures:
             proposer=["ngram", "eagle", "combined"],
         ),
     output:
-        directory("results/simulator/published/{mode}/figures"),
+        report(
+            directory("results/simulator/published/{mode}/figures"),
+            caption="../report/simulator_figures.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Published traces, {mode} mode",
+            patterns=["{name}.png"],
+        ),
     log:
         "logs/simulate_published_figures/{mode}.log",
     params:
@@ -41,7 +52,13 @@ rule simulate_compare:
     input:
         published_jsonl(),
     output:
-        directory("results/simulator/published/compare"),
+        report(
+            directory("results/simulator/published/compare"),
+            caption="../report/simulate_compare.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Published traces, compat vs exact",
+            patterns=["{name}.png", "{name}.md", "{name}.csv"],
+        ),
     log:
         "logs/simulate_compare.log",
     params:
@@ -56,7 +73,13 @@ rule simulate_adaptive:
     input:
         published_jsonl(),
     output:
-        directory("results/simulator/published/adaptive"),
+        report(
+            directory("results/simulator/published/adaptive"),
+            caption="../report/simulate_adaptive.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Published traces, adaptive policies",
+            patterns=["{name}.png", "{name}.md", "{name}.csv"],
+        ),
     log:
         "logs/simulate_adaptive.log",
     params:
@@ -69,7 +92,12 @@ rule fit_cost_model:
     input:
         breakdown_steps(),
     output:
-        "results/cost_models/measured.yaml",
+        report(
+            "results/cost_models/measured.yaml",
+            caption="../report/cost_model.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Validation on this run",
+        ),
     log:
         "logs/fit_cost_model.log",
     params:
@@ -98,7 +126,12 @@ rule simulate_cells:
         stacked="results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
         cost_model="results/cost_models/measured.yaml",
     output:
-        "results/simulator/cells/{engine}/{model}/{dataset}/{proposer}.csv",
+        report(
+            "results/simulator/cells/{engine}/{model}/{dataset}/{proposer}.csv",
+            caption="../report/simulate_cells.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Validation on this run",
+        ),
     log:
         "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
     params:
@@ -116,8 +149,18 @@ rule validate_simulator:
         cells="results/tables/cells.parquet",
         simulated=sim_cell_files(),
     output:
-        table="results/tables/simulated_vs_measured.parquet",
-        markdown="results/tables/simulated_vs_measured.md",
+        table=report(
+            "results/tables/simulated_vs_measured.parquet",
+            caption="../report/simulated_vs_measured.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Validation on this run",
+        ),
+        markdown=report(
+            "results/tables/simulated_vs_measured.md",
+            caption="../report/simulated_vs_measured.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Validation on this run",
+        ),
     log:
         "logs/validate_simulator.log",
     params:
@@ -134,7 +177,13 @@ rule simulate_adaptive_cells:
         unpack(adaptive_cell_inputs),
         cost_model="results/cost_models/measured.yaml",
     output:
-        directory("results/simulator/cells/{engine}/{model}/adaptive"),
+        report(
+            directory("results/simulator/cells/{engine}/{model}/adaptive"),
+            caption="../report/adaptive_cells.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Validation on this run",
+            patterns=["{name}.png", "{name}.md", "{name}.csv"],
+        ),
     log:
         "logs/simulate_adaptive_cells/{engine}/{model}.log",
     params:

