@@ -23,7 +23,7 @@ from sdbench.memory import (
     plot_memory,
 )
 
-MODELS = Path(__file__).resolve().parents[1] / "resources" / "models"
+MODELS = Path(__file__).resolve().parents[1] / "src" / "sdbench" / "data" / "models"
 
 L31_8B = "meta-llama/Llama-3.1-8B-Instruct"
 L3_70B = "meta-llama/Meta-Llama-3-70B-Instruct"
@@ -280,3 +280,9 @@ def test_cli_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
     rep = json.loads(capsys.readouterr().out)
     assert round(rep["static_gib"], 2) == 16.37 and rep["per_token_kib"] == 256
     assert {"target_params_b", "draft_params_b", "breakdown"} <= rep.keys()
+
+
+def test_default_lookup_reads_the_package_data() -> None:
+    """Without a models dir, repo ids resolve through sdbench.packagedata (what an installed wheel uses)."""
+    assert memory_report(L31_8B, EAGLE_8B, "eagle") == memory_report(L31_8B, EAGLE_8B, "eagle", MODELS)
+    assert [s.repo_id for s in iter_model_specs()] == [s.repo_id for s in iter_model_specs(MODELS)]

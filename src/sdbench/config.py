@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import os
-from importlib import resources
 from typing import Any
 
 import jsonschema
@@ -24,7 +23,10 @@ class ConfigError(ValueError):
 
 def load_schema() -> dict[str, Any]:
     """The packaged JSON schema for pipeline configs."""
-    text = resources.files("sdbench").joinpath("schemas/config.schema.yaml").read_text()
+    # Imported here: sdbench.packagedata imports ConfigError from this module.
+    from sdbench.packagedata import read_text
+
+    text = read_text("schemas", "config.schema.yaml")
     return yaml.safe_load(text)
 
 

@@ -10,7 +10,8 @@ A cost model predicts the wall time (seconds) of one engine step:
 - a constant per-step overhead (scheduling, sampling, bookkeeping), and an optional cost for a
   request switching drafter between steps.
 
-Models live in ``resources/cost_models/<name>.yaml`` and are validated against
+Models ship as package data, ``sdbench/data/cost_models/<name>.yaml`` (``$SDBENCH_DATA_DIR/cost_models/``
+adds or shadows names, see :mod:`sdbench.packagedata`), and are validated against
 :data:`COST_MODEL_SCHEMA` on load. ``sdbench costmodel fit`` fits one from per-step timings.
 """
 
@@ -21,6 +22,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +32,7 @@ import pandas as pd
 import yaml
 
 from sdbench.io import write_text
-
-# resources/ sits at the repository root, beside src/.
-COST_MODEL_DIR = Path(__file__).resolve().parents[2] / "resources" / "cost_models"
+from sdbench.packagedata import data_file, list_data
 
 _COEF = {"type": "number", "minimum": 0}
 _TARGET_SCHEMA = {
@@ -197,31 +197,32 @@ def cost_model_from_dict(data: Any, source: str = "<dict>") -> CostModel:
 
 
 def available_cost_models() -> list[str]:
-    """Names of the cost models shipped under ``resources/cost_models``."""
-    return sorted(p.stem for p in COST_MODEL_DIR.glob("*.yaml"))
+    """Names of the cost models available by name: shipped ones plus ``$SDBENCH_DATA_DIR/cost_models``."""
+    return [name.removesuffix(".yaml") for name in list_data("cost_models")]
 
 
-def resolve_cost_model_path(name_or_path: str | os.PathLike[str]) -> Path:
-    """A path to a YAML file, or a model name under ``resources/cost_models``."""
+def resolve_cost_model_path(name_or_path: str | os.PathLike[str]) -> Path | Traversable:
+    """A path to a YAML file, or the file of a cost model name (see :func:`available_cost_models`)."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.is_file():
+    # A YAML suffix or a directory part means a path; anything else is a name.
+    if path.suffix in (".yaml", ".yml") or path.is_file() or path.name != str(name_or_path):
         if not path.is_file():
             raise FileNotFoundError(f"cost model file {path} does not exist")
         return path
-    candidate = COST_MODEL_DIR / f"{name_or_path}.yaml"
-    if not candidate.is_file():
+    try:
+        return data_file("cost_models", f"{name_or_path}.yaml")
+    except FileNotFoundError as exc:
         raise FileNotFoundError(
-            f"no cost model named {str(name_or_path)!r} in {COST_MODEL_DIR} "
-            f"(available: {', '.join(available_cost_models()) or 'none'})"
-        )
-    return candidate
+            f"no cost model named {str(name_or_path)!r} "
+            f"(available: {', '.join(available_cost_models()) or 'none'}; or pass a YAML path)"
+        ) from exc
 
 
 def load_cost_model(name_or_path: str | os.PathLike[str]) -> CostModel:
-    """Load and validate a cost model by name (``resources/cost_models/<name>.yaml``) or path."""
+    """Load and validate a cost model by name (see :func:`available_cost_models`) or YAML path."""
     path = resolve_cost_model_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from exc
     return cost_model_from_dict(data, source=str(path))
@@ -402,5 +403,5 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit.add_argument("--name", required=True, help="name recorded in the model")
     fit.set_defaults(func=_cmd_fit)
     show = sub.add_parser("show", help="print a validated cost model")
-    show.add_argument("model", help="name under resources/cost_models or path to a YAML")
+    show.add_argument("model", help="cost model name (shipped or in $SDBENCH_DATA_DIR/cost_models) or YAML path")
     show.set_defaults(func=_cmd_show)

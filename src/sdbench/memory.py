@@ -11,7 +11,8 @@ Parameter counts follow what vLLM 0.10.1.1 loads, which is also what the paper c
 share the target's embedding and LM head; EAGLE-3 heads share the embedding but bring their own
 draft-vocabulary LM head and a ``d2t`` table (``t2d`` is skipped); n-gram adds nothing.
 
-Architecture configs live in ``resources/models/<org>--<name>.yaml`` (one per Hugging Face repo id) and
+Architecture configs ship as package data, ``sdbench/data/models/<org>--<name>.yaml`` (one per Hugging
+Face repo id; ``$SDBENCH_DATA_DIR/models/`` adds or shadows files, see :mod:`sdbench.packagedata`), and
 are validated with a JSON schema on load; a local model directory (or its ``config.json``) is accepted
 too, so the tiny models the pipeline trains itself need no YAML.
 """
@@ -24,6 +25,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import jsonschema
 import yaml
 
 from sdbench.io import atomic_path
+from sdbench.packagedata import data_file, list_data, override_dir, shipped_dir
 
 ARCHITECTURES = ("llama", "qwen3", "eagle", "eagle3", "glm4_moe")
 # "none" = no speculative decoding; "mtp" = the target's own multi-token-prediction layers.
@@ -40,8 +43,6 @@ DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 INT64_BYTES = 8
 GIB = 2**30
 KIB = 2**10
-
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 
 _POS_INT = {"type": "integer", "minimum": 1}
 _NONNEG_INT = {"type": "integer", "minimum": 0}
@@ -129,7 +130,7 @@ MODEL_SCHEMA: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture facts of one model (a validated ``resources/models`` YAML or a ``config.json``)."""
+    """Architecture facts of one model (a validated architecture YAML or a ``config.json``)."""
 
     repo_id: str
     architecture: str
@@ -202,12 +203,6 @@ def model_file_name(repo_id: str) -> str:
     return repo_id.replace("/", "--") + ".yaml"
 
 
-def default_models_dir() -> Path:
-    """``resources/models`` under the working directory, else under the repository checkout."""
-    cwd = Path("resources/models")
-    return cwd if cwd.is_dir() else _REPO_ROOT / "resources" / "models"
-
-
 def _format_schema_error(source: str, err: jsonschema.ValidationError) -> str:
     where = "/".join(str(p) for p in err.absolute_path)
     if err.validator == "required":
@@ -240,9 +235,13 @@ def _spec_from_mapping(data: Mapping[str, Any], source: str) -> ModelSpec:
     return ModelSpec(**{k: v for k, v in data.items() if k in allowed}, source=source)
 
 
-def load_model_yaml(path: str | os.PathLike[str]) -> ModelSpec:
-    """Load and validate one ``resources/models`` YAML; its ``repo_id`` must match the file name."""
-    path = Path(path)
+def load_model_yaml(path: str | os.PathLike[str] | Traversable) -> ModelSpec:
+    """Load and validate one architecture YAML; its ``repo_id`` must match the file name.
+
+    ``path`` is a file path or a package-data file (:func:`sdbench.packagedata.data_file`).
+    """
+    if isinstance(path, (str, os.PathLike)):
+        path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -332,7 +331,11 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
 def load_model_spec(
     name: str, models_dir: str | os.PathLike[str] | None = None, expect: str | None = None
 ) -> ModelSpec:
-    """Resolve ``name`` to a spec: a local model dir / ``config.json`` path, else a repo id in ``models_dir``."""
+    """Resolve ``name`` to a spec: a local model dir / ``config.json`` path, else a repo id.
+
+    A repo id is looked up in ``models_dir`` when given (and only there), else in the package's
+    architecture YAMLs and ``$SDBENCH_DATA_DIR/models`` (:mod:`sdbench.packagedata`).
+    """
     local = Path(name)
     if local.is_dir() or (local.is_file() and local.suffix == ".json"):
         return load_hf_config(local, expect=expect)
@@ -340,22 +343,38 @@ def load_model_spec(
         return load_model_yaml(local)
     if name.count("/") != 1 or name.startswith((".", "/", "~")):
         raise ValueError(f"{name!r}: no such model directory or config.json (a repo id looks like 'org/name')")
-    mdir = Path(models_dir) if models_dir is not None else default_models_dir()
-    path = mdir / model_file_name(name)
-    if not path.is_file():
-        known = sorted(p.stem.replace("--", "/", 1) for p in mdir.glob("*.yaml")) if mdir.is_dir() else []
-        raise ValueError(
-            f"no architecture config for {name!r}: expected {path} "
-            f"(known: {', '.join(known) or 'none'}; or pass a local model directory / config.json)"
-        )
-    return load_model_yaml(path)
+    file_name = model_file_name(name)
+    if models_dir is None:
+        try:
+            return load_model_yaml(data_file("models", file_name))
+        except FileNotFoundError:
+            override = override_dir()
+            where = f"expected {file_name} in {shipped_dir('models')}"
+            if override is not None:
+                where += f" or {override / 'models'}"
+            known = list_data("models")
+    else:
+        mdir = Path(models_dir)
+        path = mdir / file_name
+        if path.is_file():
+            return load_model_yaml(path)
+        where = f"expected {path}"
+        known = sorted(p.name for p in mdir.glob("*.yaml")) if mdir.is_dir() else []
+    repo_ids = [k.removesuffix(".yaml").replace("--", "/", 1) for k in known]
+    raise ValueError(
+        f"no architecture config for {name!r}: {where} "
+        f"(known: {', '.join(repo_ids) or 'none'}; or pass a local model directory / config.json)"
+    )
 
 
 def iter_model_specs(models_dir: str | os.PathLike[str] | None = None) -> Iterable[ModelSpec]:
-    """Load and validate every YAML in ``models_dir``."""
-    mdir = Path(models_dir) if models_dir is not None else default_models_dir()
-    for path in sorted(mdir.glob("*.yaml")):
-        yield load_model_yaml(path)
+    """Load and validate every architecture YAML: those in ``models_dir``, else the package's (with overrides)."""
+    if models_dir is not None:
+        for path in sorted(Path(models_dir).glob("*.yaml")):
+            yield load_model_yaml(path)
+        return
+    for name in list_data("models"):
+        yield load_model_yaml(data_file("models", name))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -823,6 +842,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, metavar="NAME")
     p.add_argument("--draft", metavar="NAME", help="EAGLE/EAGLE-3 head or draft model (omit for none/ngram/mtp)")
     p.add_argument("--method", choices=METHODS, help="default: none without --draft, else implied by the drafter")
-    p.add_argument("--models-dir", type=Path, default=None, help="architecture YAMLs (default: resources/models)")
+    p.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="directory of architecture YAMLs to use instead of the shipped ones and $SDBENCH_DATA_DIR/models",
+    )
     p.add_argument("--dtype", choices=sorted(DTYPE_BYTES), help="serving dtype (default: the target's torch_dtype)")
     p.set_defaults(func=_run)

@@ -1111,7 +1111,8 @@ def _add_common(p: argparse.ArgumentParser, traces_required: bool = True) -> Non
     p.add_argument(
         "--cost-model",
         default="llama3.1-8b-h100",
-        help="name under resources/cost_models or a YAML path (default: llama3.1-8b-h100)",
+        help="cost model name (shipped or in $SDBENCH_DATA_DIR/cost_models) or a YAML path "
+        "(default: llama3.1-8b-h100)",
     )
 
 
