@@ -181,3 +181,17 @@ def test_table4_on_published_traces(published_traces_dir):
     assert got.keys() == PUBLISHED_TAB4.keys()
     for key, want in PUBLISHED_TAB4.items():
         assert got[key] == pytest.approx(want, abs=0.005), key
+
+
+def test_trace_with_zero_acceptance_length_is_refused(tmp_path) -> None:
+    """acc_len counts the verified token too: 0 is corrupt input (it would stall a replay)."""
+    import pandas as pd
+    import pytest
+
+    from sdbench.trace_cli import read_trace_table
+
+    path = tmp_path / "bad.parquet"
+    pd.DataFrame({"request_id": ["r"], "position": [0], "method": ["ngram"], "acc_len": [0],
+                  "proposed_len": [3], "censored": [False]}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"acc_len must be >= 1 \(request 'r', position 0"):
+        read_trace_table(path)

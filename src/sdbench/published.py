@@ -69,13 +69,18 @@ def read_published_jsonl(path: str | os.PathLike[str]) -> list[PublishedRequest]
             missing = [k for k in REQUIRED_KEYS if not _has(rec, k)]
             if missing:
                 raise ValueError(f"{path}:{lineno}: missing key(s) {', '.join(missing)}")
+            acc = {k: list(_get(rec, f"{k}.acc_len")) for k in ("acc_ngram", "acc_eagle")}
+            for key, values in acc.items():
+                # A step emits at least the verified token; 0 would stall any replay.
+                if any(not isinstance(v, int) or v < 1 for v in values):
+                    raise ValueError(f"{path}:{lineno}: {key}.acc_len must hold integers >= 1")
             requests.append(
                 PublishedRequest(
                     request_id=str(rec["id"]),
                     prompt_token_ids=list(rec["prompt_token_ids"]),
                     generated_token_ids=list(rec["generated_token_ids"]),
-                    acc_ngram=list(_get(rec, "acc_ngram.acc_len")),
-                    acc_eagle=list(_get(rec, "acc_eagle.acc_len")),
+                    acc_ngram=acc["acc_ngram"],
+                    acc_eagle=acc["acc_eagle"],
                 )
             )
     return requests

@@ -155,9 +155,18 @@ def read_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
         raise ValueError(f"{path}: not a trace table, lacks column(s) {', '.join(missing)}")
     df = df[list(TRACE_COLUMNS)]
     try:
-        return df.astype(TRACE_DTYPES)
+        df = df.astype(TRACE_DTYPES)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{path}: trace table column of the wrong type ({exc})") from exc
+    bad = df.index[df["acc_len"] < 1]
+    if len(bad):
+        # A step emits at least the verified token; 0 would stall any replay.
+        row = df.loc[bad[0]]
+        raise ValueError(
+            f"{path}: acc_len must be >= 1 (request {row['request_id']!r}, position {row['position']} "
+            f"has {row['acc_len']})"
+        )
+    return df
 
 
 def _cmd_trace_ngram(args: argparse.Namespace) -> int:
