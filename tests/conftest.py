@@ -18,3 +18,25 @@ def published_traces_dir() -> Path:
     if not PUBLISHED_TRACES.is_dir():
         pytest.skip(f"published traces not found at {PUBLISHED_TRACES}")
     return PUBLISHED_TRACES
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node SLURM (munged + slurmctld + slurmd) shared by the session.
+
+    See tests/slurm_cluster.py: installs the Debian packages if needed (root),
+    keeps all state in a temp dir, always stops the daemons at session end.
+    Skips when SLURM cannot be provided (not root and not installed, or
+    SDBENCH_SLURM_TESTS=0).
+    """
+    import slurm_cluster as harness
+
+    try:
+        cluster = harness.start_cluster()
+    except harness.SlurmUnavailable as exc:
+        pytest.skip(str(exc))
+    try:
+        yield cluster
+    finally:
+        harness.stop_cluster(cluster)
+        print(f"\n[slurm timing] stop: {cluster.timings.get('stop', 0.0):.1f} s")
