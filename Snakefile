@@ -17,6 +17,10 @@ if not config:
 container: "containers/sif/sdbench-analysis.sif"
 
 
+# Front page of the HTML report (`snakemake --report`; captions in workflow/report/).
+report: "workflow/report/workflow.rst"
+
+
 # PATH is extended with this interpreter's bin/ (common.smk) so jobs find `sdbench`.
 envvars:
     "PATH",
@@ -31,6 +35,7 @@ include: "workflow/rules/acceptance.smk"
 include: "workflow/rules/bleu.smk"
 include: "workflow/rules/breakdown.smk"
 include: "workflow/rules/simulator.smk"
+include: "workflow/rules/bundle.smk"
 
 
 rule all:

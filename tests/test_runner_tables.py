@@ -130,3 +130,17 @@ def test_output_divergence_against_smallest_batch_greedy() -> None:
     assert table.loc[("none", 4), "first_diff_mean"] == 1.0
     assert table.loc[("ngram", 1), "share_differs"] == 0.5
     assert table.loc[("ngram", 1), "first_diff_mean"] == 2.0
+
+
+def test_atomic_writes_get_ordinary_permissions(tmp_path) -> None:
+    """Results written through a temp file are readable like any other file (umask)."""
+    import os
+
+    from sdbench.io import write_text
+
+    old = os.umask(0o022)
+    try:
+        write_text("x", tmp_path / "out.txt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o644

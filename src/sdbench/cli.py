@@ -31,6 +31,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "steptiming",
     "validation",
     "simulator",
+    "bundle",
     "containers",
 )
 

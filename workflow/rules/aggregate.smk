@@ -9,25 +9,25 @@ rule aggregate:
         cells=report(
             "results/tables/cells.parquet",
             caption="../report/cells.rst",
-            category="Sec. 4 End-to-end throughput",
+            category="Sec. 3 End-to-end throughput",
             subcategory="Tables",
         ),
         lengths=report(
             "results/tables/generation_lengths.parquet",
             caption="../report/generation_lengths.rst",
-            category="Sec. 4 End-to-end throughput",
+            category="Sec. 3 End-to-end throughput",
             subcategory="Tables",
         ),
         lengths_md=report(
             "results/tables/generation_lengths.md",
             caption="../report/generation_lengths.rst",
-            category="Sec. 4 End-to-end throughput",
+            category="Sec. 3 End-to-end throughput",
             subcategory="Tables",
         ),
         divergence=report(
             "results/tables/output_divergence.parquet",
             caption="../report/output_divergence.rst",
-            category="Sec. 4 End-to-end throughput",
+            category="Sec. 3 End-to-end throughput",
             subcategory="Tables",
         ),
     log:
@@ -48,7 +48,7 @@ rule plot_throughput:
         throughput=report(
             "results/figures/throughput.png",
             caption="../report/throughput.rst",
-            category="Sec. 4 End-to-end throughput",
+            category="Sec. 3 End-to-end throughput",
             subcategory="Figures",
         ),
         acceptance=report(

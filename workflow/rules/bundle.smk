@@ -3,6 +3,8 @@
 # versions and container digests. Logic: src/sdbench/bundle.py.
 import mimetypes
 
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
+
 from sdbench.bundle import installed_packages_digest
 
 # The report attaches tables as downloads: give them their media types instead of text/plain.
@@ -26,6 +28,7 @@ rule bundle_config:
     params:
         # The config as Snakemake holds it: --config overrides and schema defaults included.
         config=shlex.quote(json.dumps(config, sort_keys=True)),
+        code=code_digest("sdbench.bundle"),
     shell:
         "sdbench bundle config --json {params.config} --output {output} > {log} 2>&1"
 
@@ -82,8 +85,18 @@ rule bundle:
         snakefile=shlex.quote(os.path.abspath(workflow.main_snakefile)),
         sources=shlex.quote(os.path.join(WORKFLOW_ROOT, "workflow")),
         images=shlex.quote(CONTAINER_IMAGES),
+        code=code_digest("sdbench.bundle"),
+        # Snakemake records each rule's image with or without --sdm apptainer: the bundle, made
+        # with the run's own options, claims the images for the run only when they were used.
+        containers_used=lambda wildcards: (
+            "--containers-used"
+            if DeploymentMethod.APPTAINER
+            in workflow.deployment_settings.deployment_method
+            else ""
+        ),
     shell:
         "sdbench bundle create --output {output} --results results "
         "--workflow {params.snakefile} --workflow-files {params.sources} "
         "--config {input.config} --report {input.report} --containers {params.images} "
-        "--environment host={input.freeze} --snakemake-dir .snakemake > {log} 2>&1"
+        "--environment host={input.freeze} --snakemake-dir .snakemake {params.containers_used} "
+        "> {log} 2>&1"
