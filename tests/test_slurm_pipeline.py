@@ -70,7 +70,7 @@ def test_jobs_went_through_sbatch(slurm_run) -> None:
     slurm_logs = sorted((workdir / "logs" / "slurm").rglob("*.log"))
     assert {int(p.stem) for p in slurm_logs} == set(ids)
     # run_cell jobs' SLURM logs show the job ran in its allocation.
-    run_logs = [p for p in slurm_logs if "run_cell" in p.parts]
+    run_logs = [p for p in slurm_logs if "rule_run_cell" in p.parts]
     assert len(run_logs) == 2
 
 
@@ -111,7 +111,7 @@ def test_changed_cell_reruns_alone_through_slurm(slurm_cluster, slurm_run, tmp_p
     result = snakemake_slurm(slurm_cluster, workdir, configfile=changed)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = result.stdout + result.stderr
-    ran = re.findall(r"^rule (\w+):", result.stdout, re.MULTILINE)
+    ran = re.findall(r"^rule (\w+):", log, re.MULTILINE)
     assert ran.count("run_cell") == 1 and "build_model" not in ran and "prepare_dataset" not in ran, ran
     assert "/ngram-k3/bs1" in log
     assert submitted_job_ids(log), "the rerun did not go through sbatch"
