@@ -6,8 +6,9 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-# --configfile replaces the embedded default instead of being merged into it.
-if not config:
+# --configfile replaces the embedded default instead of being merged into it
+# (--config KEY=VALUE still applies on top of either).
+if not workflow.overwrite_configfiles:
 
     configfile: "config/config.yaml"
 

@@ -22,17 +22,44 @@ SORT = ["engine", "model", "dataset", "method", "batch_size"]
 
 
 def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
-    """Concatenate per-cell summaries and add ``speedup`` (and pooled speedup) over ``baseline``."""
+    """Concatenate per-cell summaries and add ``speedup`` (and pooled speedup) over ``baseline``.
+
+    ``speedup_ci_low/high`` is the 95% interval of the ratio of the two cells'
+    bootstrap draws (sdbench.stats); ``contaminated`` is true when either cell's
+    quiet-machine guard flagged its timed part.
+    """
+    from sdbench.stats import ratio_interval
+
     cells = pd.concat(summaries, ignore_index=True)
     dupes = cells.duplicated(SORT)
     if dupes.any():
         raise ValueError(f"duplicate cells in summaries: {cells.loc[dupes, SORT].to_dict('records')}")
-    base = cells.loc[cells["method"] == baseline, GROUP + ["tokens_per_s", "tokens_per_s_pooled"]]
-    base = base.rename(columns={"tokens_per_s": "baseline_tokens_per_s", "tokens_per_s_pooled": "_base_pooled"})
+    for column, default in (("contaminated", False), ("tokens_per_s_boot", None)):
+        if column not in cells:
+            cells[column] = [default] * len(cells)
+    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated"]
+    base = cells.loc[cells["method"] == baseline, keep].rename(
+        columns={
+            "tokens_per_s": "baseline_tokens_per_s",
+            "tokens_per_s_pooled": "_base_pooled",
+            "tokens_per_s_boot": "_base_boot",
+            "contaminated": "_base_contaminated",
+        }
+    )
     out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
     out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
     out["speedup_pooled"] = out["tokens_per_s_pooled"] / out["_base_pooled"]
-    return out.drop(columns="_base_pooled").sort_values(SORT, kind="stable").reset_index(drop=True)
+    bounds = [
+        ratio_interval(a, b) if a is not None and b is not None and len(a) and len(b) else (float("nan"),) * 2
+        for a, b in zip(out["tokens_per_s_boot"], out["_base_boot"])
+    ]
+    out["speedup_ci_low"] = [lo for lo, _ in bounds]
+    out["speedup_ci_high"] = [hi for _, hi in bounds]
+    out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
+        False
+    ).astype(bool)
+    out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "tokens_per_s_boot"])
+    return out.sort_values(SORT, kind="stable").reset_index(drop=True)
 
 
 def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
@@ -87,10 +114,24 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
     panels = list(cells.groupby(["engine", "model", "dataset"], sort=True))
     fig, axes = plt.subplots(2, len(panels), figsize=(4.2 * len(panels), 7), squeeze=False)
     for col, (keys, sub) in enumerate(panels):
+        metrics = (
+            ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"),
+            ("speedup", "speedup_ci_low", "speedup_ci_high"),
+        )
         for method, line in sub.groupby("method", sort=True):
             line = line.sort_values("batch_size")
-            axes[0, col].plot(line["batch_size"], line["tokens_per_s"], marker="o", label=method)
-            axes[1, col].plot(line["batch_size"], line["speedup"], marker="o", label=method)
+            for row, (y, lo, hi) in enumerate(metrics):
+                err = None
+                if lo in line and line[lo].notna().any():  # 95% bootstrap interval
+                    err = [(line[y] - line[lo]).clip(lower=0), (line[hi] - line[y]).clip(lower=0)]
+                axes[row, col].errorbar(line["batch_size"], line[y], yerr=err, marker="o", capsize=3, label=method)
+        flagged = sub[sub["contaminated"].astype(bool)] if "contaminated" in sub else sub.iloc[:0]
+        for row, (y, _, _) in enumerate(metrics):
+            if len(flagged):  # timed beside other work (README: "Quiet machine")
+                axes[row, col].scatter(
+                    flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
+                    linewidths=1.5, zorder=5, label="flagged: busy machine",
+                )
         axes[0, col].set_title("\n".join(map(str, keys)), fontsize=9)
         axes[0, col].set_ylabel("output tokens / s")
         axes[1, col].axhline(1.0, color="grey", lw=0.8, ls="--")

@@ -2,7 +2,8 @@
 
 One process = one cell: start ``vllm.LLM`` with the cell's speculative config,
 ``max_num_seqs`` = batch size, greedy decoding and prefix caching off; warm up;
-then time each ``generate`` call and diff the engine's SD counters around it.
+then time each ``generate`` call, in repeated trials, and diff the engine's SD
+counters around it, while the quiet-machine guard watches the node.
 
 Tables written (schema in docs/schema.md): ``requests.parquet`` (one row per
 sequence), ``calls.parquet`` (one row per timed generate call) and
@@ -15,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,19 +128,42 @@ def _calls(prompts: pd.DataFrame, batch_mode: str, batch_size: int) -> list[list
     return [list(range(len(prompts)))]
 
 
+def _trial_plan(run: dict[str, Any]) -> tuple[int, float, int]:
+    """(minimum trials, minimum timed seconds, maximum trials) of a cell."""
+    repeats = int(run.get("repeats", 1))
+    return repeats, float(run.get("min_measured_s", 0.0)), max(repeats, int(run.get("max_repeats", 50)))
+
+
+def cell_seed(spec: dict[str, Any]) -> int:
+    """Seed of a cell's bootstrap: the config seed and the cell's keys (stable across runs)."""
+    import hashlib
+
+    key = json.dumps([spec["seed"], spec["cell"]], sort_keys=True).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
 def run_cell(
     spec: dict[str, Any],
     prompts: pd.DataFrame,
     model_dir: str,
     drafter_dir: str | None,
     steps_dir: str | None = None,
+    guard_mode: str = "flag",
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """Run the cell; returns (requests, calls, summary, steps) tables.
+
+    The timed workload (every prompt once, one ``generate`` call each) runs in
+    repeated trials (``run.repeats``, ``run.min_measured_s``), watched by the
+    quiet-machine guard (``guard_mode``, sdbench.quietguard): ``calls`` has one row
+    per call and trial, ``requests`` the first trial's sequences (greedy outputs
+    are checked to be identical in every trial).
 
     With ``steps_dir`` the run is in breakdown mode (sdbench.steptiming): every engine
     step of the timed calls is timed by stage, with device synchronisation; ``steps``
     is then one row per step, otherwise ``None``.
     """
+    from sdbench.quietguard import QuietGuard
+
     if steps_dir is not None:
         from sdbench.steptiming import ENV_STEP_TIMING_DIR
 
@@ -179,43 +204,60 @@ def run_cell(
 
     request_rows: list[dict[str, Any]] = []
     call_rows: list[dict[str, Any]] = []
-    for call_index, rows in enumerate(_calls(prompts, run.get("batch_mode", "replicate"), bs)):
-        before = read_counters(llm.get_metrics())
-        t0 = time.perf_counter()
-        outputs = llm.generate([as_prompt(i) for i in rows], sampling, use_tqdm=False)
-        duration = time.perf_counter() - t0
-        delta = read_counters(llm.get_metrics()) - before
-        n_out = 0
-        for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
-            completion = out.outputs[0]
-            n_out += len(completion.token_ids)
-            request_rows.append(
+    first_outputs: dict[tuple[int, int], list[int]] = {}
+    outputs_stable = True
+    min_trials, min_seconds, max_trials = _trial_plan(run)
+    timed_s = 0.0
+    guard = QuietGuard(guard_mode)
+    guard.start()
+    for trial in range(max_trials):
+        for call_index, rows in enumerate(_calls(prompts, run.get("batch_mode", "replicate"), bs)):
+            before = read_counters(llm.get_metrics())
+            t0 = time.perf_counter()
+            outputs = llm.generate([as_prompt(i) for i in rows], sampling, use_tqdm=False)
+            duration = time.perf_counter() - t0
+            delta = read_counters(llm.get_metrics()) - before
+            timed_s += duration
+            n_out = 0
+            for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
+                completion = out.outputs[0]
+                tokens = [int(t) for t in completion.token_ids]
+                n_out += len(tokens)
+                if trial > 0:
+                    outputs_stable &= first_outputs[(call_index, slot)] == tokens
+                    continue
+                first_outputs[(call_index, slot)] = tokens
+                request_rows.append(
+                    {
+                        "call_index": call_index,
+                        "slot": slot,
+                        "request_id": str(prompts.at[row, "request_id"]),
+                        "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
+                        "output_token_ids": tokens,
+                        "output_text": completion.text or "",
+                        "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
+                        "num_output_tokens": len(tokens),
+                        "finish_reason": str(completion.finish_reason),
+                    }
+                )
+            call_rows.append(
                 {
+                    "trial": trial,
                     "call_index": call_index,
-                    "slot": slot,
-                    "request_id": str(prompts.at[row, "request_id"]),
-                    "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
-                    "output_token_ids": [int(t) for t in completion.token_ids],
-                    "output_text": completion.text or "",
-                    "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
-                    "num_output_tokens": len(completion.token_ids),
-                    "finish_reason": str(completion.finish_reason),
+                    "request_id": str(prompts.at[rows[0], "request_id"]) if len(set(rows)) == 1 else "*",
+                    "num_seqs": len(rows),
+                    "duration_s": duration,
+                    "num_output_tokens": n_out,
+                    "tokens_per_s": n_out / duration,
+                    "num_drafts": delta.num_drafts,
+                    "num_draft_tokens": delta.num_draft_tokens,
+                    "num_accepted_tokens": delta.num_accepted_tokens,
+                    "accepted_per_pos": list(delta.accepted_per_pos),
                 }
             )
-        call_rows.append(
-            {
-                "call_index": call_index,
-                "request_id": str(prompts.at[rows[0], "request_id"]) if len(set(rows)) == 1 else "*",
-                "num_seqs": len(rows),
-                "duration_s": duration,
-                "num_output_tokens": n_out,
-                "tokens_per_s": n_out / duration,
-                "num_drafts": delta.num_drafts,
-                "num_draft_tokens": delta.num_draft_tokens,
-                "num_accepted_tokens": delta.num_accepted_tokens,
-                "accepted_per_pos": list(delta.accepted_per_pos),
-            }
-        )
+        if trial + 1 >= min_trials and timed_s >= min_seconds:
+            break
+    guard_report = guard.stop()  # raises Contaminated in refuse mode
 
     keys = {k: cell[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
     steps = None
@@ -231,8 +273,11 @@ def run_cell(
     for frame in (requests, calls):
         for i, (k, v) in enumerate(keys.items()):
             frame.insert(i, k, v)
+    calls = calls.assign(contaminated=guard_report.contaminated)
     summary = summarise(keys, spec, calls, requests)
     summary = summary.assign(
+        outputs_stable=outputs_stable,
+        **guard_report.columns(),
         drafter=spec.get("drafter") or "",
         startup_s=startup_s,
         warmup_s=warmup_s,
@@ -264,15 +309,25 @@ def summarise(
         tuple(int(x) for x in _sum_lists(calls["accepted_per_pos"])),
     )
     acc = acceptance_stats(total)
+    from sdbench import stats
+
+    draws = stats.bootstrap(calls, cell_seed(spec))
+    low, high = stats.interval(draws)
     row = {
         **keys,
         "sd_method": spec["method"]["method"],
         "num_speculative_tokens": spec["method"].get("num_speculative_tokens", 0),
         "batch_mode": spec["run"].get("batch_mode", "replicate"),
+        "num_trials": int(calls["trial"].nunique()) if "trial" in calls else 1,
         "num_calls": len(calls),
         "num_sequences": len(requests),
-        # Paper's metric: mean over calls of (output tokens / wall time of the call).
-        "tokens_per_s": float(calls["tokens_per_s"].mean()),
+        # Paper's metric (mean over calls of output tokens / wall time of the call),
+        # with each prompt's median over trials; 95% bootstrap interval (sdbench.stats).
+        "tokens_per_s": stats.point_estimate(calls),
+        "tokens_per_s_ci_low": low,
+        "tokens_per_s_ci_high": high,
+        "tokens_per_s_boot": [float(x) for x in draws],
+        "tokens_per_s_mean_calls": float(calls["tokens_per_s"].mean()),
         "tokens_per_s_pooled": float(calls["num_output_tokens"].sum() / calls["duration_s"].sum()),
         "generate_s": float(calls["duration_s"].sum()),
         "output_len_mean": float(requests["num_output_tokens"].mean()),
@@ -364,6 +419,9 @@ def trace_cell(
 
 
 def _cmd_trace_cell(args: argparse.Namespace) -> int:
+    from sdbench.lifeline import watch_workflow
+
+    watch_workflow()
     spec = json.loads(args.spec)
     prompts = pd.read_parquet(args.prompts)
     import tempfile
@@ -378,13 +436,23 @@ def _cmd_trace_cell(args: argparse.Namespace) -> int:
 
 
 def _cmd_run_cell(args: argparse.Namespace) -> int:
+    from sdbench.lifeline import watch_workflow
+    from sdbench.quietguard import Contaminated, mode_from_env
+
+    watch_workflow()
     spec = json.loads(args.spec)
     prompts = pd.read_parquet(args.prompts)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="sdbench-steps-") as scratch:
         steps_dir = scratch if args.steps_output else None
-        requests, calls, summary, steps = run_cell(spec, prompts, args.model_dir, args.drafter_dir, steps_dir)
+        try:
+            requests, calls, summary, steps = run_cell(
+                spec, prompts, args.model_dir, args.drafter_dir, steps_dir, args.quiet_guard or mode_from_env()
+            )
+        except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
+            print(f"error: {exc}", file=sys.stderr)
+            return 3
     if steps is not None:
         write_parquet(steps, args.steps_output)
     out = Path(args.output_dir)
@@ -404,6 +472,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
     p.add_argument("--output-dir", required=True, help="directory for requests/calls/summary.parquet")
     p.add_argument("--steps-output", default=None, help="breakdown mode: per-step stage timings (parquet)")
+    p.add_argument(
+        "--quiet-guard",
+        choices=("flag", "refuse", "disabled"),
+        default=None,
+        help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)",
+    )
     p.set_defaults(func=_cmd_run_cell)
     t = subparsers.add_parser("trace-cell", help="in-engine acceptance trace of one method (one token per step)")
     t.add_argument("--spec", required=True, help="resolved cell spec (JSON)")

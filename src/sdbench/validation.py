@@ -2,7 +2,8 @@
 
 The simulator replays a cell's own in-engine traces under the cost model fitted from
 the same machine's breakdown runs, with the cell's proposer and fixed draft length;
-the measured speedup comes from the run-cell throughput.
+the measured speedup comes from the run-cell throughput, with its 95% bootstrap
+interval; ``agrees`` says whether the simulated speedup lies inside that interval.
 """
 
 from __future__ import annotations
@@ -50,12 +51,21 @@ def compare(cells: pd.DataFrame, simulated: pd.DataFrame, methods: dict[str, dic
                 "method": cell.method,
                 "batch_size": cell.batch_size,
                 "measured_speedup": cell.speedup,
+                "measured_ci_low": getattr(cell, "speedup_ci_low", float("nan")),
+                "measured_ci_high": getattr(cell, "speedup_ci_high", float("nan")),
                 "simulated_speedup": float(match["speedup"].iloc[0]),
+                "contaminated": bool(getattr(cell, "contaminated", False)),
             }
         )
     out = pd.DataFrame(rows)
     if not out.empty:
         out["ratio"] = out["simulated_speedup"] / out["measured_speedup"]
+        # Agreement: the simulated speedup lies inside the measured 95% interval; a cell
+        # without an interval (one trial) cannot be judged.
+        inside = (out["simulated_speedup"] >= out["measured_ci_low"]) & (
+            out["simulated_speedup"] <= out["measured_ci_high"]
+        )
+        out["agrees"] = inside.where(out["measured_ci_low"].notna())
     return out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
 
 

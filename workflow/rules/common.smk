@@ -8,6 +8,7 @@ from pathlib import Path
 
 from sdbench.codedigest import code_digest
 from sdbench.containers import image_identity
+from sdbench.lifeline import export_workflow_env
 from sdbench.config import validate_config
 from sdbench.grid import (
     Cell,
@@ -30,6 +31,10 @@ os.environ["PATH"] = os.pathsep.join(
 
 # Fails before any job runs, naming the offending key.
 validate_config(config, source="config")
+# Engine jobs end when this workflow process ends (sdbench.lifeline), and their
+# quiet-machine guard mode (sdbench.quietguard) comes from the config; neither is
+# a param, so neither reruns anything.
+export_workflow_env(config["quiet_guard"])
 CELLS = cells(config)
 BASELINE = baseline_method(config)
 BUILT_MODELS = sorted(k for k, m in config["models"].items() if "build" in m)

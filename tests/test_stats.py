@@ -1,0 +1,50 @@
+"""Bootstrap intervals of throughput and speedup (sdbench.stats)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from sdbench import stats
+
+
+def calls_frame(per_prompt: list[list[float]]) -> pd.DataFrame:
+    rows = [
+        {"trial": t, "call_index": i, "tokens_per_s": v}
+        for i, trials in enumerate(per_prompt)
+        for t, v in enumerate(trials)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_point_estimate_is_mean_of_per_prompt_medians() -> None:
+    calls = calls_frame([[10, 12, 100], [20, 20, 22]])
+    assert stats.point_estimate(calls) == (12 + 20) / 2
+
+
+def test_interval_covers_the_estimate_and_shrinks_with_trials() -> None:
+    rng = np.random.default_rng(0)
+    few = calls_frame([list(100 + rng.normal(0, 5, 3)) for _ in range(8)])
+    many = calls_frame([list(100 + rng.normal(0, 5, 30)) for _ in range(8)])
+    lo_f, hi_f = stats.interval(stats.bootstrap(few, seed=1))
+    lo_m, hi_m = stats.interval(stats.bootstrap(many, seed=1))
+    assert lo_f <= stats.point_estimate(few) <= hi_f
+    assert lo_m <= stats.point_estimate(many) <= hi_m
+    assert hi_m - lo_m < hi_f - lo_f
+
+
+def test_bootstrap_is_seeded() -> None:
+    calls = calls_frame([[1.0, 2.0, 3.0], [4.0, 5.0, 7.0]])
+    assert np.array_equal(stats.bootstrap(calls, seed=3), stats.bootstrap(calls, seed=3))
+
+
+def test_single_trial_has_a_zero_width_interval() -> None:
+    calls = calls_frame([[10.0], [20.0]])
+    assert stats.interval(stats.bootstrap(calls, seed=0)) == (15.0, 15.0)
+
+
+def test_ratio_interval_of_independent_cells() -> None:
+    a = calls_frame([[200, 210, 190]] * 4)
+    b = calls_frame([[100, 105, 95]] * 4)
+    lo, hi = stats.ratio_interval(stats.bootstrap(a, 1), stats.bootstrap(b, 2))
+    assert lo <= 2.0 <= hi and hi - lo < 0.5
