@@ -210,6 +210,7 @@ def run_cell(
     timed_s = 0.0
     guard = QuietGuard(guard_mode)
     guard.start()
+    log.info("timed part: %d to %d trial(s), at least %.1f s", min_trials, max_trials, min_seconds)
     for trial in range(max_trials):
         for call_index, rows in enumerate(_calls(prompts, run.get("batch_mode", "replicate"), bs)):
             before = read_counters(llm.get_metrics())
