@@ -142,6 +142,8 @@ def small_mount(tmp_path: Path):
             if result.returncode != 0:
                 pytest.skip(f"cannot mount a tmpfs here: {result.stderr.decode().strip()}")
             mounted.append(path)
+        # Fill the small one up: any further write fails with ENOSPC.
+        subprocess.run(["dd", "if=/dev/zero", f"of={full / 'filler'}", "bs=4k"], capture_output=True)
         yield full, readonly
     finally:
         for path in mounted:
@@ -158,4 +160,5 @@ def test_full_or_read_only_results_directory(small_mount, published_traces_dir: 
         assert result.returncode != 0
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error:") and what in lines[0], result.stderr[-2000:]
-        assert list(directory.iterdir()) == [], f"partial output left in {directory}"
+        left = sorted(p.name for p in directory.iterdir() if p.name != "filler")
+        assert left == [], f"partial output left in {directory}: {left}"

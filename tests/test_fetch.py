@@ -59,4 +59,4 @@ def test_corrupted_local_copy_is_rejected(published_traces_dir, tmp_path):
         "--local-dir",
         str(local),
     ]
-    assert main(args) == 1
+    assert main(args) == 2  # bad input: one `error:` line, exit code 2 (sdbench.cli.main)

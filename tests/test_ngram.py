@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -131,7 +133,7 @@ def test_trace_ngram_cli_schema_and_determinism(published_traces_dir, tmp_path):
     assert df["proposed_len"].notna().all()
 
 
-def test_trace_ngram_cli_reads_requests_parquet(tmp_path):
+def test_trace_ngram_cli_reads_requests_parquet(tmp_path, capsys):
     import pandas as pd
 
     from sdbench.io import write_parquet
@@ -155,8 +157,9 @@ def test_trace_ngram_cli_reads_requests_parquet(tmp_path):
     assert df["censored"].tolist() == [False, False, True, True, True, False, False]
 
     write_parquet(table.drop(columns="output_token_ids"), src)
-    with pytest.raises(ValueError, match="requests.parquet.*output_token_ids"):
-        main(["trace", "ngram", "--input", str(src), "--output", str(out)])
+    # Bad input: one `error:` line on stderr, exit code 2 (sdbench.cli.main).
+    assert main(["trace", "ngram", "--input", str(src), "--output", str(out)]) == 2
+    assert re.search("requests.parquet.*output_token_ids", capsys.readouterr().err)
 
 
 def test_trace_published_cli(published_traces_dir, tmp_path):

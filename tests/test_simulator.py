@@ -268,8 +268,9 @@ def test_cli_figures(tmp_path: Path, paths: list[Path]) -> None:
         assert (tmp_path / "fig" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_errors_name_the_problem(tmp_path: Path, paths: list[Path]) -> None:
-    with pytest.raises(ValueError, match="does not apply"):
+def test_cli_errors_name_the_problem(tmp_path: Path, paths: list[Path], capsys: pytest.CaptureFixture[str]) -> None:
+    # Bad input ends the command with one `error:` line on stderr and exit code 2 (sdbench.cli.main).
+    assert (
         main(
             [
                 "simulate",
@@ -283,7 +284,10 @@ def test_cli_errors_name_the_problem(tmp_path: Path, paths: list[Path]) -> None:
                 str(tmp_path / "x.csv"),
             ]
         )
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        == 2
+    )
+    assert "does not apply" in capsys.readouterr().err
+    assert (
         main(
             [
                 "simulate",
@@ -295,6 +299,9 @@ def test_cli_errors_name_the_problem(tmp_path: Path, paths: list[Path]) -> None:
                 str(tmp_path / "x.csv"),
             ]
         )
+        == 2
+    )
+    assert "nope.jsonl" in capsys.readouterr().err
     assert not (tmp_path / "x.csv").exists()
 
 

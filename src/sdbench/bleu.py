@@ -107,7 +107,9 @@ def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
             columns=["request_id", "prompt_token_ids", "output_token_ids"],
         )
     elif path.suffix == ".parquet":
-        df = pd.read_parquet(path)
+        from sdbench.io import read_parquet
+
+        df = read_parquet(path, what="requests table")
         missing = [c for c in ("request_id", "prompt_token_ids", "output_token_ids") if c not in df.columns]
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (have: {', '.join(df.columns)})")
@@ -120,6 +122,8 @@ def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
         df["request_id"] = df["request_id"].astype(str)
     else:
         raise ValueError(f"{path}: expected a .jsonl published trace or a .parquet requests table")
+    if df.empty:
+        raise ValueError(f"{path}: no requests (expected one row per request)")
     dup = df["request_id"][df["request_id"].duplicated()]
     if len(dup):
         raise ValueError(f"{path}: duplicate request_id(s) {', '.join(map(str, dup.unique()[:5]))}")
@@ -271,13 +275,11 @@ def plot_heatmap(
 
 
 def _run_buckets(args: argparse.Namespace) -> int:
-    try:
-        requests = read_requests(args.input)
-        if args.tokenizer:
-            requests = _decode_with(args.tokenizer, requests)
-        out = compute_buckets(requests, order=args.order, basis=args.basis)
-    except ValueError as exc:
-        raise SystemExit(f"sdbench bleu buckets: {exc}") from exc
+    # Errors (ValueError naming the file) become one `error:` line in sdbench.cli.main.
+    requests = read_requests(args.input)
+    if args.tokenizer:
+        requests = _decode_with(args.tokenizer, requests)
+    out = compute_buckets(requests, order=args.order, basis=args.basis)
     write_parquet(out, args.output)
     print(
         json.dumps(
@@ -293,10 +295,10 @@ def _run_buckets(args: argparse.Namespace) -> int:
 
 
 def _run_heatmap(args: argparse.Namespace) -> int:
-    try:
-        plot_heatmap(pd.read_parquet(args.speedups), pd.read_parquet(args.buckets), args.output, title=args.title)
-    except ValueError as exc:
-        raise SystemExit(f"sdbench bleu heatmap: {exc}") from exc
+    from sdbench.io import read_parquet
+
+    speedups = read_parquet(args.speedups, what="speedups table")
+    plot_heatmap(speedups, read_parquet(args.buckets, what="buckets table"), args.output, title=args.title)
     return 0
 
 
@@ -385,20 +387,19 @@ def _run_simulated(args: argparse.Namespace) -> int:
     from sdbench.costmodel import load_cost_model
     from sdbench.simulator import load_traces
 
-    try:
-        traces = load_traces(args.traces)
-        buckets = pd.read_parquet(args.buckets)
-        table = simulated_bucket_speedups(
-            traces,
-            buckets,
-            args.batch_sizes,
-            load_cost_model(args.cost_model),
-            args.ngram_policy,
-            args.versus_policy,
-            args.mode,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"sdbench bleu simulated: {exc}") from exc
+    from sdbench.io import read_parquet
+
+    traces = load_traces(args.traces)
+    buckets = read_parquet(args.buckets, what="buckets table")
+    table = simulated_bucket_speedups(
+        traces,
+        buckets,
+        args.batch_sizes,
+        load_cost_model(args.cost_model),
+        args.ngram_policy,
+        args.versus_policy,
+        args.mode,
+    )
     write_parquet(table, args.output)
     plot_heatmap(
         table,
@@ -413,8 +414,10 @@ def _run_simulated(args: argparse.Namespace) -> int:
 def _run_measured(args: argparse.Namespace) -> int:
     from sdbench.io import write_parquet
 
-    calls = pd.concat([pd.read_parquet(p) for p in args.calls], ignore_index=True)
-    buckets = pd.read_parquet(args.buckets)
+    from sdbench.io import read_parquet
+
+    calls = pd.concat([read_parquet(p, what="calls table") for p in args.calls], ignore_index=True)
+    buckets = read_parquet(args.buckets, what="buckets table")
     table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus)
     write_parquet(table, args.output)
     plot_heatmap(

@@ -21,6 +21,20 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the offending key."""
 
 
+def describe_yaml_error(exc: yaml.YAMLError) -> str:
+    """One line for a YAML parse error: where (line, column) and what, without the snippet."""
+    def at(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark, context_mark = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    context = getattr(exc, "context", None)
+    out = f"{at(mark)}: {problem}" if mark is not None else problem
+    if context:
+        out += f" ({context}" + (f" at {at(context_mark)})" if context_mark is not None else ")")
+    return out
+
+
 def load_schema() -> dict[str, Any]:
     """The packaged JSON schema for pipeline configs."""
     # Imported here: sdbench.packagedata imports ConfigError from this module.
@@ -139,8 +153,16 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
             config = yaml.safe_load(fh)
     except FileNotFoundError as exc:
         raise ConfigError(f"{path}: config file not found") from exc
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{path}: is a directory (expected a YAML config file)") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not a text file ({exc.reason} at byte {exc.start}; expected a YAML config)"
+        ) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {describe_yaml_error(exc)}") from exc
+    if config is None:
+        raise ConfigError(f"{path}: the config file is empty (expected a YAML mapping with grid, models, ...)")
     return validate_config(config, source=str(path))
 
 

@@ -220,11 +220,22 @@ def resolve_cost_model_path(name_or_path: str | os.PathLike[str]) -> Path | Trav
 
 def load_cost_model(name_or_path: str | os.PathLike[str]) -> CostModel:
     """Load and validate a cost model by name (see :func:`available_cost_models`) or YAML path."""
+    from sdbench.config import describe_yaml_error
+
     path = resolve_cost_model_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{path}: not a text file ({exc.reason} at byte {exc.start}; expected a cost-model YAML)"
+        ) from exc
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+        raise ValueError(f"{path}: not valid YAML: {describe_yaml_error(exc)}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{path}: expected a cost-model mapping (name, target, drafters, overhead_per_step), "
+            f"got {'an empty file' if data is None else type(data).__name__}"
+        )
     return cost_model_from_dict(data, source=str(path))
 
 
@@ -255,8 +266,18 @@ def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def read_step_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Read a per-step timing table (parquet or CSV) and check :data:`STEP_COLUMNS`."""
+    from sdbench.io import read_parquet
+
     path = Path(path)
-    df = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    if path.suffix == ".csv":
+        if not path.is_file():
+            raise FileNotFoundError(2, "no such file (expected a step table)", str(path))
+        try:
+            df = pd.read_csv(path)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: not a readable CSV step table ({' '.join(str(exc).split())})") from exc
+    else:
+        df = read_parquet(path, what="step table")
     missing = [c for c in STEP_COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: step table lacks column(s) {', '.join(missing)}")

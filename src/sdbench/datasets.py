@@ -292,12 +292,53 @@ def prepare(
     return pd.DataFrame(rows)
 
 
-def _cmd_prepare(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
+# Columns an engine run needs from a prompt table (prepare() writes more).
+PROMPT_COLUMNS = ("request_id", "prompt_token_ids")
 
-    entry = json.loads(args.entry)
+
+def read_prompt_table(path: str | Path) -> pd.DataFrame:
+    """Read a prompt table (:func:`prepare`'s output) for a run; errors name the file.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is not a
+    readable parquet, lacks :data:`PROMPT_COLUMNS`, has no rows or has an empty prompt.
+    """
+    from sdbench.io import read_parquet
+
+    df = read_parquet(path, what="prompt table")
+    missing = [c for c in PROMPT_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{path}: prompt table lacks column(s) {', '.join(missing)} (has: {', '.join(df.columns) or 'none'}; "
+            "expected the output of sdbench prepare-dataset)"
+        )
+    if df.empty:
+        raise ValueError(f"{path}: prompt table has no rows (expected one row per prompt)")
+    empty = [str(r) for r, ids in zip(df["request_id"], df["prompt_token_ids"]) if ids is None or len(ids) == 0]
+    if empty:
+        raise ValueError(f"{path}: empty prompt_token_ids for request(s) {', '.join(empty[:5])}")
+    return df
+
+
+def _json_arg(option: str, text: str) -> dict[str, Any]:
+    """A JSON-object command-line value; ConfigError naming ``option`` otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{option}: not valid JSON ({exc}): {text[:60]!r}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"{option}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _cmd_prepare(args: argparse.Namespace) -> int:
+    entry = _json_arg("--entry", args.entry)
+    chat_kwargs = _json_arg("--chat-template-kwargs", args.chat_template_kwargs)
+    if not Path(args.tokenizer).is_dir():
+        raise FileNotFoundError(2, "no such directory (expected the target's tokenizer directory)", args.tokenizer)
+    from transformers import AutoTokenizer  # slow: only once the arguments are known good
+
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    df = prepare(args.name, entry, tokenizer, args.seed, json.loads(args.chat_template_kwargs))
+    df = prepare(args.name, entry, tokenizer, args.seed, chat_kwargs)
     write_parquet(df, Path(args.output))
     return 0
 

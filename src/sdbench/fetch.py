@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import os
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -74,16 +74,20 @@ def _copy_verified(src: BinaryIO, source: str, output: Path, expected: str) -> N
             raise ChecksumError(f"{source}: sha256 {actual} does not match the pinned {expected}")
 
 
+DEFAULT_TIMEOUT = 20.0  # seconds per connect/read: an offline machine fails fast
+
+
 def fetch_published_traces(
     dataset: str,
     output: str | os.PathLike[str],
     local_dir: str | os.PathLike[str] | None = None,
-    timeout: float = 120.0,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> Path:
     """Place the verified ``combined_<dataset>.jsonl`` at ``output`` and return its path.
 
     Source: ``local_dir/combined_<dataset>.jsonl`` if that file exists, else the pinned URL.
-    An ``output`` that already has the pinned hash is kept as is.
+    An ``output`` that already has the pinned hash is kept as is. A failed download raises
+    ``OSError`` naming the URL, the local file that was looked for and the timeout.
     """
     name = published_file_name(dataset)
     expected = PUBLISHED_SHA256[dataset]
@@ -99,18 +103,24 @@ def fetch_published_traces(
         try:
             with urllib.request.urlopen(url, timeout=timeout) as src:  # noqa: S310 (fixed https URL)
                 _copy_verified(src, url, output, expected)
-        except urllib.error.URLError as exc:
-            hint = f" (and {local} does not exist)" if local is not None else "; offline: pass a local dir"
-            raise OSError(f"{url}: download failed: {exc.reason}{hint}") from exc
+        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
+            reason = getattr(exc, "reason", None) or exc
+            reason = "timed out" if isinstance(reason, TimeoutError) else " ".join(str(reason).split())
+            where = (
+                f"or in --local-dir, but {local} does not exist"
+                if local is not None
+                else "or pass --local-dir DIR holding it (offline machines)"
+            )
+            raise OSError(
+                f"{url}: download failed ({reason}; timeout {timeout:g} s): expected {name} "
+                f"(sha256 {expected[:12]}...) from this URL, {where}"
+            ) from exc
     return output
 
 
 def _cmd_fetch_published(args: argparse.Namespace) -> int:
-    try:
-        path = fetch_published_traces(args.dataset, args.output, args.local_dir)
-    except (ChecksumError, OSError) as exc:
-        print(f"sdbench fetch published-traces: {exc}", file=sys.stderr)
-        return 1
+    # ChecksumError (ValueError) and OSError become one `error:` line in sdbench.cli.main.
+    path = fetch_published_traces(args.dataset, args.output, args.local_dir, args.timeout)
     print(path)
     return 0
 
@@ -125,4 +135,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pub.add_argument("--dataset", required=True, choices=sorted(PUBLISHED_SHA256))
     pub.add_argument("--output", required=True, help="where to write combined_<dataset>.jsonl")
     pub.add_argument("--local-dir", default=None, help="directory to copy from if it has the file")
+    pub.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for the server to connect / send (default {DEFAULT_TIMEOUT:g})",
+    )
     pub.set_defaults(func=_cmd_fetch_published)

@@ -1,9 +1,12 @@
-"""Atomic file writing: a result is either complete or absent, never half-written."""
+"""Atomic file writing (a result is either complete or absent, never half-written) and parquet reading
+whose errors name the file."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,28 +14,83 @@ from pathlib import Path
 import pandas as pd
 
 
+def write_error(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``exc`` (disk full, read-only file system, permission, ...) as an error naming the output
+    ``path`` rather than a temporary file (pyarrow's errors name no file at all)."""
+    code = exc.errno
+    if code is None:  # pyarrow: "[Errno 28] Error writing bytes to file. Detail: ..."
+        match = re.search(r"errno (\d+)\]", str(exc), re.IGNORECASE)
+        code = int(match.group(1)) if match else None
+    reason = os.strerror(code) if code else " ".join(str(exc).split())
+    err = OSError(code, f"cannot write the output ({reason})")
+    err.filename = str(path)
+    return err
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` on success.
 
-    On any exception the temporary file is removed and ``path`` is untouched.
+    On any exception the temporary file is removed and ``path`` is untouched. Its own file
+    operations raise ``OSError`` naming ``path`` (see :func:`write_error`).
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    except OSError as exc:
+        raise write_error(exc, final) from exc
     os.close(fd)
     tmp = Path(tmp_name)
     try:
         yield tmp
-        if tmp.exists():
-            # mkstemp creates 0600; results are shared like any other file (umask).
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, final)
+        try:
+            if tmp.exists():
+                # mkstemp creates 0600; results are shared like any other file (umask).
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, final)
+        except OSError as exc:
+            raise write_error(exc, final) from exc
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def read_parquet(
+    path: str | os.PathLike[str], columns: list[str] | None = None, what: str = "parquet table"
+) -> pd.DataFrame:
+    """``pd.read_parquet(path, columns=columns)`` whose errors name ``path`` and what was expected.
+
+    A missing file raises ``FileNotFoundError`` (``filename`` set); an empty, truncated, corrupted
+    or non-parquet file, or a requested column it lacks, raises ``ValueError``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"no such file (expected a {what})", str(path))
+    try:
+        if columns is not None and os.path.isfile(path):
+            have = pq.read_schema(path).names
+            missing = [c for c in columns if c not in have]
+            if missing:
+                raise ValueError(f"{path}: {what} lacks column(s) {', '.join(missing)} (has: {', '.join(have)})")
+        return pd.read_parquet(path, columns=columns, engine="pyarrow")
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except (pa.ArrowException, OSError) as exc:
+        reason = " ".join(str(exc).split())
+        # pyarrow: "Could not open Parquet input source '<path>': <reason>. Either the file is corrupted or ..."
+        if reason.startswith("Could not open Parquet input source") and "': " in reason:
+            reason = reason.split("': ", 1)[1]
+        reason = reason.split(". Either the file is corrupted")[0].rstrip(".")
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            reason = "the file is empty"
+        raise ValueError(
+            f"{path}: not a readable {what}: {reason} (expected a complete parquet file; truncated or corrupted?)"
+        ) from exc
 
 
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
@@ -41,10 +99,16 @@ def write_parquet(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     Same frame in, same bytes out: no creation timestamps are embedded.
     """
     with atomic_path(path) as tmp:
-        df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+        try:
+            df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+        except OSError as exc:  # disk full, quota: name the output, not the temporary file
+            raise write_error(exc, path) from exc
 
 
 def write_text(text: str, path: str | os.PathLike[str]) -> None:
     """Write ``text`` to ``path`` atomically."""
     with atomic_path(path) as tmp:
-        tmp.write_text(text)
+        try:
+            tmp.write_text(text)
+        except OSError as exc:
+            raise write_error(exc, path) from exc

@@ -245,7 +245,9 @@ def load_model_yaml(path: str | os.PathLike[str] | Traversable) -> ModelSpec:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from exc
+        from sdbench.config import describe_yaml_error
+
+        raise ValueError(f"{path}: not valid YAML: {describe_yaml_error(exc)}") from exc
     spec = _spec_from_mapping(data if data is not None else {}, str(path))
     if model_file_name(spec.repo_id) != path.name:
         raise ValueError(
@@ -271,6 +273,8 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
         cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{cfg_path}: cannot read a Hugging Face config.json ({exc})") from exc
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: expected a JSON object (a Hugging Face config.json), got {type(cfg).__name__}")
     src = str(cfg_path)
     archs = [str(a) for a in cfg.get("architectures") or []]
     model_type = cfg.get("model_type")
@@ -772,10 +776,8 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        report = memory_report(args.target, args.draft, args.method, args.models_dir, args.dtype)
-    except ValueError as exc:
-        raise SystemExit(f"sdbench memory: {exc}") from exc
+    # A ValueError (unknown model, bad config) becomes one `error:` line in sdbench.cli.main.
+    report = memory_report(args.target, args.draft, args.method, args.models_dir, args.dtype)
     print(json.dumps(report, indent=2))
     return 0
 
@@ -813,12 +815,21 @@ def cells_memory_table(cells: Any, model_names: Mapping[str, str], dtype: str | 
 
 
 def _run_cells_table(args: argparse.Namespace) -> int:
-    import pandas as pd
+    from sdbench.io import read_parquet, write_parquet
 
-    from sdbench.io import write_parquet
-
-    cells = pd.read_parquet(args.cells)
-    table = cells_memory_table(cells, json.loads(args.models), dtype=args.dtype)
+    cells = read_parquet(args.cells, what="cells table")
+    try:
+        models = json.loads(args.models)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--models: not valid JSON ({exc}); expected an object: model key -> repo id or dir") from exc
+    if not isinstance(models, dict):
+        raise ValueError(f"--models: expected a JSON object (model key -> repo id or dir), got {type(models).__name__}")
+    keys = set(cells["model"]) if "model" in cells else set()
+    keys |= {d for d in cells["drafter"] if d} if "drafter" in cells else set()
+    missing = sorted(map(str, keys - set(models)))
+    if missing:
+        raise ValueError(f"--models: no entry for model key(s) {', '.join(map(str, missing))} of {args.cells}")
+    table = cells_memory_table(cells, models, dtype=args.dtype)
     write_parquet(table, args.output)
     plot_memory(table.assign(cell=table["model"] + "/" + table["method"] + "/bs" + table["batch_size"].astype(str)), args.figure)
     return 0

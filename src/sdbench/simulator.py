@@ -999,7 +999,10 @@ def _load_sets(paths: Sequence[str], requests: Sequence[str] = ()) -> list[Trace
 def _cmd_simulate(args: argparse.Namespace) -> int:
     missing = [f"--{k.replace('_', '-')}" for k in ("traces", "proposer", "output") if not getattr(args, k)]
     if missing:
-        raise SystemExit(f"sdbench simulate: error: the following arguments are required: {', '.join(missing)}")
+        raise ValueError(
+            f"sdbench simulate: the following arguments are required: {', '.join(missing)} "
+            "(see sdbench simulate --help)"
+        )
     cm = load_cost_model(args.cost_model)
     train = _load_sets(args.train_traces, args.requests) if args.train_traces else None
     df = simulate(

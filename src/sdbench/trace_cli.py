@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdbench.io import write_parquet
+from sdbench.io import read_parquet, write_parquet
 from sdbench.ngram import trace_ngram, trace_ngram_reference
 from sdbench.published import read_published_jsonl
 
@@ -73,10 +73,14 @@ def read_token_requests(path: str | os.PathLike[str]) -> list[TokenRequest]:
             for r in read_published_jsonl(path)
         ]
     if path.suffix == ".parquet":
-        df = pd.read_parquet(path, columns=None)
+        df = read_parquet(path, what="requests table")
         missing = [c for c in REQUESTS_COLUMNS if c not in df.columns]
         if missing:
-            raise ValueError(f"{path}: requests table lacks column(s) {', '.join(missing)}")
+            raise ValueError(
+                f"{path}: requests table lacks column(s) {', '.join(missing)} (has: {', '.join(df.columns) or 'none'})"
+            )
+        if df.empty:
+            raise ValueError(f"{path}: requests table has no rows (expected one row per request)")
         return [
             TokenRequest(str(rid), [int(t) for t in prompt], [int(t) for t in output])
             for rid, prompt, output in zip(
@@ -149,10 +153,12 @@ def published_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
 def read_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Read a trace table parquet and check its columns; dtypes are normalised to
     :data:`TRACE_DTYPES`. Raises ``ValueError`` naming the file on a bad table."""
-    df = pd.read_parquet(path)
+    df = read_parquet(path, what="trace table")
     missing = [c for c in TRACE_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: not a trace table, lacks column(s) {', '.join(missing)}")
+        raise ValueError(
+            f"{path}: not a trace table, lacks column(s) {', '.join(missing)} (has: {', '.join(df.columns) or 'none'})"
+        )
     df = df[list(TRACE_COLUMNS)]
     try:
         df = df.astype(TRACE_DTYPES)

