@@ -419,12 +419,32 @@ def trace_cell(
     return make_trace_table(traces), pd.DataFrame(request_rows)
 
 
+DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft"}
+
+
+def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_dir: str | None) -> pd.DataFrame:
+    """Check the prompt table and model directories before an engine starts; returns the prompts.
+
+    vLLM leaves a tensor a checkpoint lacks uninitialized without an error, so the
+    weights are checked here (sdbench.modelcheck), not discovered as garbage output.
+    """
+    from sdbench.datasets import read_prompt_table
+    from sdbench.modelcheck import check_model_dir
+
+    prompts = read_prompt_table(prompts_path)
+    check_model_dir(model_dir, "target")
+    role = DRAFTER_ROLES.get(spec["method"]["method"])
+    if drafter_dir and role:
+        check_model_dir(drafter_dir, role)
+    return prompts
+
+
 def _cmd_trace_cell(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
 
     watch_workflow()
     spec = json.loads(args.spec)
-    prompts = pd.read_parquet(args.prompts)
+    prompts = preflight(spec, args.prompts, args.model_dir, args.drafter_dir)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="sdbench-trace-") as trace_dir:
@@ -442,7 +462,7 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
 
     watch_workflow()
     spec = json.loads(args.spec)
-    prompts = pd.read_parquet(args.prompts)
+    prompts = preflight(spec, args.prompts, args.model_dir, args.drafter_dir)
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="sdbench-steps-") as scratch:
