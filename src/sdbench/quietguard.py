@@ -1,9 +1,9 @@
 """Quiet-machine guard: what else ran on the node while a cell was being timed.
 
-A timed cell samples the node before and during its timed part: load average
-against the cores it may use, other processes holding more than a few percent of
-a CPU, other vLLM engine processes, and on GPUs the devices' other processes and
-free memory. A cell whose samples exceed the limits is *contaminated*: with mode
+A timed cell samples the node before and during its timed part: the load average
+(recorded), other processes holding more than a few percent of a CPU over the
+timed part, other vLLM engine processes, and on GPUs the devices' other processes
+and free memory. A cell whose samples exceed the limits is *contaminated*: with mode
 ``flag`` it is kept and flagged in its tables, with ``refuse`` the cell fails (a
 cluster retries it later), ``disabled`` skips the checks.
 
@@ -23,10 +23,8 @@ from typing import Any
 
 MODES = ("flag", "refuse", "disabled")
 ENV_MODE = "SDBENCH_QUIET_GUARD"
-# A process above this share of one CPU, averaged over a sampling interval, is busy.
+# A process above this share of one CPU, averaged over the timed part, is busy.
 BUSY_CPU_PERCENT = 5.0
-# Load average per allowed core above which the node is busy (the cell itself adds ~1 per core).
-MAX_EXTRA_LOAD_PER_CORE = 0.5
 SAMPLE_SECONDS = 0.5
 
 
@@ -131,9 +129,10 @@ class GuardReport:
     mode: str
     cores: int
     load_max: float = 0.0
-    busy: dict[str, float] = field(default_factory=dict)  # "pid cmd" -> max CPU %
+    busy: dict[str, float] = field(default_factory=dict)  # "pid cmd" -> mean CPU %
     engines: set[str] = field(default_factory=set)
     gpu_others: set[int] = field(default_factory=set)
+    gpu_free_mib: float = float("nan")
     samples: int = 0
     reasons: list[str] = field(default_factory=list)
 
@@ -150,6 +149,7 @@ class GuardReport:
             "guard_load_max": self.load_max,
             "guard_cores": self.cores,
             "guard_samples": self.samples,
+            "guard_gpu_free_mib": self.gpu_free_mib,
         }
 
 
@@ -165,34 +165,46 @@ class QuietGuard:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._cpu: dict[int, float] = {}
-        self._t: float = 0.0
+        self._first: dict[int, tuple[float, float, str]] = {}  # pid -> (time, cpu s, cmd) first seen
+        self._last: dict[int, tuple[float, float]] = {}
 
     def _sample(self) -> None:
         family = own_family()
         now = time.monotonic()
-        dt = now - self._t if self._t else 0.0
-        cpu_now: dict[int, float] = {}
         for pid in _all_pids():
             if pid in family:
                 continue
             st = _read_stat(pid)
             if st is None:
                 continue
-            cpu_now[pid] = st[2]
             cmd = _cmdline(pid)
             if _is_engine(cmd):
                 self.report.engines.add(f"{pid} {cmd[:80]}")
-            if dt > 0 and pid in self._cpu:
-                pct = 100.0 * (st[2] - self._cpu[pid]) / dt
-                if pct > BUSY_CPU_PERCENT:
-                    name = f"{pid} {(cmd or '?')[:60]}"
-                    self.report.busy[name] = max(pct, self.report.busy.get(name, 0.0))
-        self._cpu, self._t = cpu_now, now
+            self._first.setdefault(pid, (now, st[2], cmd))
+            self._last[pid] = (now, st[2])
         self.report.load_max = max(self.report.load_max, os.getloadavg()[0])
         gpu = _gpu_snapshot()
         self.report.gpu_others |= {p for p in gpu.get("gpu_pids", []) if p not in family}
+        if "gpu_free_mib" in gpu:
+            seen = self.report.gpu_free_mib
+            self.report.gpu_free_mib = gpu["gpu_free_mib"] if seen != seen else min(seen, gpu["gpu_free_mib"])
         self.report.samples += 1
+
+    def _busy(self) -> dict[str, float]:
+        """Processes whose CPU use, averaged over the time they were seen, exceeds the limit.
+
+        An average over the whole timed part, not a per-sample peak: a workflow's
+        status poll or a daemon's wake-up is not contention, a competing job is.
+        """
+        busy: dict[str, float] = {}
+        for pid, (t0, cpu0, cmd) in self._first.items():
+            t1, cpu1 = self._last[pid]
+            if t1 - t0 < 2 * self.interval:
+                continue
+            pct = 100.0 * (cpu1 - cpu0) / (t1 - t0)
+            if pct > BUSY_CPU_PERCENT:
+                busy[f"{pid} {(cmd or '?')[:60]}"] = pct
+        return busy
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -203,8 +215,6 @@ class QuietGuard:
         if self.report.mode == "disabled":
             return
         self._sample()
-        time.sleep(min(self.interval, 0.2))
-        self._sample()  # CPU percentages need two samples
         self._thread = threading.Thread(target=self._loop, name="sdbench-quiet-guard", daemon=True)
         self._thread.start()
 
@@ -217,9 +227,9 @@ class QuietGuard:
         r = self.report
         if r.mode == "disabled":
             return r
-        # The cell itself keeps about one runnable thread per core busy.
-        if r.load_max > r.cores * (1 + MAX_EXTRA_LOAD_PER_CORE):
-            r.reasons.append(f"load average {r.load_max:.2f} on {r.cores} core(s)")
+        # The load average is recorded, not judged: it lags by a minute and counts
+        # the cell's own threads, so a busy neighbour is found by its CPU time instead.
+        r.busy = self._busy()
         if r.busy:
             top = sorted(r.busy.items(), key=lambda kv: -kv[1])[:3]
             r.reasons.append("busy processes: " + ", ".join(f"{k} ({v:.0f}% CPU)" for k, v in top))
