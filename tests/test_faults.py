@@ -162,3 +162,33 @@ def test_full_or_read_only_results_directory(small_mount, published_traces_dir: 
         assert len(lines) == 1 and lines[0].startswith("error:") and what in lines[0], result.stderr[-2000:]
         left = sorted(p.name for p in directory.iterdir() if p.name != "filler")
         assert left == [], f"partial output left in {directory}: {left}"
+
+
+@pytest.fixture()
+def busy_neighbour():
+    """A CPU-bound process that is not part of any job (re-parented to init)."""
+    out = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True,
+    )
+    pid = int(out.stdout.strip())
+    yield pid
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_busy_machine_is_flagged_locally_and_refused_in_refuse_mode(tmp_path: Path, busy_neighbour: int) -> None:
+    import pandas as pd
+
+    target = f"{CELLS[2]}/summary.parquet"  # none, bs1
+    flagged = subprocess.run(snakemake_cmd(tmp_path, target), cwd=tmp_path, env=env(),
+                             capture_output=True, text=True, timeout=900)
+    assert flagged.returncode == 0, flagged.stderr[-3000:]
+    row = pd.read_parquet(tmp_path / target).iloc[0]
+    print("\nflagged row:", row[["method", "batch_size", "tokens_per_s", "contaminated", "contamination"]].to_dict())
+    assert bool(row["contaminated"]) and f"{busy_neighbour} " in row["contamination"]
+    refused = subprocess.run(snakemake_cmd(tmp_path, target, "--forcerun", "run_cell", "--config", "quiet_guard=refuse"),
+                             cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
+    assert refused.returncode != 0
+    log = (tmp_path / "logs/run_cell/vllm-cpu/tiny-target/code-edit/none/bs1.log").read_text()
+    assert "error: timed part ran on a busy machine" in log, log[-2000:]
+    assert not (tmp_path / target).exists(), "a refused cell left its summary"

@@ -120,3 +120,26 @@ def test_changed_cell_reruns_alone_through_slurm(slurm_cluster, slurm_run, tmp_p
     shutil.rmtree(workdir / "results" / "runs" / "vllm-cpu" / "tiny-target" / "code-edit" / "ngram-k3")
     restore = snakemake_slurm(slurm_cluster, workdir)
     assert restore.returncode == 0, restore.stderr[-3000:]
+
+
+def test_busy_node_refuses_the_cell_under_the_cluster_profile(slurm_cluster, slurm_run) -> None:
+    """profiles/slurm* set quiet_guard=refuse: a cell timed beside a busy process fails."""
+    import signal
+
+    workdir, _ = slurm_run
+    cell = "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/summary.parquet"
+    out = subprocess.run(
+        ["bash", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True, text=True, check=True,
+    )
+    busy = int(out.stdout.strip())
+    try:
+        result = snakemake_slurm(slurm_cluster, workdir, cell, "--forcerun", "run_cell")
+    finally:
+        os.kill(busy, signal.SIGKILL)
+    assert result.returncode != 0
+    log = (workdir / "logs/run_cell/vllm-cpu/tiny-target/code-edit/none/bs1.log").read_text()
+    assert "error: timed part ran on a busy machine" in log and f"{busy} " in log, log[-2000:]
+    assert not (workdir / cell).exists()
+    restore = snakemake_slurm(slurm_cluster, workdir)
+    assert restore.returncode == 0, restore.stderr[-3000:]
