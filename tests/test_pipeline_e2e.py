@@ -55,7 +55,7 @@ REDUCED = {
         "ngram-k3": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 7},
         "draft-k3": {"method": "draft_model", "num_speculative_tokens": 3, "drafter": {"tiny-target": "tiny-draft"}},
     },
-    "run": {"warmup_requests": 1},
+    "run": {"warmup_requests": 1, "repeats": 2},
     "traces": {"methods": ["ngram-k3", "draft-k3"], "num_speculative_tokens": 20, "max_num_seqs": 2},
     "breakdown": {"methods": ["none", "ngram-k3", "draft-k3"], "datasets": ["code-edit"], "batch_sizes": [1]},
     "bleu": {"order": 4, "ngram": "ngram-k3", "versus": "draft-k3"},
@@ -131,6 +131,14 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     assert (sd.loc[sd.method == "draft-k3", "num_drafts"] > 0).all()
     assert sd["mean_acceptance_length"].dropna().between(1.0, 4.0).all()
     assert (pipeline / "results/figures/throughput.png").stat().st_size > 10_000
+    # Two trials per cell: every throughput and speedup has a 95% interval around it.
+    assert (cells["num_trials"] == 2).all() and cells["outputs_stable"].all()
+    assert (cells["tokens_per_s_ci_low"] <= cells["tokens_per_s"]).all()
+    assert (cells["tokens_per_s"] <= cells["tokens_per_s_ci_high"]).all()
+    assert ((sd["speedup_ci_low"] <= sd["speedup"]) & (sd["speedup"] <= sd["speedup_ci_high"])).all()
+    assert {"contaminated", "contamination", "guard_load_max"} <= set(cells.columns)
+    calls = pd.read_parquet(pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/calls.parquet")
+    assert sorted(set(calls["trial"])) == [0, 1] and len(calls) == 2 * 2
     assert "±" in (pipeline / "results/tables/generation_lengths.md").read_text()
     requests = pd.read_parquet(
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/draft-k3/bs2/requests.parquet"
