@@ -203,15 +203,21 @@ def test_rerun_does_nothing(pipeline: Path) -> None:
     assert planned_jobs(result) == {}, result.stdout[-3000:]
 
 
-def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
+def dry_run_with(pipeline: Path, edit) -> subprocess.CompletedProcess[str]:
+    """Dry run of the finished pipeline with ``edit`` applied to a copy of its config."""
     changed = yaml.safe_load(yaml.safe_dump(REDUCED))
-    changed["grid"][0]["batch_sizes"] = [1, 3]
+    edit(changed)
     write_config(pipeline, changed)
     try:
         result = snakemake(pipeline, "-n")
     finally:
         write_config(pipeline, REDUCED)
     assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
+    result = dry_run_with(pipeline, lambda c: c["grid"][0].update(batch_sizes=[1, 3]))
     # Only the new cells and what aggregates over batch sizes; no model, prompt, trace
     # or breakdown job runs again.
     assert planned_jobs(result) == {
@@ -230,14 +236,7 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
 
 
 def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
-    changed = yaml.safe_load(yaml.safe_dump(REDUCED))
-    changed["methods"]["ngram-k3"]["prompt_lookup_max"] = 6
-    write_config(pipeline, changed)
-    try:
-        result = snakemake(pipeline, "-n")
-    finally:
-        write_config(pipeline, REDUCED)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = dry_run_with(pipeline, lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_max=6))
     jobs = planned_jobs(result)
     # The method's 4 run cells, its 2 trace cells and 1 breakdown cell, and what reads them.
     assert jobs["run_cell"] == 4 and jobs["trace_cell"] == 2 and jobs["breakdown_cell"] == 1, jobs

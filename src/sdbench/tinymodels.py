@@ -721,18 +721,15 @@ def _versions() -> dict[str, str]:
 
 
 def _cmd_build_tokenizer(args: argparse.Namespace) -> int:
-    try:
-        info = build_tokenizer(
-            args.output,
-            args.vocab_size,
-            args.seed,
-            args.edit_max_chars,
-            args.edits_per_function,
-            args.corpus_root,
-        )
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"sdbench build-tokenizer: error: {exc}", file=sys.stderr)
-        return 2
+    # ValueError / FileNotFoundError (bad option or input) become one `error:` line in sdbench.cli.main.
+    info = build_tokenizer(
+        args.output,
+        args.vocab_size,
+        args.seed,
+        args.edit_max_chars,
+        args.edits_per_function,
+        args.corpus_root,
+    )
     print(
         f"build-tokenizer: vocab {info['vocab_size']}, {info['chars_per_token']} chars/token, {info['wall_seconds']}s -> {args.output}"
     )
@@ -742,11 +739,8 @@ def _cmd_build_tokenizer(args: argparse.Namespace) -> int:
 def _cmd_train_model(args: argparse.Namespace) -> int:
     fields = TrainConfig.__dataclass_fields__
     cfg = TrainConfig(**{name: getattr(args, name) for name in fields})
-    try:
-        train_model(args.tokenizer, args.output, cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
-    except (ValueError, FileNotFoundError) as exc:  # bad option or input: one clear line, no traceback
-        print(f"sdbench train-model: error: {exc}", file=sys.stderr)
-        return 2
+    # A bad option or input (ValueError / FileNotFoundError) becomes one `error:` line in sdbench.cli.main.
+    train_model(args.tokenizer, args.output, cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     return 0
 
 
