@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 DOUBLES = REPO / "tests" / "doubles"
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 MULTI_GPU_MODELS = {"llama3-70b", "glm-4.5-air"}
-ENGINE_RULES = {"run_cell", "trace_cell", "breakdown_cell"}
+ENGINE_RULES = {"run_engine", "trace_cell", "breakdown_cell"}
 
 
 def planned_jobs(profile: Path, configfile: Path, workdir: Path) -> list:
@@ -57,8 +57,8 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
     from snakemake_executor_plugin_slurm_jobstep import get_cpu_setting
 
     engine_jobs = [j for j in paper_jobs if j.rule.name in ENGINE_RULES]
-    assert sum(j.rule.name == "run_cell" for j in engine_jobs) == 546
-    gpu_model = yaml.safe_load(PROFILE.read_text())["set-resources"]["run_cell"]["gpu_model"]
+    assert sum(j.rule.name == "run_cell" for j in paper_jobs) == 546
+    gpu_model = yaml.safe_load(PROFILE.read_text())["set-resources"]["run_engine"]["gpu_model"]
     for job in paper_jobs:
         gpus = job.resources.get("gpu") or 0
         cpu_arg = get_cpu_setting(job, bool(gpus))
@@ -72,6 +72,8 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
             assert job.resources.get("slurm_partition") == "gpu"
         else:
             assert gpus == 0, job
+        if job.rule.name == "run_cell":  # copies a cell's tables out of its engine group
+            assert job.is_local, job
     per_model = Counter((j.wildcards.model, j.resources.get("gpu")) for j in engine_jobs)
     assert {m for (m, g) in per_model if g == 4} == MULTI_GPU_MODELS
 
@@ -80,20 +82,23 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     from sdbench.grid import Cell
     from sdbench.scheduling import cell_runtime_minutes
 
-    runs = {
-        (j.wildcards.model, j.wildcards.dataset, j.wildcards.method, int(j.wildcards.batch_size)): j
-        for j in paper_jobs
-        if j.rule.name == "run_cell" and j.wildcards.engine == "vllm-0.10.1.1"
-    }
-    small = runs[("llama3.1-8b", "gsm8k", "none", 1)].resources["runtime"]
-    large = runs[("llama3.1-8b", "gsm8k", "none", 128)].resources["runtime"]
-    assert small < large
     config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
     from sdbench.config import validate_config
+    from sdbench.grid import engine_groups
+    from sdbench.scheduling import group_runtime_minutes
 
     validate_config(config, source="paper.yaml")
+    small = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1))
+    large = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 128))
+    assert small < large
     cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1)
     assert cell_runtime_minutes(config, cell, attempt=2) == 2 * cell_runtime_minutes(config, cell)
+    # An engine job asks for its group's time: every cell's, with one start-up.
+    groups = engine_groups(config)
+    for job in (j for j in paper_jobs if j.rule.name == "run_engine"):
+        key = next(g for g in groups if g.as_dict() == dict(job.wildcards.items()))
+        assert job.resources["runtime"] == group_runtime_minutes(config, groups[key])
+        assert job.resources["runtime"] >= max(cell_runtime_minutes(config, c) for c in groups[key])
 
 
 def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
@@ -112,6 +117,8 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
     assert match and int(match.group(1)) == 546, result.stdout[-3000:]
+    engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
+    assert engines and int(engines.group(1)) < 546 / 10  # one engine start per configuration
 
 
 def test_a_new_image_changes_exactly_its_cells_params(paper_jobs: list, tmp_path: Path) -> None:

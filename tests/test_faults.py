@@ -39,7 +39,7 @@ def env() -> dict[str, str]:
 
 
 def engine_processes(workdir: Path) -> list[int]:
-    """Live `sdbench run-cell` processes of this workdir's run."""
+    """Live engine processes (`sdbench run-group` / `run-cell`) of this workdir's run."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -50,7 +50,8 @@ def engine_processes(workdir: Path) -> list[int]:
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if "run-cell" in cmd and "sdbench" in cmd and cwd == str(workdir) and state != "Z":
+        engine = "run-cell" in cmd or "run-group" in cmd
+        if engine and "sdbench" in cmd and cwd == str(workdir) and state != "Z":
             found.append(int(entry))
     return found
 
@@ -103,7 +104,7 @@ def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp
 
 def test_kill_9_of_the_engine_fails_the_job_and_the_retry_succeeds(tmp_path: Path) -> None:
     target = tmp_path / CELLS[0] / "summary.parquet"
-    log = tmp_path / "logs/run_cell/vllm-cpu/tiny-target/code-edit/ngram-k3/bs1.log"
+    log = tmp_path / "logs/run_engine/vllm-cpu/tiny-target/ngram-k3/all.log"
     proc = subprocess.Popen(snakemake_cmd(tmp_path, str(target.relative_to(tmp_path))), cwd=tmp_path, env=env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -117,10 +118,11 @@ def test_kill_9_of_the_engine_fails_the_job_and_the_retry_succeeds(tmp_path: Pat
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode != 0
-    assert "Error in rule run_cell" in out
+    assert "Error in rule run_engine" in out
     assert log.exists() and "timed part:" in log.read_text(errors="replace"), "the failed job's log was not kept"
     cell = target.parent
     assert not any(cell.glob("*.parquet")) if cell.exists() else True, "a killed cell left output behind"
+    assert not (tmp_path / "results/engines/vllm-cpu/tiny-target/ngram-k3/all").exists()
     retry = subprocess.run(snakemake_cmd(tmp_path, str(target.relative_to(tmp_path))), cwd=tmp_path, env=env(),
                            capture_output=True, text=True, timeout=900)
     assert retry.returncode == 0, retry.stderr[-3000:]
@@ -186,9 +188,9 @@ def test_busy_machine_is_flagged_locally_and_refused_in_refuse_mode(tmp_path: Pa
     row = pd.read_parquet(tmp_path / target).iloc[0]
     print("\nflagged row:", row[["method", "batch_size", "tokens_per_s", "contaminated", "contamination"]].to_dict())
     assert bool(row["contaminated"]) and f"{busy_neighbour} " in row["contamination"]
-    refused = subprocess.run(snakemake_cmd(tmp_path, target, "--forcerun", "run_cell", "--config", "quiet_guard=refuse"),
+    refused = subprocess.run(snakemake_cmd(tmp_path, target, "--forcerun", "run_engine", "--config", "quiet_guard=refuse"),
                              cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
     assert refused.returncode != 0
-    log = (tmp_path / "logs/run_cell/vllm-cpu/tiny-target/code-edit/none/bs1.log").read_text()
+    log = (tmp_path / "logs/run_engine/vllm-cpu/tiny-target/none/all.log").read_text()
     assert "error: timed part ran on a busy machine" in log, log[-2000:]
     assert not (tmp_path / target).exists(), "a refused cell left its summary"

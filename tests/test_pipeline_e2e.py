@@ -218,28 +218,21 @@ def dry_run_with(pipeline: Path, edit) -> subprocess.CompletedProcess[str]:
 
 def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["grid"][0].update(batch_sizes=[1, 3]))
-    # Only the new cells and what aggregates over batch sizes; no model, prompt, trace
-    # or breakdown job runs again.
-    assert planned_jobs(result) == {
-        "run_cell": 6,
-        "aggregate": 1,
-        "plot_throughput": 1,
-        "memory_table": 1,
-        "bleu_measured": 2,
-        "simulate_cells": 4,
-        "validate_simulator": 1,
-        "simulate_adaptive_cells": 1,
-        "all": 1,
-    }
+    jobs = planned_jobs(result)
+    # Every engine group's cell list changed: each engine runs again (one start per
+    # method), all its cells are copied out; no model, prompt, trace or breakdown job.
+    assert jobs["run_engine"] == 3 and jobs["run_cell"] == 12, jobs
+    assert not {"build_model", "build_tokenizer", "prepare_dataset", "trace_cell", "breakdown_cell"} & set(jobs), jobs
     outputs = planned_outputs(result, "run_cell")
-    assert len(outputs) == 6 and all("/bs3/" in o for o in outputs), outputs
+    assert sum("/bs3/" in o for o in outputs) == 6 and not any("/bs2/" in o for o in outputs), outputs
 
 
 def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_max=6))
     jobs = planned_jobs(result)
-    # The method's 4 run cells, its 2 trace cells and 1 breakdown cell, and what reads them.
-    assert jobs["run_cell"] == 4 and jobs["trace_cell"] == 2 and jobs["breakdown_cell"] == 1, jobs
+    # The method's engine (4 cells), its 2 trace cells and 1 breakdown cell, and what reads them.
+    assert jobs["run_engine"] == 1 and jobs["run_cell"] == 4, jobs
+    assert jobs["trace_cell"] == 2 and jobs["breakdown_cell"] == 1, jobs
     assert all("/ngram-k3/" in o for o in planned_outputs(result, "run_cell"))
     assert not {"build_model", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
     assert "params have changed" in result.stdout.lower()

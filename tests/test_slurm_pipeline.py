@@ -65,12 +65,13 @@ def test_jobs_went_through_sbatch(slurm_run) -> None:
     workdir, result = slurm_run
     log = result.stdout + result.stderr
     ids = submitted_job_ids(log)
-    # Every job but the target rule `all` (a local rule) is a SLURM job.
+    # Every job but the local rules (`all`, and `run_cell`, which copies a cell's
+    # tables out of its engine group) is a SLURM job.
     assert len(ids) >= 7 and len(set(ids)) == len(ids), log[-3000:]
     slurm_logs = sorted((workdir / "logs" / "slurm").rglob("*.log"))
     assert {int(p.stem) for p in slurm_logs} == set(ids)
-    # run_cell jobs' SLURM logs show the job ran in its allocation.
-    run_logs = [p for p in slurm_logs if "rule_run_cell" in p.parts]
+    # One engine job per method (none, ngram-k3); cells are copied out locally.
+    run_logs = [p for p in slurm_logs if "rule_run_engine" in p.parts]
     assert len(run_logs) == 2
 
 
@@ -111,8 +112,9 @@ def test_changed_cell_reruns_alone_through_slurm(slurm_cluster, slurm_run, tmp_p
     result = snakemake_slurm(slurm_cluster, workdir, configfile=changed)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log = result.stdout + result.stderr
-    ran = re.findall(r"^rule (\w+):", log, re.MULTILINE)
-    assert ran.count("run_cell") == 1 and "build_model" not in ran and "prepare_dataset" not in ran, ran
+    ran = re.findall(r"^(?:local)?rule (\w+):", log, re.MULTILINE)
+    assert ran.count("run_engine") == 1 and ran.count("run_cell") == 1, ran
+    assert "build_model" not in ran and "prepare_dataset" not in ran, ran
     assert "/ngram-k3/bs1" in log
     assert submitted_job_ids(log), "the rerun did not go through sbatch"
     assert untouched.stat().st_mtime_ns == before
@@ -134,11 +136,11 @@ def test_busy_node_refuses_the_cell_under_the_cluster_profile(slurm_cluster, slu
     )
     busy = int(out.stdout.strip())
     try:
-        result = snakemake_slurm(slurm_cluster, workdir, cell, "--forcerun", "run_cell")
+        result = snakemake_slurm(slurm_cluster, workdir, cell, "--forcerun", "run_engine")
     finally:
         os.kill(busy, signal.SIGKILL)
     assert result.returncode != 0
-    log = (workdir / "logs/run_cell/vllm-cpu/tiny-target/code-edit/none/bs1.log").read_text()
+    log = (workdir / "logs/run_engine/vllm-cpu/tiny-target/none/all.log").read_text()
     assert "error: timed part ran on a busy machine" in log and f"{busy} " in log, log[-2000:]
     assert not (workdir / cell).exists()
     restore = snakemake_slurm(slurm_cluster, workdir)

@@ -19,6 +19,8 @@ so a rebuilt model can still be checked against the run):
 - model weights (``*.safetensors``, ``*.bin``, ``*.pt`` ...): the built models are re-trained
   deterministically from the resolved config and seed, and weights are most of the bytes; their
   ``config.json``, tokenizer files and training log stay in;
+- ``results/engines/``: each engine group's copy of its cells' tables, which are bundled
+  under ``results/runs/`` (listed in ``excluded.tsv``);
 - ``results/bundle/``: this command's own outputs (the archive, and the report, config and freeze
   that enter the bundle through their own options);
 - hidden files (``.snakemake_timestamp`` markers, ``.<name>.tmp`` files of interrupted atomic writes).
@@ -172,6 +174,8 @@ def collect_results(results: Path) -> tuple[list[tuple[str, Path]], list[tuple[s
             continue
         if path.suffix.lower() in WEIGHT_SUFFIXES:
             excluded.append((rel, path, "model weights (rebuilt from the config)"))
+        elif parts[0] == "engines":
+            excluded.append((rel, path, "engine-group copy of a cell's tables (bundled under results/runs/)"))
         else:
             included.append((rel, path))
     return included, excluded

@@ -60,6 +60,8 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "check-config": ("config",),
     "prepare-dataset": ("datasets",),
     "run-cell": ("runner",),
+    "run-group": ("runner",),
+    "cell-tables": ("runner",),
     "trace-cell": ("runner",),
     "aggregate": ("endtoend",),
     "plot-throughput": ("endtoend",),

@@ -109,6 +109,43 @@ def resolve_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, order=True)
+class EngineGroup:
+    """Cells measured on one engine: same engine, model and method (and engine arguments).
+
+    In replicate mode (the paper's protocol, as in the authors' driver
+    ``scripts/bench_latency.py``: one ``LLM`` per configuration, batch sizes looped
+    over by replicating each prompt batch-size times) every dataset and batch size
+    shares the engine, started with ``max_num_seqs`` = the largest batch size. In
+    distinct mode ``max_num_seqs`` is what bounds the running batch, so each batch
+    size needs its own engine (``share`` = ``bs<N>``).
+    """
+
+    engine: str
+    model: str
+    method: str
+    share: str  # "all" or "bs<N>"
+
+    def as_dict(self) -> dict[str, str]:
+        """The group's keys (Snakemake wildcards use these names)."""
+        return asdict(self)
+
+
+def engine_group_of(config: dict[str, Any], cell: Cell) -> EngineGroup:
+    """The engine group a cell is measured in."""
+    distinct = config.get("run", {}).get("batch_mode", "replicate") == "distinct"
+    share = f"bs{cell.batch_size}" if distinct else "all"
+    return EngineGroup(cell.engine, cell.model, cell.method, share)
+
+
+def engine_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
+    """Every engine group of the grid with its cells (sorted by dataset, batch size)."""
+    groups: dict[EngineGroup, list[Cell]] = {}
+    for cell in cells(config):
+        groups.setdefault(engine_group_of(config, cell), []).append(cell)
+    return {g: sorted(cs, key=lambda c: (c.dataset, c.batch_size)) for g, cs in sorted(groups.items())}
+
+
+@dataclass(frozen=True, order=True)
 class TraceTarget:
     """An in-engine trace: one SD method on one engine x model x dataset."""
 

@@ -142,6 +142,44 @@ def cell_seed(spec: dict[str, Any]) -> int:
     return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
 
 
+@dataclass
+class Engine:
+    """A started ``vllm.LLM`` and how it was built; one or more cells are measured on it."""
+
+    llm: Any
+    kwargs: dict[str, Any]
+    startup_s: float
+    shared_by: int = 1  # cells measured on this engine (engine groups)
+
+
+def start_engine(
+    spec: dict[str, Any],
+    model_dir: str,
+    drafter_dir: str | None,
+    steps_dir: str | None = None,
+    max_num_seqs: int | None = None,
+) -> Engine:
+    """Start the engine of a cell spec (``max_num_seqs`` defaults to the cell's batch size)."""
+    if steps_dir is not None:
+        from sdbench.steptiming import ENV_STEP_TIMING_DIR
+
+        os.environ[ENV_STEP_TIMING_DIR] = steps_dir
+    os.environ.update(engine_env(spec["engine"], spec["method"]))
+
+    from vllm import LLM  # imported late: env vars must be set first
+
+    quirks_for(spec["engine"]["vllm_version"])  # fail early on an unknown engine
+    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = max_num_seqs
+    if steps_dir is not None:
+        kwargs["async_scheduling"] = False  # breakdown needs steps that do not overlap
+    log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
+    t_start = time.perf_counter()
+    llm = LLM(**kwargs)
+    return Engine(llm, kwargs, time.perf_counter() - t_start)
+
+
 def run_cell(
     spec: dict[str, Any],
     prompts: pd.DataFrame,
@@ -150,41 +188,42 @@ def run_cell(
     steps_dir: str | None = None,
     guard_mode: str = "flag",
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
-    """Run the cell; returns (requests, calls, summary, steps) tables.
+    """Run one cell on its own engine; returns (requests, calls, summary, steps) tables.
 
-    The timed workload (every prompt once, one ``generate`` call each) runs in
-    repeated trials (``run.repeats``, ``run.min_measured_s``), watched by the
-    quiet-machine guard (``guard_mode``, sdbench.quietguard): ``calls`` has one row
-    per call and trial, ``requests`` the first trial's sequences (greedy outputs
-    are checked to be identical in every trial).
-
-    With ``steps_dir`` the run is in breakdown mode (sdbench.steptiming): every engine
-    step of the timed calls is timed by stage, with device synchronisation; ``steps``
-    is then one row per step, otherwise ``None``.
+    See :func:`measure_cell`. With ``steps_dir`` the run is in breakdown mode
+    (sdbench.steptiming): every engine step of the timed calls is timed by stage,
+    with device synchronisation; ``steps`` is then one row per step, else ``None``.
     """
-    from sdbench.quietguard import QuietGuard
+    engine = start_engine(spec, model_dir, drafter_dir, steps_dir)
+    return measure_cell(engine, spec, prompts, steps_dir, guard_mode)
 
-    if steps_dir is not None:
-        from sdbench.steptiming import ENV_STEP_TIMING_DIR
 
-        os.environ[ENV_STEP_TIMING_DIR] = steps_dir
-    os.environ.update(engine_env(spec["engine"], spec["method"]))
+def measure_cell(
+    engine: Engine,
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    steps_dir: str | None = None,
+    guard_mode: str = "flag",
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """Measure one cell on a started engine; returns (requests, calls, summary, steps).
 
-    from vllm import LLM, SamplingParams  # imported late: env vars must be set first
+    The timed workload (every prompt once, one ``generate`` call each, replicated
+    batch-size times in replicate mode) runs in repeated trials (``run.repeats``,
+    ``run.min_measured_s``), watched by the quiet-machine guard (``guard_mode``,
+    sdbench.quietguard): ``calls`` has one row per call and trial, ``requests`` the
+    first trial's sequences (greedy outputs are checked to be identical in every
+    trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
+    outside the timed part.
+    """
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    quirks_for(spec["engine"]["vllm_version"])  # fail early on an unknown engine
+    from sdbench.quietguard import QuietGuard
+
+    llm, kwargs, startup_s = engine.llm, engine.kwargs, engine.startup_s
     cell, run = spec["cell"], spec["run"]
     bs = int(cell["batch_size"])
     prompts = _select_prompts(prompts, spec)
-    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
-    if steps_dir is not None:
-        kwargs["async_scheduling"] = False  # breakdown needs steps that do not overlap
-    log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
-
-    t_start = time.perf_counter()
-    llm = LLM(**kwargs)
-    startup_s = time.perf_counter() - t_start
     sampling = SamplingParams(
         temperature=0.0,
         max_tokens=int(spec["dataset"]["max_tokens"]),
@@ -277,6 +316,7 @@ def run_cell(
     calls = calls.assign(contaminated=guard_report.contaminated)
     summary = summarise(keys, spec, calls, requests)
     summary = summary.assign(
+        engine_shared_by=engine.shared_by,
         outputs_stable=outputs_stable,
         **guard_report.columns(),
         drafter=spec.get("drafter") or "",
@@ -419,6 +459,62 @@ def trace_cell(
     return make_trace_table(traces), pd.DataFrame(request_rows)
 
 
+CELL_TABLES = ("requests", "calls", "summary")  # written in this order: summary marks completion
+
+
+def cell_subdir(dataset: str, batch_size: int) -> str:
+    """Where a cell's tables sit inside its engine group's directory."""
+    return f"{dataset}/bs{int(batch_size)}"
+
+
+def write_cell_tables(tables: dict[str, pd.DataFrame], out: Path) -> None:
+    """Write a cell's tables atomically, summary last (its presence marks a complete cell)."""
+    for name in CELL_TABLES:
+        write_parquet(tables[name], out / f"{name}.parquet")
+
+
+def run_group(
+    cell_specs: list[dict[str, Any]],
+    prompt_paths: dict[str, str],
+    model_dir: str,
+    drafter_dir: str | None,
+    output_dir: str,
+    guard_mode: str = "flag",
+) -> None:
+    """Measure every cell of an engine group on one engine (sdbench.grid.EngineGroup).
+
+    The engine is started once with ``max_num_seqs`` = the largest batch size of the
+    group; each cell then warms up and is timed at its own batch size, exactly as a
+    cell on its own engine would be (the paper's driver does the same). The group's
+    directory holds ``<dataset>/bs<N>/{requests,calls,summary}.parquet`` per cell and
+    is complete or absent: it is assembled beside the destination and renamed.
+    """
+    import shutil
+    import tempfile
+
+    out = Path(output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
+    engine = start_engine(
+        cell_specs[0], model_dir, drafter_dir, max_num_seqs=max(int(s["cell"]["batch_size"]) for s in cell_specs)
+    )
+    engine.shared_by = len(cell_specs)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for spec in cell_specs:
+            cell = spec["cell"]
+            log.info("cell %s/bs%s", cell["dataset"], cell["batch_size"])
+            requests, calls, summary, _ = measure_cell(engine, spec, prompts[cell["dataset"]], None, guard_mode)
+            tables = {"requests": requests, "calls": calls, "summary": summary}
+            write_cell_tables(tables, scratch / cell_subdir(cell["dataset"], cell["batch_size"]))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(scratch, out)
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch)
+
+
 DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft"}
 
 
@@ -476,11 +572,39 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
             return 3
     if steps is not None:
         write_parquet(steps, args.steps_output)
-    out = Path(args.output_dir)
-    # Summary last: its presence marks a complete cell.
-    write_parquet(requests, out / "requests.parquet")
-    write_parquet(calls, out / "calls.parquet")
-    write_parquet(summary, out / "summary.parquet")
+    write_cell_tables({"requests": requests, "calls": calls, "summary": summary}, Path(args.output_dir))
+    return 0
+
+
+def _cmd_run_group(args: argparse.Namespace) -> int:
+    from sdbench.lifeline import watch_workflow
+    from sdbench.quietguard import Contaminated, mode_from_env
+
+    watch_workflow()
+    group = json.loads(args.spec)
+    try:
+        run_group(
+            group["cells"], group["prompts"], args.model_dir, args.drafter_dir, args.output_dir,
+            args.quiet_guard or mode_from_env(),
+        )
+    except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _cmd_cell_tables(args: argparse.Namespace) -> int:
+    import shutil
+
+    source = Path(args.group_dir) / cell_subdir(args.dataset, args.batch_size)
+    missing = [n for n in CELL_TABLES if not (source / f"{n}.parquet").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{source}: engine group lacks {', '.join(missing)}.parquet of this cell")
+    from sdbench.io import atomic_path
+
+    for name in CELL_TABLES:  # copies, not links: each output gets its own, newer mtime
+        with atomic_path(Path(args.output_dir) / f"{name}.parquet") as tmp:
+            shutil.copyfile(source / f"{name}.parquet", tmp)
     return 0
 
 
@@ -500,6 +624,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)",
     )
     p.set_defaults(func=_cmd_run_cell)
+    g = subparsers.add_parser("run-group", help="measure every cell of an engine group on one engine")
+    g.add_argument("--spec", required=True, help='JSON: {"cells": [resolved cell specs], "prompts": {dataset: path}}')
+    g.add_argument("--model-dir", required=True, help="target model directory (HF format)")
+    g.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
+    g.add_argument("--quiet-guard", choices=("flag", "refuse", "disabled"), default=None,
+                   help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    g.set_defaults(func=_cmd_run_group)
+    c = subparsers.add_parser("cell-tables", help="a cell's tables out of its engine group's directory")
+    c.add_argument("--group-dir", required=True)
+    c.add_argument("--dataset", required=True)
+    c.add_argument("--batch-size", type=int, required=True)
+    c.add_argument("--output-dir", required=True, help="the cell's directory (requests/calls/summary.parquet)")
+    c.set_defaults(func=_cmd_cell_tables)
     t = subparsers.add_parser("trace-cell", help="in-engine acceptance trace of one method (one token per step)")
     t.add_argument("--spec", required=True, help="resolved cell spec (JSON)")
     t.add_argument("--prompts", required=True)

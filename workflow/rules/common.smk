@@ -17,6 +17,8 @@ from sdbench.grid import (
     baseline_method,
     cells,
     drafter_of,
+    engine_group_of,
+    engine_groups,
     models_used,
     resolve_cell,
     trace_targets,
@@ -50,6 +52,7 @@ wildcard_constraints:
     dataset=_alternatives(config["datasets"]),
     method=_alternatives(config["methods"]),
     batch_size=r"\d+",
+    share=r"all|bs\d+",
     built_model=_alternatives(BUILT_MODELS),
     hub_model=_alternatives(HUB_MODELS),
     published="gsm8k|instructcoder|sharegpt|cnn",
@@ -59,6 +62,8 @@ wildcard_constraints:
 
 
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
+GROUP_DIR = "results/engines/{engine}/{model}/{method}/{share}"
+GROUPS = engine_groups(config)
 
 
 def _cell(wildcards):
@@ -95,6 +100,46 @@ def drafter_arg(wildcards, input):
     )
 
 
+def _group(wildcards):
+    from sdbench.grid import EngineGroup
+
+    return EngineGroup(
+        wildcards.engine, wildcards.model, wildcards.method, wildcards.share
+    )
+
+
+def group_inputs(wildcards):
+    """Prompt tables of the group's datasets, and its drafter."""
+    datasets = sorted({c.dataset for c in GROUPS[_group(wildcards)]})
+    inputs = {
+        f"prompts_{d}": f"results/prompts/{wildcards.model}/{d}.parquet"
+        for d in datasets
+    }
+    return {**inputs, **drafter_inputs(wildcards)}
+
+
+def group_spec(wildcards):
+    """Resolved specs of the group's cells and their prompt tables (a param: any change reruns the group)."""
+    cells_ = GROUPS[_group(wildcards)]
+    spec = {
+        "cells": [resolve_cell(config, c) for c in cells_],
+        "prompts": {
+            c.dataset: f"results/prompts/{wildcards.model}/{c.dataset}.parquet"
+            for c in cells_
+        },
+    }
+    return shlex.quote(json.dumps(spec, sort_keys=True))
+
+
+def group_runtime(wildcards, attempt):
+    return scheduling.group_runtime_minutes(config, GROUPS[_group(wildcards)], attempt)
+
+
+def group_dir_of_cell(wildcards):
+    g = engine_group_of(config, _cell(wildcards))
+    return f"results/engines/{g.engine}/{g.model}/{g.method}/{g.share}"
+
+
 def cell_spec(wildcards):
     """Resolved cell spec as a shell-quoted JSON param (a changed entry reruns the cell)."""
     return shlex.quote(
@@ -114,7 +159,9 @@ def cell_image(wildcards):
 
 
 def _engine_cell(wildcards):
-    """The cell of a run/trace/breakdown job (trace jobs run at the trace batch size)."""
+    """The (largest) cell of an engine job; trace jobs run at the trace batch size."""
+    if "share" in wildcards.keys():
+        return max(GROUPS[_group(wildcards)], key=lambda c: c.batch_size)
     batch_size = wildcards.get("batch_size", TRACE_SETTINGS.get("max_num_seqs", 8))
     return Cell(
         wildcards.engine,

@@ -1,32 +1,48 @@
-# One job per cell: engine x model x dataset x SD method x batch size.
+# Engine cells: one engine per engine x model x method (sdbench.grid.EngineGroup),
+# measuring every dataset x batch size of the grid on it; each cell then gets its
+# own tables under results/runs/ (CELL_DIR).
 
 
-rule run_cell:
+rule run_engine:
     input:
-        unpack(drafter_inputs),
-        prompts="results/prompts/{model}/{dataset}.parquet",
+        unpack(group_inputs),
         model=target_dir,
     output:
-        requests=f"{CELL_DIR}/requests.parquet",
-        calls=f"{CELL_DIR}/calls.parquet",
-        summary=f"{CELL_DIR}/summary.parquet",
+        directory(GROUP_DIR),
     log:
-        "logs/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
+        "logs/run_engine/{engine}/{model}/{method}/{share}.log",
     benchmark:
-        "benchmarks/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.tsv"
+        "benchmarks/run_engine/{engine}/{model}/{method}/{share}.tsv"
     container:
         cell_container
     threads: TIMED_THREADS
     resources:
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
-        runtime=cell_runtime,
+        runtime=group_runtime,
     params:
         code=code_digest("sdbench.runner"),
         image=cell_image,
-        spec=cell_spec,
+        spec=group_spec,
         drafter=drafter_arg,
+    shell:
+        "sdbench run-group --spec {params.spec} --model-dir {input.model} {params.drafter} "
+        "--output-dir {output} > {log} 2>&1"
+
+
+rule run_cell:
+    input:
+        group_dir_of_cell,
+    output:
+        requests=f"{CELL_DIR}/requests.parquet",
+        calls=f"{CELL_DIR}/calls.parquet",
+        summary=f"{CELL_DIR}/summary.parquet",
+    log:
+        "logs/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
+    localrule: True
+    params:
+        code=code_digest("sdbench.runner"),
         outdir=subpath(output.summary, parent=True),
     shell:
-        "sdbench run-cell --spec {params.spec} --prompts {input.prompts} "
-        "--model-dir {input.model} {params.drafter} --output-dir {params.outdir} > {log} 2>&1"
+        "sdbench cell-tables --group-dir {input} --dataset {wildcards.dataset} "
+        "--batch-size {wildcards.batch_size} --output-dir {params.outdir} > {log} 2>&1"
