@@ -25,6 +25,8 @@ MODES = ("flag", "refuse", "disabled")
 ENV_MODE = "SDBENCH_QUIET_GUARD"
 # A process above this share of one CPU, averaged over the timed part, is busy.
 BUSY_CPU_PERCENT = 5.0
+# Shortest observation of a process that is judged (CPU times tick every 10 ms).
+MIN_WINDOW_S = 0.2
 SAMPLE_SECONDS = 0.5
 
 
@@ -199,7 +201,7 @@ class QuietGuard:
         busy: dict[str, float] = {}
         for pid, (t0, cpu0, cmd) in self._first.items():
             t1, cpu1 = self._last[pid]
-            if t1 - t0 < 2 * self.interval:
+            if t1 - t0 < MIN_WINDOW_S:  # seen once only: no rate to judge
                 continue
             pct = 100.0 * (cpu1 - cpu0) / (t1 - t0)
             if pct > BUSY_CPU_PERCENT:
