@@ -142,6 +142,6 @@ def test_busy_node_refuses_the_cell_under_the_cluster_profile(slurm_cluster, slu
     assert result.returncode != 0
     log = (workdir / "logs/run_engine/vllm-cpu/tiny-target/none/all.log").read_text()
     assert "error: timed part ran on a busy machine" in log and f"{busy} " in log, log[-2000:]
-    assert not (workdir / cell).exists()
+    assert not (workdir / "results/engines/vllm-cpu/tiny-target/none/all").exists()
     restore = snakemake_slurm(slurm_cluster, workdir)
     assert restore.returncode == 0, restore.stderr[-3000:]
