@@ -194,7 +194,11 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
     # No bound against oracle-combine here: it picks the drafter accepting more tokens, which is
     # not the faster one when the drafter costs more than the target's own step (tiny CPU models).
-    assert (adaptive["speedup"] > 0).all() and adaptive["gap_closed"].notna().any()
+    assert (adaptive["speedup"] > 0).all()
+    # gap_closed is defined where oracle-combine beats the best fixed policy; on tiny CPU
+    # models with a noisy fitted cost model it may not (README, adaptive policies).
+    has_gap = adaptive["oracle_combine"] > adaptive["best_fixed"]
+    assert (adaptive.loc[has_gap, "gap_closed"].notna()).all()
 
 
 def test_rerun_does_nothing(pipeline: Path) -> None:
