@@ -37,11 +37,13 @@ def snakemake_slurm(cluster, workdir: Path, *args: str, configfile: Path = CONFI
         "PATH": os.pathsep.join([str(DOUBLES), str(BIN), cluster.env.get("PATH", os.environ["PATH"])]),
         "SDBENCH_APPTAINER_CALLS": str(workdir / "apptainer_calls.jsonl"),
     }
+    # Targets and options go first: --configfile takes several values and would
+    # swallow a target written after it.
     cmd = [
-        str(BIN / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
+        str(BIN / "snakemake"), *args, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
         "--profile", str(REPO / "profiles" / "slurm-cpu"),
         "--workflow-profile", str(REPO / ".test" / "profiles" / "slurm-ci"),
-        "--configfile", str(configfile), *args,
+        "--configfile", str(configfile),
     ]
     return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1500)
 
@@ -145,7 +147,9 @@ def test_busy_node_refuses_the_cell_under_the_cluster_profile(slurm_cluster, slu
         os.kill(busy, signal.SIGKILL)
     assert result.returncode != 0
     log = (workdir / "logs/run_engine/vllm-cpu/tiny-target/none/all.log").read_text()
-    assert "error: timed part ran on a busy machine" in log and f"{busy} " in log, log[-2000:]
+    assert "error: timed part ran on a busy machine" in log and f"{busy} " in log, (
+        log[-2000:] + result.stdout[-3000:] + result.stderr[-3000:]
+    )
     assert not (workdir / "results/engines/vllm-cpu/tiny-target/none/all").exists()
     restore = snakemake_slurm(slurm_cluster, workdir)
     assert restore.returncode == 0, restore.stderr[-3000:]
