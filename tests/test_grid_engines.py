@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sdbench.config import load_config
-from sdbench.engines import engine_env, quirks_for, speculative_config, unsupported_reason
+from sdbench.engines import apply_env, engine_env, quirks_for, speculative_config, unsupported_reason
 from sdbench.grid import Cell, cells, drafter_of, models_used, resolve_cell
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,3 +128,10 @@ def test_simulated_vs_measured_join() -> None:
     table = compare(cells, simulated, methods)
     assert list(table["method"]) == ["dm3", "ng3"]
     assert list(table["ratio"].round(3)) == [1.25, 0.8]
+
+
+def test_a_null_engine_env_entry_unsets_the_variable() -> None:
+    """`env: {OMP_NUM_THREADS: null}` drops what Snakemake exports, keeping vLLM's default."""
+    env = engine_env({**GPU_0_10, "env": {"OMP_NUM_THREADS": None, "A": "b"}}, {"method": "none"})
+    target = apply_env(env, {"OMP_NUM_THREADS": "2", "PATH": "/bin"})
+    assert target == {"PATH": "/bin", "A": "b", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}

@@ -28,6 +28,7 @@ REDUCED = {
         "vllm-cpu": {
             "vllm_version": "0.32.0",
             "device": "cpu",
+            "env": {"OMP_NUM_THREADS": None},
             "llm_kwargs": {"enforce_eager": True, "kv_cache_memory_bytes": 268435456},
         }
     },

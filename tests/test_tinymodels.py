@@ -81,6 +81,14 @@ def test_training_is_bit_identical_and_loadable(model_dirs):
     info = json.loads((a / "training.json").read_text())
     assert info["config"]["steps"] == 5 and info["parameters"] == sum(p.numel() for p in model.parameters())
     assert info["heldout_cross_entropy"] > 0 and info["final_train_loss"] > 0
+    assert 0 < info["cpu_seconds"]["train"] <= info["cpu_seconds"]["process"]
+
+
+def test_training_attention_is_not_saved(model_dirs):
+    """Training runs eager attention for speed; the saved config leaves the choice to the loader."""
+    config = json.loads((model_dirs[0] / "config.json").read_text())
+    assert tinymodels.TRAIN_ATTENTION == "eager"
+    assert not any("attn_implementation" in key for key in config)
 
 
 def test_invalid_options_are_named(tokenizer_dir, tmp_path):

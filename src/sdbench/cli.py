@@ -45,6 +45,8 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
     "containers",
     "modelcheck",
     "parity",
+    "sharing",
+    "timeline",
 )
 
 
@@ -54,7 +56,7 @@ SUBCOMMAND_MODULES: tuple[str, ...] = (
 # from every module, as for `sdbench --help`. tests/test_bad_inputs.py checks this table.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "trace": ("trace_cli",),
-    "bench": ("trace_cli", "simulator", "parity"),
+    "bench": ("trace_cli", "simulator", "parity", "sharing", "timeline"),
     "acceptance": ("acceptance",),
     "fetch": ("fetch",),
     "check-config": ("config",),

@@ -348,11 +348,46 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def cpu_busy_seconds() -> float:
+    """CPU seconds all cores of the machine have spent busy since boot (``/proc/stat``)."""
+    with open("/proc/stat", encoding="utf-8") as fh:
+        fields = [int(x) for x in fh.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...
+    busy = fields[0] + fields[1] + fields[2] + sum(fields[5:8])
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_busy_share: float, timeout_s: float, window_s: float = 5.0) -> tuple[float, float]:
+    """Wait until the machine's cores were busy less than ``max_busy_share`` over ``window_s``.
+
+    Returns (seconds waited, busy share of the last window); gives up after ``timeout_s``.
+    """
+    cores = os.cpu_count() or 1
+    start = time.monotonic()
+    while True:
+        b0, t0 = cpu_busy_seconds(), time.monotonic()
+        time.sleep(window_s)
+        share = (cpu_busy_seconds() - b0) / ((time.monotonic() - t0) * cores)
+        waited = time.monotonic() - start
+        if share < max_busy_share or waited >= timeout_s:
+            return waited, share
+
+
+def own_children_cpu_seconds() -> float:
+    """CPU seconds of this process's waited-for descendants (user + system)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def format_report(summary: dict[str, Any], trials: Sequence[dict[str, Any]]) -> str:
-    lines = ["trial  side    tok/s      output tok  generate s"]
+    lines = ["trial  side    tok/s      output tok  generate s  others' CPU"]
     for t in trials:
         tps, tokens, secs = t["tokens_per_s"], t["output_tokens"], t["elapsed_s"]
-        lines.append(f"{t['trial']:>5}  {t['side']:<6} {tps:>9.1f}  {tokens:>10}  {secs:>10.3f}")
+        others = f"{100 * t['foreign_cpu_share']:>10.0f}%" if "foreign_cpu_share" in t else ""
+        others += " contended" if t.get("contended") else ""
+        lines.append(f"{t['trial']:>5}  {t['side']:<6} {tps:>9.1f}  {tokens:>10}  {secs:>10.3f}  {others}")
     for side in SIDES:
         s = summary[side]
         lines.append(
@@ -400,10 +435,10 @@ def _record_engine_config(store: dict[str, Any]) -> None:
 
 
 def _child_runner(args: argparse.Namespace) -> int:
-    from sdbench.engines import engine_env
+    from sdbench.engines import apply_env, engine_env
 
     spec = json.loads(Path(args.spec).read_text())
-    os.environ.update(engine_env(spec["engine"], spec["method"]))  # before vLLM is imported (run_cell does too)
+    apply_env(engine_env(spec["engine"], spec["method"]))  # before vLLM is imported (run_cell does too)
     from sdbench.runner import run_cell
 
     engine: dict[str, Any] = {}
@@ -546,7 +581,7 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from sdbench.config import load_config
-    from sdbench.engines import engine_env
+    from sdbench.engines import apply_env, engine_env
     from sdbench.io import write_parquet
     from sdbench.runner import build_llm_kwargs
 
@@ -593,7 +628,7 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
             "--result", str(workdir / f"vllm-{trial}.json"), "--", *tool_argv,
         ],
     }  # fmt: skip
-    runner_env = {**os.environ, **engine_env(spec["engine"], spec["method"])}
+    runner_env = apply_env(engine_env(spec["engine"], spec["method"]), dict(os.environ))
     envs = {"runner": runner_env, "vllm": runner_env if args.vllm_env == "runner" else dict(os.environ)}
     print(f"cell: {engine} / {args.model} / {args.dataset} / {args.method} / bs {args.batch_size}; "
           f"{n} prompts x {max_tokens} tokens (ignore_eos), distinct batch")  # fmt: skip
@@ -605,34 +640,68 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
     trials: list[dict[str, Any]] = []
     problems: list[str] = []
     reference: dict[str, Any] | None = None
+    def one_run(side: str, trial: int, attempt: int) -> tuple[dict[str, Any], list[str]]:
+        waited, busy_before = wait_for_quiet(args.quiet_threshold, args.quiet_wait)
+        name = f"{side}-{trial}" + (f"-retry{attempt}" if attempt else "")
+        argv = argvs[side](trial)
+        argv[argv.index("--result") + 1] = str(workdir / f"{name}.json")
+        busy0, own0, t0 = cpu_busy_seconds(), own_children_cpu_seconds(), time.perf_counter()
+        result, stdout = _run_side(argv, envs[side], workdir / f"{name}.log")
+        process_s = time.perf_counter() - t0
+        # CPU time other processes used on the machine while this run's process lived.
+        foreign = (cpu_busy_seconds() - busy0) - (own_children_cpu_seconds() - own0)
+        share = max(foreign, 0.0) / (process_s * (os.cpu_count() or 1))
+        result.update(
+            trial=trial,
+            attempt=attempt,
+            order=SIDES.index(side) if trial % 2 == 0 else SIDES[::-1].index(side),
+            process_s=process_s,
+            quiet_wait_s=waited,
+            busy_share_before=busy_before,
+            foreign_cpu_share=share,
+            contended=share > args.quiet_threshold,
+        )
+        found = _checks(result, ids, max_tokens, reference)
+        if side == "vllm":
+            match = _THROUGHPUT_LINE.search(stdout)
+            printed = result["tool_printed_output_tokens_per_s"] = float(match.group(3)) if match else None
+            if printed is None or abs(printed - result["tokens_per_s"]) > 0.01 * result["tokens_per_s"] + 0.01:
+                found.append(f"the tool printed {printed} output tok/s, captured {result['tokens_per_s']:.2f}")
+        tps, tokens, secs = result["tokens_per_s"], result["output_tokens"], result["elapsed_s"]
+        print(f"trial {trial} {side}{f' (retry {attempt})' if attempt else ''}: {tps:.1f} output tok/s "
+              f"({tokens} tokens in {secs:.3f} s; process {process_s:.0f} s; others' CPU {100 * share:.0f}%"
+              f"{', contended' if result['contended'] else ''})", flush=True)  # fmt: skip
+        return result, found
+
     for trial in range(args.repeats):
-        order = SIDES if trial % 2 == 0 else SIDES[::-1]
-        for side in order:
-            load = round(os.getloadavg()[0], 2)
-            t0 = time.perf_counter()
-            result, stdout = _run_side(argvs[side](trial), envs[side], workdir / f"{side}-{trial}.log")
-            result.update(trial=trial, order=order.index(side), process_s=time.perf_counter() - t0, load_before=load)
-            if side == "runner" and reference is None:
-                reference = result
-            found = [f"trial {trial} {side}: {p}" for p in _checks(result, ids, max_tokens, reference)]
-            if side == "vllm":
-                match = _THROUGHPUT_LINE.search(stdout)
-                printed = result["tool_printed_output_tokens_per_s"] = float(match.group(3)) if match else None
-                if printed is None or abs(printed - result["tokens_per_s"]) > 0.01 * result["tokens_per_s"] + 0.01:
-                    found.append(f"trial {trial} vllm: the tool printed {printed} output tok/s, captured "
-                                 f"{result['tokens_per_s']:.2f}")  # fmt: skip
-            problems += found
-            trials.append(result)
-            tps, tokens, secs = result["tokens_per_s"], result["output_tokens"], result["elapsed_s"]
-            print(f"trial {trial} {side}: {tps:.1f} output tok/s ({tokens} tokens in {secs:.3f} s; "
-                  f"process {result['process_s']:.0f} s; load {load} before)", flush=True)  # fmt: skip
+        for side in SIDES if trial % 2 == 0 else SIDES[::-1]:
+            for attempt in range(args.retries + 1):
+                result, found = one_run(side, trial, attempt)
+                if side == "runner" and reference is None:
+                    reference = result
+                problems += [f"trial {trial} {side}: {p}" for p in found]
+                trials.append(result)
+                if not result["contended"]:
+                    break
+            else:
+                problems.append(
+                    f"trial {trial} {side}: other processes used {100 * result['foreign_cpu_share']:.0f}% of the "
+                    f"machine's CPU in all {args.retries + 1} attempts (contended; not trustworthy)"
+                )
 
     runner_out = next(t for t in trials if t["side"] == "runner")["output_token_ids"]
     vllm_out = next(t for t in trials if t["side"] == "vllm")["output_token_ids"]
     same_outputs = sum(a == b for a, b in zip(runner_out, vllm_out, strict=False))
-    summary = summarise_trials(trials)
+    # Contended runs (retried) stay in the report but not in the statistics, unless a side has no other.
+    clean = [t for t in trials if not t["contended"]]
+    counted = clean if all(any(t["side"] == side for t in clean) for side in SIDES) else trials
+    summary = summarise_trials(counted)
+    summary["runs_counted"], summary["runs_contended"] = len(counted), sum(t["contended"] for t in trials)
     machine_after = machine_info()
     print(format_report(summary, trials))
+    if summary["runs_contended"]:
+        print(f"{summary['runs_contended']} contended run(s) retried and left out of the statistics"
+              if counted is clean else "contended runs are counted: no side has enough uncontended runs")  # fmt: skip
     print(f"identical outputs runner vs vllm (first runs): {same_outputs}/{len(runner_out)}")
     print(f"machine: {machine_before['cpu_model']}, {machine_before['cores']} cores, "
           f"load {machine_before['loadavg']} before, {machine_after['loadavg']} after")  # fmt: skip
@@ -699,6 +768,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="runner (default): the tool runs with the runner's engine env (in-process engine core); "
         "tool: the inherited env (the tool's default multiprocess engine core)",
     )
+    p.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.15,
+        help="before each run wait until the machine's CPUs are busy less than this share (5 s window); "
+        "a run during which other processes used more is reported as contended (default 0.15)",
+    )
+    p.add_argument("--retries", type=int, default=2, help="reruns of a contended run (default 2)")
+    p.add_argument("--quiet-wait", type=float, default=600.0, help="longest wait for a quiet machine, s (default 600)")
     p.set_defaults(func=_cmd_bench_parity)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engines import engine_env, engine_memory, quirks_for, speculative_config
+from sdbench.engines import apply_env, engine_env, engine_memory, quirks_for, speculative_config
 from sdbench.hardware import peak_device_gib, peak_rss_gib, provenance
 from sdbench.io import write_parquet
 
@@ -164,7 +164,7 @@ def start_engine(
         from sdbench.steptiming import ENV_STEP_TIMING_DIR
 
         os.environ[ENV_STEP_TIMING_DIR] = steps_dir
-    os.environ.update(engine_env(spec["engine"], spec["method"]))
+    apply_env(engine_env(spec["engine"], spec["method"]))
 
     from vllm import LLM  # imported late: env vars must be set first
 
@@ -421,7 +421,7 @@ def trace_cell(
     spec["method"]["num_speculative_tokens"] = num_speculative_tokens
     spec["cell"]["batch_size"] = max_num_seqs
     os.environ[ENV_TRACE_DIR] = trace_dir
-    os.environ.update(engine_env(spec["engine"], spec["method"]))
+    apply_env(engine_env(spec["engine"], spec["method"]))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -24,7 +24,7 @@ rule breakdown_cell:
     params:
         code=code_digest("sdbench.runner"),
         image=cell_image,
-        spec=cell_spec,
+        spec=breakdown_spec,
         drafter=drafter_arg,
         outdir=subpath(output.summary, parent=True),
     shell:

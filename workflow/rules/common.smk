@@ -140,11 +140,13 @@ def group_dir_of_cell(wildcards):
     return f"results/engines/{g.engine}/{g.model}/{g.method}/{g.share}"
 
 
-def cell_spec(wildcards):
-    """Resolved cell spec as a shell-quoted JSON param (a changed entry reruns the cell)."""
-    return shlex.quote(
-        json.dumps(resolve_cell(config, _cell(wildcards)), sort_keys=True)
-    )
+def breakdown_spec(wildcards):
+    """A breakdown cell's resolved spec as a shell-quoted JSON param (a changed entry
+    reruns the cell); its trials are `breakdown.repeats`, not `run.repeats`."""
+    spec = resolve_cell(config, _cell(wildcards))
+    repeats = config["breakdown"].get("repeats", 1)
+    spec["run"] = {**spec["run"], "repeats": repeats, "min_measured_s": 0}
+    return shlex.quote(json.dumps(spec, sort_keys=True))
 
 
 def cell_container(wildcards):
@@ -202,7 +204,9 @@ def build_args(wildcards):
 
 
 def build_threads(wildcards):
-    return config["models"][wildcards.built_model]["build"].get("threads", 2)
+    # One thread: a second barely shortens a step of the small models (and spins when
+    # the cores are shared), while the target and draft train side by side on two cores.
+    return config["models"][wildcards.built_model]["build"].get("threads", 1)
 
 
 def dataset_entry(wildcards):
