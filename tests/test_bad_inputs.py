@@ -405,4 +405,4 @@ def test_help_lists_every_command_and_lazy_table_is_complete() -> None:
     code = "import sys; from sdbench import cli; cli.main(['check-model', '/nowhere']); "
     code += "print(sorted(m for m in sys.modules if m.startswith('sdbench.')))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.strip() == "['sdbench.cli', 'sdbench.config', 'sdbench.modelcheck']", proc.stdout
+    assert proc.stdout.strip() == "['sdbench.cli', 'sdbench.errors', 'sdbench.modelcheck']", proc.stdout

@@ -144,3 +144,47 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o644
+
+
+def _start_tables(level: float, outputs: list[list[int]], contamination: str = "") -> dict[str, pd.DataFrame]:
+    """One engine start's tables of a 2-prompt cell (2 trials), as measure_cell writes them."""
+    from sdbench.runner import summarise
+
+    keys = {"engine": "e", "model": "m", "dataset": "d", "method": "none", "batch_size": 1}
+    calls = pd.DataFrame(
+        [
+            {**keys, "trial": t, "call_index": i, "request_id": str(i), "num_seqs": 1, "duration_s": 1.0,
+             "num_output_tokens": 10, "tokens_per_s": level + t, "num_drafts": 0, "num_draft_tokens": 0,
+             "num_accepted_tokens": 0, "accepted_per_pos": [], "contaminated": bool(contamination)}
+            for t in range(2) for i in range(2)
+        ]
+    )  # fmt: skip
+    requests = pd.DataFrame(
+        [{**keys, "call_index": i, "request_id": str(i), "output_token_ids": out, "num_output_tokens": len(out),
+          "finish_reason": "length"} for i, out in enumerate(outputs)]
+    )  # fmt: skip
+    spec = {"seed": 1, "cell": keys, "method": {"method": "none"}, "run": {}}
+    summary = summarise(keys, spec, calls, requests).assign(
+        outputs_stable=True, contaminated=bool(contamination), contamination=contamination,
+        guard_load_max=0.5, guard_samples=3, startup_s=10.0 + level / 100, warmup_s=1.0,
+        peak_rss_gib=level / 100, peak_device_gib=float("nan"),
+    )  # fmt: skip
+    return {"requests": requests, "calls": calls, "summary": summary}
+
+
+def test_engine_starts_merge_into_one_cell() -> None:
+    from sdbench.runner import merge_engine_starts
+
+    spec = {"seed": 1, "cell": {}, "method": {"method": "none"}, "run": {}}
+    starts = [_start_tables(100.0, [[1, 2], [3]]), _start_tables(200.0, [[1, 2], [3]], "busy processes: 9 x")]
+    merged = merge_engine_starts(starts, spec)
+    s = merged["summary"].iloc[0]
+    assert list(merged["summary"].columns) == list(starts[0]["summary"].columns)
+    assert s["num_engine_starts"] == 2 and s["num_trials"] == 4 and len(merged["calls"]) == 8
+    assert sorted(merged["calls"]["engine_start"].unique()) == [0, 1]
+    assert s["tokens_per_s_ci_low"] < 150 < s["tokens_per_s_ci_high"]
+    assert s["contaminated"] and s["contamination"] == "engine start 1: busy processes: 9 x"
+    assert merged["calls"]["contaminated"].all() and s["outputs_stable"]
+    assert s["startup_s"] == pytest.approx(11.5) and s["peak_rss_gib"] == 2.0
+    differ = merge_engine_starts([starts[0], _start_tables(100.0, [[1, 2], [4]])], spec)
+    assert not differ["summary"].iloc[0]["outputs_stable"]

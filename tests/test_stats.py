@@ -48,3 +48,21 @@ def test_ratio_interval_of_independent_cells() -> None:
     b = calls_frame([[100, 105, 95]] * 4)
     lo, hi = stats.ratio_interval(stats.bootstrap(a, 1), stats.bootstrap(b, 2))
     assert lo <= 2.0 <= hi and hi - lo < 0.5
+
+
+def test_engine_starts_widen_the_interval_to_cover_process_differences() -> None:
+    """Two processes at 100 and 120 tok/s, tight trials each: one-level resampling of the
+    pooled trials gives a narrow interval; resampling starts covers both levels."""
+    rng = np.random.default_rng(0)
+    rows = [
+        {"engine_start": s, "trial": t, "call_index": i, "tokens_per_s": level + rng.normal(0, 1)}
+        for s, level in enumerate((100.0, 120.0, 101.0))
+        for t in range(3)
+        for i in range(4)
+    ]
+    calls = pd.DataFrame(rows)
+    lo, hi = stats.interval(stats.bootstrap(calls, seed=1))
+    lo1, hi1 = stats.interval(stats.bootstrap(calls.drop(columns="engine_start"), seed=1))
+    assert lo <= stats.point_estimate(calls) <= hi
+    assert hi - lo > 2 * (hi1 - lo1) and hi > 110
+    assert np.array_equal(stats.bootstrap(calls, seed=2), stats.bootstrap(calls, seed=2))

@@ -53,7 +53,7 @@ from urllib.parse import quote
 
 import yaml
 
-from sdbench.config import ConfigError
+from sdbench.errors import ConfigError
 from sdbench.hardware import package_version
 from sdbench.io import atomic_path, write_text
 

@@ -13,12 +13,11 @@ from typing import Any
 import jsonschema
 import yaml
 
+from sdbench.errors import ConfigError  # re-exported: callers import it from here
+from sdbench.packagedata import read_text
+
 # Methods whose speculative_config needs a drafter model (``method.drafter``).
 DRAFTER_METHODS = frozenset({"eagle", "eagle3", "draft_model", "medusa", "mtp", "deepseek_mtp", "qwen3_next_mtp"})
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the offending key."""
 
 
 def describe_yaml_error(exc: yaml.YAMLError) -> str:
@@ -37,9 +36,6 @@ def describe_yaml_error(exc: yaml.YAMLError) -> str:
 
 def load_schema() -> dict[str, Any]:
     """The packaged JSON schema for pipeline configs."""
-    # Imported here: sdbench.packagedata imports ConfigError from this module.
-    from sdbench.packagedata import read_text
-
     text = read_text("schemas", "config.schema.yaml")
     return yaml.safe_load(text)
 
@@ -164,19 +160,3 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if config is None:
         raise ConfigError(f"{path}: the config file is empty (expected a YAML mapping with grid, models, ...)")
     return validate_config(config, source=str(path))
-
-
-def _cmd_check(args: Any) -> int:
-    from sdbench.grid import cells
-
-    config = load_config(args.config)
-    grid = cells(config)
-    print(f"{args.config}: valid; {len(grid)} cells")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``sdbench check-config``."""
-    p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
-    p.add_argument("config")
-    p.set_defaults(func=_cmd_check)

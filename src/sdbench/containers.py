@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 import sdbench
-from sdbench.config import ConfigError
+from sdbench.errors import ConfigError
 from sdbench.io import write_text
 
 KINDS = ("engine", "cpu-engine", "analysis")

@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.config import ConfigError
+from sdbench.errors import ConfigError
 from sdbench.io import write_parquet
 
 

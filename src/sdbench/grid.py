@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.config import DRAFTER_METHODS, ConfigError
+from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
 from sdbench.engines import unsupported_reason
 
 CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
@@ -183,3 +183,17 @@ def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
         for c in cells(config)
         if c.method in spec["methods"] and c.dataset in spec["datasets"] and c.batch_size in spec["batch_sizes"]
     ]
+
+
+def _cmd_check(args: Any) -> int:
+    config = load_config(args.config)
+    grid = cells(config)
+    print(f"{args.config}: valid; {len(grid)} cells")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add ``sdbench check-config``."""
+    p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
+    p.add_argument("config")
+    p.set_defaults(func=_cmd_check)

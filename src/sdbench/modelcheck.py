@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from sdbench.config import ConfigError
+from sdbench.errors import ConfigError
 
 ROLES = ("target", "draft", "eagle", "eagle3")
 LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3"})

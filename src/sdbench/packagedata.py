@@ -28,7 +28,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-from sdbench.config import ConfigError
+from sdbench.errors import ConfigError
 
 DATA_DIR_ENV = "SDBENCH_DATA_DIR"
 

@@ -84,7 +84,7 @@ def parity_spec(
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """The run-cell spec of the cell, in ``distinct`` mode with fixed output lengths."""
-    from sdbench.config import ConfigError
+    from sdbench.errors import ConfigError
     from sdbench.engines import unsupported_reason
     from sdbench.grid import Cell, resolve_cell
 

@@ -160,7 +160,7 @@ class QuietGuard:
 
     def __init__(self, mode: str = "flag", interval: float = SAMPLE_SECONDS) -> None:
         if mode not in MODES:
-            from sdbench.config import ConfigError
+            from sdbench.errors import ConfigError
 
             raise ConfigError(f"quiet guard mode {mode!r}: expected one of {', '.join(MODES)}")
         self.report = GuardReport(mode=mode, cores=allowed_cores())

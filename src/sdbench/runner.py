@@ -359,7 +359,10 @@ def summarise(
         "sd_method": spec["method"]["method"],
         "num_speculative_tokens": spec["method"].get("num_speculative_tokens", 0),
         "batch_mode": spec["run"].get("batch_mode", "replicate"),
-        "num_trials": int(calls["trial"].nunique()) if "trial" in calls else 1,
+        "num_engine_starts": int(calls["engine_start"].nunique()) if "engine_start" in calls else 1,
+        "num_trials": len(calls[[c for c in ("engine_start", "trial") if c in calls]].drop_duplicates())
+        if "trial" in calls
+        else 1,
         "num_calls": len(calls),
         "num_sequences": len(requests),
         # Paper's metric (mean over calls of output tokens / wall time of the call),
@@ -473,6 +476,95 @@ def write_cell_tables(tables: dict[str, pd.DataFrame], out: Path) -> None:
         write_parquet(tables[name], out / f"{name}.parquet")
 
 
+def engine_starts(cell_specs: list[dict[str, Any]]) -> int:
+    """Engine processes a group's cells are measured in (``run.engine_starts``)."""
+    return max(1, int(cell_specs[0]["run"].get("engine_starts", 1)))
+
+
+def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """One cell's tables from its measurements in several engine processes.
+
+    ``calls`` gets an ``engine_start`` column and keeps every trial of every start; the
+    summary's throughput and interval are recomputed over all of them (the bootstrap
+    resamples engine starts, then trials: sdbench.stats). ``requests`` are the first
+    start's; ``outputs_stable`` also requires every start to produce them. Contamination
+    of any start marks the cell; start-up and warm-up are the starts' means, peaks their maxima.
+    """
+    calls = pd.concat(
+        [t["calls"].assign(engine_start=i) for i, t in enumerate(starts)], ignore_index=True
+    )
+    requests = starts[0]["requests"]
+    same = all(
+        t["requests"]["output_token_ids"].map(tuple).tolist() == requests["output_token_ids"].map(tuple).tolist()
+        for t in starts[1:]
+    )
+    first = starts[0]["summary"].iloc[0]
+    keys = {k: first[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
+    summary = summarise(keys, spec, calls, requests)
+    rows = [t["summary"].iloc[0] for t in starts]
+    reasons = [f"engine start {i}: {r['contamination']}" for i, r in enumerate(rows) if r["contamination"]]
+    computed = set(summary.columns)
+    rest = {c: first[c] for c in starts[0]["summary"].columns if c not in computed}
+    rest.update(
+        outputs_stable=bool(same and all(r["outputs_stable"] for r in rows)),
+        contaminated=bool(any(r["contaminated"] for r in rows)),
+        contamination="; ".join(reasons),
+        guard_load_max=max(float(r["guard_load_max"]) for r in rows),
+        guard_samples=int(sum(int(r["guard_samples"]) for r in rows)),
+        startup_s=float(np.mean([r["startup_s"] for r in rows])),
+        warmup_s=float(np.mean([r["warmup_s"] for r in rows])),
+        peak_rss_gib=max(float(r["peak_rss_gib"]) for r in rows),
+        peak_device_gib=max(float(r["peak_device_gib"]) for r in rows),
+    )
+    summary = summary.assign(**{c: rest[c] for c in starts[0]["summary"].columns if c in rest})
+    summary = summary[list(starts[0]["summary"].columns)]
+    calls = calls.assign(contaminated=calls["contaminated"] | summary.at[0, "contaminated"])
+    return {"requests": requests, "calls": calls, "summary": summary}
+
+
+def run_group_starts(
+    cell_specs: list[dict[str, Any]],
+    argv: list[str],
+    output_dir: str,
+) -> int:
+    """Measure a group in ``run.engine_starts`` engine processes, one after the other, and merge.
+
+    Each start is a fresh ``sdbench run-group --engine-start i`` process (``argv`` is this
+    command's own arguments): a fresh engine, with its own thread placement and memory
+    layout, which move throughput by more than the trials within one process do. The
+    group's directory is complete or absent, as with one start.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    out = Path(output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        dirs = []
+        for i in range(engine_starts(cell_specs)):
+            log.info("engine start %d of %d", i + 1, engine_starts(cell_specs))
+            start_dir = scratch / f"start{i}"
+            child = [*argv, "--engine-start", str(i), "--output-dir", str(start_dir)]
+            rc = subprocess.run([sys.executable, "-m", "sdbench.cli", *child], check=False).returncode
+            if rc != 0:
+                return rc
+            dirs.append(start_dir)
+        merged = scratch / "merged"
+        for spec in cell_specs:
+            sub = cell_subdir(spec["cell"]["dataset"], spec["cell"]["batch_size"])
+            starts = [{n: pd.read_parquet(d / sub / f"{n}.parquet") for n in CELL_TABLES} for d in dirs]
+            write_cell_tables(merge_engine_starts(starts, spec), merged / sub)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(merged, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
 def run_group(
     cell_specs: list[dict[str, Any]],
     prompt_paths: dict[str, str],
@@ -582,6 +674,11 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
 
     watch_workflow()
     group = json.loads(args.spec)
+    if args.engine_start is None and engine_starts(group["cells"]) > 1:
+        own = ["run-group", "--spec", args.spec, "--model-dir", args.model_dir]
+        own += ["--drafter-dir", args.drafter_dir] if args.drafter_dir else []
+        own += ["--quiet-guard", args.quiet_guard] if args.quiet_guard else []
+        return run_group_starts(group["cells"], own, args.output_dir)
     try:
         run_group(
             group["cells"], group["prompts"], args.model_dir, args.drafter_dir, args.output_dir,
@@ -631,6 +728,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
     g.add_argument("--quiet-guard", choices=("flag", "refuse", "disabled"), default=None,
                    help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    g.add_argument("--engine-start", type=int, default=None,
+                   help="measure in this process only, as engine start N of run.engine_starts (set by run-group itself)")
     g.set_defaults(func=_cmd_run_group)
     c = subparsers.add_parser("cell-tables", help="a cell's tables out of its engine group's directory")
     c.add_argument("--group-dir", required=True)

@@ -7,6 +7,12 @@ with replacement, take the median per prompt, and average over prompts (the
 paper's metric is the mean over calls of output tokens / wall time). The 2.5 and
 97.5 percentiles of that statistic over the resamples give the 95% interval.
 
+When a cell was measured in several engine processes (``engine_start`` column,
+``run.engine_starts``) the bootstrap is two-level: each resample first draws the
+engine starts with replacement, then each drawn start's trials within each prompt,
+so the interval covers the process-to-process differences (thread placement,
+memory layout) that trials within one process never see.
+
 A speedup pairs the resamples of the SD cell and of its no-SD baseline by index
 (independent runs, independent resamples), so the ratio's percentiles are its
 interval. The draws are seeded: the same calls give the same interval.
@@ -34,7 +40,9 @@ def point_estimate(calls: pd.DataFrame) -> float:
 
 
 def bootstrap(calls: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES) -> np.ndarray:
-    """Bootstrap draws of :func:`point_estimate`, resampling trials within each prompt."""
+    """Bootstrap draws of :func:`point_estimate`: engine starts (if several), then trials within each prompt."""
+    if "engine_start" in calls and calls["engine_start"].nunique() > 1:
+        return _bootstrap_starts(calls, seed, resamples)
     groups = _per_prompt_trials(calls)
     if not groups:
         return np.full(resamples, np.nan)
@@ -44,6 +52,24 @@ def bootstrap(calls: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES) ->
         picks = rng.integers(0, len(trials), size=(resamples, len(trials)))
         per_prompt[i] = np.median(trials[picks], axis=1)
     return per_prompt.mean(axis=0)
+
+
+def _bootstrap_starts(calls: pd.DataFrame, seed: int, resamples: int) -> np.ndarray:
+    """Two-level draws: starts with replacement, then each start's trials within each prompt."""
+    starts = [_per_prompt_trials(g) for _, g in calls.groupby("engine_start", sort=True)]
+    n_starts, n_prompts = len(starts), len(starts[0])
+    if any(len(s) != n_prompts for s in starts):
+        raise ValueError("engine starts measured different prompt sets")
+    rng = np.random.default_rng(seed)
+    draws = np.empty(resamples)
+    for b in range(resamples):
+        chosen = rng.integers(0, n_starts, size=n_starts)
+        medians = []
+        for p in range(n_prompts):
+            pooled = [starts[s][p][rng.integers(0, len(starts[s][p]), size=len(starts[s][p]))] for s in chosen]
+            medians.append(np.median(np.concatenate(pooled)))
+        draws[b] = np.mean(medians)
+    return draws
 
 
 def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -1,0 +1,7 @@
+"""Exceptions shared across the package (a leaf module: it imports nothing from sdbench)."""
+
+from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the offending key."""
