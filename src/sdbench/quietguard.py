@@ -27,7 +27,10 @@ ENV_MODE = "SDBENCH_QUIET_GUARD"
 BUSY_CPU_PERCENT = 5.0
 # Shortest observation of a process that is judged (CPU times tick every 10 ms).
 MIN_WINDOW_S = 0.2
-SAMPLE_SECONDS = 0.5
+# Seconds between samples. A sample scans /proc while holding the GIL, stalling the engine's
+# Python loop in this process (at 0.5 s: 5-10% slower, noisier tiny-model cells); judging uses
+# the first and last sample of each process, the ones between only catch short-lived ones.
+SAMPLE_SECONDS = 5.0
 
 
 class Contaminated(RuntimeError):
