@@ -93,7 +93,8 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     assert ((sd["speedup_ci_low"] <= sd["speedup"]) & (sd["speedup"] <= sd["speedup_ci_high"])).all()
     assert {"contaminated", "contamination", "guard_load_max"} <= set(cells.columns)
     calls = pd.read_parquet(pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/calls.parquet")
-    assert sorted(set(calls["trial"])) == [0, 1] and len(calls) == 2 * 2
+    # 2 engine starts x 2 trials x 2 prompts
+    assert sorted(set(calls["trial"])) == [0, 1] and sorted(set(calls["engine_start"])) == [0, 1] and len(calls) == 8
     assert "±" in (pipeline / "results/tables/generation_lengths.md").read_text()
     requests = pd.read_parquet(
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/draft-k3/bs2/requests.parquet"
