@@ -115,6 +115,9 @@ def format_report(table: pd.DataFrame, wall: dict[str, list[float]]) -> str:
 
 def _cmd_bench_engine_sharing(args: argparse.Namespace) -> int:
     from sdbench.config import load_config
+
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     from sdbench.parity import machine_info
 
     config = load_config(args.config)
