@@ -3,7 +3,7 @@
 Both are byte-level BPE without merges (one token per byte, as Qwen's and Llama-3's
 byte-level BPE falls back to), so decoding gives back the text exactly and a test can
 compare templated text with token ids. Their chat templates reproduce the parts of the
-real ones that ``sdbench.datasets.prepare`` depends on:
+real ones that ``sdbench.datasets.prompts.prepare`` depends on:
 
 * ``qwen3``: ChatML turns; after the assistant header, ``enable_thinking=False`` writes
   the empty think block ``<think>\\n\\n</think>\\n\\n`` (as Qwen/Qwen3-8B's template does);

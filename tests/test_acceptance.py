@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdbench.acceptance import (
+from sdbench.analysis.acceptance import (
     difference_summary,
     heatmap_matrix,
     length_class_labels,
@@ -21,7 +21,7 @@ from sdbench.acceptance import (
 )
 from sdbench.cli import main
 from sdbench.io import write_parquet
-from sdbench.trace_cli import MethodTrace, make_trace_table, published_trace_table
+from sdbench.traces.table import MethodTrace, make_trace_table, published_trace_table
 
 
 def traces(spec: dict[str, dict[str, list[int]]], dataset: str = "toy") -> pd.DataFrame:
@@ -188,7 +188,7 @@ def test_trace_with_zero_acceptance_length_is_refused(tmp_path) -> None:
     import pandas as pd
     import pytest
 
-    from sdbench.trace_cli import read_trace_table
+    from sdbench.traces.table import read_trace_table
 
     path = tmp_path / "bad.parquet"
     pd.DataFrame({"request_id": ["r"], "position": [0], "method": ["ngram"], "acc_len": [0],

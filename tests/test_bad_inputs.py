@@ -3,12 +3,13 @@
 
 The cases run concurrently in one module fixture (each ``sdbench`` start-up is a new interpreter);
 the models they break are built once with ``build-tokenizer`` + ``train-model`` (tiny settings),
-and the EAGLE-1 / EAGLE-3 heads are written with the layouts vLLM loads (see sdbench.modelcheck).
+and the EAGLE-1 / EAGLE-3 heads are written with the layouts vLLM loads (see sdbench.models.check).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -25,8 +26,8 @@ import pytest
 import yaml
 
 from sdbench import cli
-from sdbench.modelcheck import check_model_dir
-from sdbench.trace_cli import MethodTrace, make_trace_table
+from sdbench.models.check import check_model_dir
+from sdbench.traces.table import MethodTrace, make_trace_table
 
 REPO = Path(__file__).resolve().parents[1]
 SDBENCH = Path(sys.executable).with_name("sdbench")
@@ -353,7 +354,7 @@ def test_debug_shows_the_traceback(inputs: Path) -> None:
 
 
 def test_internal_error_is_one_line_with_a_hint(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
-    monkeypatch.setattr("sdbench.costmodel._cmd_show", lambda args: 1 / 0)
+    monkeypatch.setattr("sdbench.simulator.costmodel._cmd_show", lambda args: 1 / 0)
     assert cli.main(["costmodel", "show", "x"]) == cli.EXIT_INTERNAL_ERROR
     lines = capsys.readouterr().err.splitlines()
     assert lines == [
@@ -363,7 +364,7 @@ def test_internal_error_is_one_line_with_a_hint(capsys: pytest.CaptureFixture[st
 
 
 def test_prompt_table_reader_names_the_file(inputs: Path) -> None:
-    from sdbench.datasets import read_prompt_table
+    from sdbench.datasets.prompts import read_prompt_table
 
     good = pd.DataFrame({"request_id": ["a"], "prompt_token_ids": [[1, 2]], "prompt_text": ["x"]})
     good.to_parquet(inputs / "prompts.parquet")
@@ -388,21 +389,26 @@ def test_good_models_pass_check_model(results: dict, inputs: Path) -> None:
     check_model_dir(m / "eagle3", "eagle3")
 
 
-def test_help_lists_every_command_and_lazy_table_is_complete() -> None:
+def test_help_lists_every_command_and_the_command_table_is_complete() -> None:
     registered: dict[str, set[str]] = {}
-    for name in cli.SUBCOMMAND_MODULES:
+    for stage in cli.STAGE_CLIS:
         sub = argparse.ArgumentParser().add_subparsers()
-        __import__(f"sdbench.{name}", fromlist=["register"]).register(sub)
+        stage.register(sub)
         for command in sub.choices:
-            registered.setdefault(command, set()).add(name)
-    lazy = {k: set(v) for k, v in cli.COMMAND_MODULES.items()}
-    assert lazy == registered, "sdbench.cli.COMMAND_MODULES must name every command's module(s)"
+            registered.setdefault(command, set()).add(stage.__name__)
+    assert all(len(stages) == 1 for stages in registered.values()), registered
+    top = {"check-config", "bundle", "containers"}  # commands of the top-level modules (sdbench.cli)
+    assert set(cli.COMMANDS) == set(registered) | top, "sdbench.cli.COMMANDS must list every stage's commands"
     proc = subprocess.run([str(SDBENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
-    for command in registered:
+    for command in cli.COMMANDS:
         assert command in proc.stdout, command
-    # `sdbench check-model` imports its own module only.
-    code = "import sys; from sdbench import cli; cli.main(['check-model', '/nowhere']); "
-    code += "print(sorted(m for m in sys.modules if m.startswith('sdbench.')))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.strip() == "['sdbench.cli', 'sdbench.errors', 'sdbench.modelcheck']", proc.stdout
+    # `sdbench check-model` imports its own implementation only, beyond the parser's modules.
+    def sdbench_modules(code: str) -> set[str]:
+        code = f"import sys; from sdbench import cli; {code}; print(sorted(m for m in sys.modules if 'sdbench' in m))"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        return set(ast.literal_eval(proc.stdout.strip()))
+
+    parser = sdbench_modules("cli.build_parser()")
+    ran = sdbench_modules("cli.main(['check-model', '/nowhere'])")
+    assert "sdbench.models.check" in ran and ran - parser <= {"sdbench.models.check"}, sorted(ran - parser)

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from sdbench import cli
-from sdbench.bleu import (
+from sdbench.analysis.bleu import (
     BUCKET_LABELS,
     bleu_ids,
     bleu_text,
@@ -186,9 +186,9 @@ def test_simulated_fig8_on_published_instructcoder(published_traces_dir: Path, t
 
 
 def test_simulated_fig8_rejects_buckets_of_other_requests(published_traces_dir: Path) -> None:
-    from sdbench.bleu import simulated_bucket_speedups
-    from sdbench.costmodel import load_cost_model
-    from sdbench.simulator import load_traces
+    from sdbench.analysis.bleu import simulated_bucket_speedups
+    from sdbench.simulator.costmodel import load_cost_model
+    from sdbench.simulator.tracesets import load_traces
 
     traces = load_traces(published_traces_dir / "combined_gsm8k.jsonl")
     buckets = pd.DataFrame({"request_id": ["x"], "bleu_order": [4], "bleu": [0.5], "bucket": ["[0.4,0.6)"]})

@@ -21,13 +21,14 @@ import pytest
 from pyld import jsonld
 
 from sdbench import bundle
+from sdbench import crate as sdcrate
 from sdbench.cli import main
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CRATE_13 = "https://w3id.org/ro/crate/1.3/context"
 CONTEXTS = {
     CRATE_13: json.loads(resources.files("rocrate").joinpath("data/ro-crate.jsonld").read_text("utf8")),
-    bundle.WFRUN_CONTEXT: json.loads((FIXTURES / "wfrun-context.json").read_text()),
+    sdcrate.WFRUN_CONTEXT: json.loads((FIXTURES / "wfrun-context.json").read_text()),
 }
 BASE = "https://bundle.invalid/"
 SHA256 = "a" * 64
@@ -184,7 +185,7 @@ def test_create_and_verify(archive: Path, tmp_path: Path, capsys: pytest.Capture
         "provenance/cells.parquet",
         "Snakefile",
         "workflow/rules/a.smk",
-        bundle.CRATE_METADATA,
+        sdcrate.CRATE_METADATA,
         bundle.MANIFEST,
     ):
         assert expected in names
@@ -213,7 +214,7 @@ def test_cell_provenance_table(archive: Path, tmp_path: Path) -> None:
 
 
 def test_provenance_columns_follow_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sdbench import hardware
+    from sdbench.engine import hardware
 
     monkeypatch.setattr(hardware, "gpu_names", lambda: [])  # no torch import
     assert tuple(hardware.provenance()) == bundle.PROVENANCE_COLUMNS
@@ -229,7 +230,7 @@ def test_deterministic(inputs: dict, tmp_path: Path) -> None:
     assert inside == first.read_bytes()
     # Without times the crate carries no date at all (no wall clock).
     third = _create(inputs, tmp_path / "c" / "three.tar.gz", snakemake_dir=None, end_time=None)
-    crate = json.loads(_unpack(third, tmp_path / "u3").joinpath(bundle.CRATE_METADATA).read_text())
+    crate = json.loads(_unpack(third, tmp_path / "u3").joinpath(sdcrate.CRATE_METADATA).read_text())
     root = next(e for e in crate["@graph"] if e["@id"] == "./")
     assert "datePublished" not in root
 
@@ -262,13 +263,13 @@ def test_missing_and_extra_files_are_named(archive: Path, tmp_path: Path, capsys
 
 def test_crate_must_list_every_manifest_file(archive: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = _unpack(archive, tmp_path / "unpacked")
-    crate_path = root / bundle.CRATE_METADATA
+    crate_path = root / sdcrate.CRATE_METADATA
     crate = json.loads(crate_path.read_text())
     crate["@graph"] = [e for e in crate["@graph"] if e["@id"] != "results/tables/cells.parquet"]
     crate_path.write_text(json.dumps(crate))
     # Re-seal the manifest so that only the crate check can fail.
     manifest = _manifest(root)
-    manifest[bundle.CRATE_METADATA] = bundle.sha256_file(crate_path)
+    manifest[sdcrate.CRATE_METADATA] = bundle.sha256_file(crate_path)
     (root / bundle.MANIFEST).write_text(bundle.manifest_text(manifest))
     code, out = _verify(root, capsys)
     assert code == 1 and out == ["NOT IN CRATE: results/tables/cells.parquet"]
@@ -282,8 +283,8 @@ def _offline_loader(url: str, options: dict | None = None) -> dict:
 
 def test_crate_is_valid_json_ld(archive: Path, tmp_path: Path) -> None:
     root = _unpack(archive, tmp_path / "unpacked")
-    doc = json.loads((root / bundle.CRATE_METADATA).read_text())
-    assert doc["@context"] == [CRATE_13, bundle.WFRUN_CONTEXT]
+    doc = json.loads((root / sdcrate.CRATE_METADATA).read_text())
+    assert doc["@context"] == [CRATE_13, sdcrate.WFRUN_CONTEXT]
     expanded = jsonld.expand(doc, {"documentLoader": _offline_loader, "base": BASE})
     graph = doc["@graph"]
     assert len(expanded) == len(graph)
@@ -299,14 +300,14 @@ def test_crate_is_valid_json_ld(archive: Path, tmp_path: Path) -> None:
     manifest = _manifest(root)
     media_object = "http://schema.org/MediaObject"  # RO-Crate's File
     for path in manifest:
-        if path == bundle.CRATE_METADATA:
+        if path == sdcrate.CRATE_METADATA:
             continue  # the metadata descriptor (a CreativeWork) describes the crate itself
         node = by_id[quote(path)]
         assert media_object in node["@type"], path
-        assert node[bundle.WFRUN_TERMS + "sha256"][0]["@value"] == manifest[path]
+        assert node[sdcrate.WFRUN_TERMS + "sha256"][0]["@value"] == manifest[path]
 
-    wfrun = {t: bundle.WFRUN_TERMS + t for t in ("ContainerImage", "containerImage", "sha256", "SIFImage")}
-    action = by_id[bundle.RUN_ID]
+    wfrun = {t: sdcrate.WFRUN_TERMS + t for t in ("ContainerImage", "containerImage", "sha256", "SIFImage")}
+    action = by_id[sdcrate.RUN_ID]
     assert action["@type"] == ["http://schema.org/CreateAction"]
     assert action["http://schema.org/instrument"] == [{"@id": BASE + "Snakefile"}]
     assert action["http://schema.org/object"] == [{"@id": BASE + "config/resolved.yaml"}]
@@ -324,16 +325,16 @@ def test_crate_is_valid_json_ld(archive: Path, tmp_path: Path) -> None:
     base = by_id[image["http://schema.org/isBasedOn"][0]["@id"].removeprefix(BASE)]
     assert base["@type"] == [wfrun["ContainerImage"]]
     assert base[wfrun["sha256"]][0]["@value"] == SHA256
-    assert base[bundle.WFRUN_TERMS + "registry"][0]["@value"] == "docker.io"
+    assert base[sdcrate.WFRUN_TERMS + "registry"][0]["@value"] == "docker.io"
     assert base["http://schema.org/name"][0]["@value"] == "python"
-    assert base[bundle.WFRUN_TERMS + "tag"][0]["@value"] == "3.11-slim-bookworm"
+    assert base[sdcrate.WFRUN_TERMS + "tag"][0]["@value"] == "3.11-slim-bookworm"
     # images.yaml is about both images (the unused one is described, not claimed for the run).
     about = by_id["containers/images.yaml"]["http://schema.org/about"]
     assert len(about) == 2 and used in about
 
     crate_root = by_id["./"] if "./" in by_id else by_id[""]
     profiles = {p["@id"] for p in crate_root["http://purl.org/dc/terms/conformsTo"]}
-    assert set(bundle.PROFILES) <= profiles
+    assert set(sdcrate.PROFILES) <= profiles
     assert crate_root["http://schema.org/mainEntity"] == [{"@id": BASE + "Snakefile"}]
     workflow = by_id["Snakefile"]
     assert "https://bioschemas.org/terms/ComputationalWorkflow" in workflow["@type"]
@@ -345,8 +346,8 @@ def test_crate_is_valid_json_ld(archive: Path, tmp_path: Path) -> None:
 def test_images_are_the_runs_only_when_used(inputs: dict, tmp_path: Path) -> None:
     # Without --sdm apptainer Snakemake still records each rule's image: not the run's then.
     root = _unpack(_create(inputs, tmp_path / "b.tar.gz", containers_used=False), tmp_path / "u")
-    graph = json.loads((root / bundle.CRATE_METADATA).read_text())["@graph"]
-    action = next(e for e in graph if e["@id"] == bundle.RUN_ID)
+    graph = json.loads((root / sdcrate.CRATE_METADATA).read_text())["@graph"]
+    action = next(e for e in graph if e["@id"] == sdcrate.RUN_ID)
     assert "containerImage" not in action
     assert sum(e["@type"] == "ContainerImage" for e in graph) == 3  # two SIFs, one shared base
 
@@ -396,15 +397,15 @@ def test_snakemake_records(inputs: dict, tmp_path: Path) -> None:
 
 
 def test_image_references() -> None:
-    assert bundle._image_reference("docker://ghcr.io/org/img:1.0@sha256:" + SHA256) == {
+    assert sdcrate.image_reference("docker://ghcr.io/org/img:1.0@sha256:" + SHA256) == {
         "type": "DockerImage",
         "registry": "ghcr.io",
         "name": "org/img",
         "tag": "1.0",
         "sha256": SHA256,
     }
-    assert bundle._image_reference("containers/sif/sdbench-analysis.sif")["type"] == "SIFImage"
-    assert bundle._image_reference("localhost:5000/img")["name"] == "img"
+    assert sdcrate.image_reference("containers/sif/sdbench-analysis.sif")["type"] == "SIFImage"
+    assert sdcrate.image_reference("localhost:5000/img")["name"] == "img"
 
 
 def test_manifest_parser_names_bad_line() -> None:

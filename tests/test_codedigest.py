@@ -36,43 +36,64 @@ def src_copy(tmp_path: Path) -> Path:
 
 
 def test_closure_follows_package_imports() -> None:
-    closure = module_closure("sdbench.bleu")
-    assert {"sdbench.bleu", "sdbench.io"} <= set(closure)
-    assert "sdbench.runner" not in closure
+    closure = module_closure("sdbench.analysis.bleu")
+    assert {"sdbench.analysis.bleu", "sdbench.io"} <= set(closure)
+    assert "sdbench.engine.runner" not in closure
     assert closure == sorted(closure)
 
 
 def test_digest_is_stable_and_module_specific() -> None:
-    assert code_digest("sdbench.bleu") == code_digest("sdbench.bleu")
-    assert code_digest("sdbench.bleu") != code_digest("sdbench.memory")
+    assert code_digest("sdbench.analysis.bleu") == code_digest("sdbench.analysis.bleu")
+    assert code_digest("sdbench.analysis.bleu") != code_digest("sdbench.analysis.memory")
 
 
 def test_comment_and_docstring_edits_keep_the_digest(src_copy: Path) -> None:
-    before = digests_of(src_copy, "sdbench.memory", "sdbench.bleu")
-    path = src_copy / "sdbench" / "memory.py"
+    before = digests_of(src_copy, "sdbench.analysis.memory", "sdbench.analysis.bleu")
+    path = src_copy / "sdbench" / "analysis" / "memory.py"
     text = path.read_text()
     text = text.replace('"""', '"""Edited documentation. ', 1) + "\n# a trailing comment\n"
     path.write_text(text)
-    assert digests_of(src_copy, "sdbench.memory", "sdbench.bleu") == before
+    assert digests_of(src_copy, "sdbench.analysis.memory", "sdbench.analysis.bleu") == before
 
 
 def test_statement_edit_changes_the_step_and_its_importers_only(src_copy: Path) -> None:
-    modules = ("sdbench.io", "sdbench.memory", "sdbench.bleu", "sdbench.runner")
+    modules = ("sdbench.io", "sdbench.analysis.memory", "sdbench.analysis.bleu", "sdbench.engine.runner")
     before = digests_of(src_copy, *modules)
     io_path = src_copy / "sdbench" / "io.py"
     io_path.write_text(io_path.read_text() + "\n_PROBE = 1\n")
     after = digests_of(src_copy, *modules)
     # Every step whose code imports sdbench.io changes; here all of them do.
     assert all(after[m] != before[m] for m in modules)
-    mem_path = src_copy / "sdbench" / "memory.py"
+    mem_path = src_copy / "sdbench" / "analysis" / "memory.py"
     mem_path.write_text(mem_path.read_text() + "\n_PROBE = 2\n")
     again = digests_of(src_copy, *modules)
-    assert again["sdbench.memory"] != after["sdbench.memory"]
-    assert {m: again[m] for m in modules if m != "sdbench.memory"} == {
-        m: after[m] for m in modules if m != "sdbench.memory"
+    assert again["sdbench.analysis.memory"] != after["sdbench.analysis.memory"]
+    assert {m: again[m] for m in modules if m != "sdbench.analysis.memory"} == {
+        m: after[m] for m in modules if m != "sdbench.analysis.memory"
     }
 
 
 def test_unknown_module_is_an_error() -> None:
     with pytest.raises(ValueError, match="sdbench.nonexistent"):
         code_digest("sdbench.nonexistent")
+
+
+def test_workflow_step_names_resolve() -> None:
+    """Every module a rule passes to code_digest exists (a renamed module fails here, not silently)."""
+    import re
+
+    from sdbench.codedigest import step_modules
+
+    rules = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    calls = re.findall(r"code_digest\(([^)]*)\)", rules)
+    names = sorted({n for call in calls for n in re.findall(r'"([^"]+)"', call)})
+    assert "sdbench.engine.commands" in names
+    for name in names:
+        assert len(code_digest(name)) == 16, name
+        assert name in module_closure(name) or step_modules(name) != [name], name
+
+
+def test_a_package_stands_for_all_its_modules() -> None:
+    closure = module_closure("sdbench.traces")
+    assert {"sdbench.traces", "sdbench.traces.cli", "sdbench.traces.fetch", "sdbench.traces.table"} <= set(closure)
+    assert code_digest("sdbench.traces") != code_digest("sdbench.traces.table")

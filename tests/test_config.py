@@ -21,7 +21,7 @@ def default_config() -> dict:
 
 
 def test_shipped_configs_are_valid() -> None:
-    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 24
+    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 36
     assert len(cells(load_config(REPO / "config" / "paper.yaml"))) >= 400
 
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 import sdbench
-from sdbench import containers
+from sdbench import containercheck, containers
 from sdbench.cli import main
 from sdbench.config import ConfigError
 
@@ -81,7 +81,7 @@ def test_committed_definitions_are_up_to_date(tmp_path: Path) -> None:
     for image in _images().images:
         committed = CONTAINERS / f"{image.name}.def"
         assert committed.read_text() == (tmp_path / committed.name).read_text(), f"re-render {committed.name}"
-    problems, warnings = containers.check_all(IMAGES, CONTAINERS)
+    problems, warnings = containercheck.check_all(IMAGES, CONTAINERS)
     assert problems == []
     assert [w.split(":")[0] for w in warnings] == list(_images().unresolved)
 
@@ -99,7 +99,7 @@ def test_every_configured_container_is_defined_or_explained() -> None:
 
 @pytest.mark.parametrize("image", _images().images, ids=lambda image: image.name)
 def test_committed_definition_parses_pinned_labelled_tested(image: containers.ImageSpec) -> None:
-    parsed = containers.parse_definition(CONTAINERS / f"{image.name}.def")
+    parsed = containercheck.parse_definition(CONTAINERS / f"{image.name}.def")
     assert re.fullmatch(r"[^@\s]+@sha256:[0-9a-f]{64}", parsed.from_header)
     assert parsed.from_header == image.base.lower()
     labels = parsed.labels
@@ -113,11 +113,11 @@ def test_committed_definition_parses_pinned_labelled_tested(image: containers.Im
     if image.kind in containers.ENGINE_KINDS:
         assert labels["org.sdbench.vllm.version"] == image.vllm_version
         assert f"vllm.__version__ == '{image.vllm_version}'" in parsed.test[0]
-        assert "import sdbench.enginetrace, sdbench.steptiming" in parsed.test[1]
+        assert "import sdbench.engine.acceptancetrace, sdbench.engine.steptiming" in parsed.test[1]
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" in parsed.environ
     else:
         assert "org.sdbench.vllm.version" not in labels
-        assert parsed.test[0].startswith('python3 -c "import sdbench, sdbench.acceptance')
+        assert parsed.test[0].startswith('python3 -c "import sdbench, sdbench.analysis.acceptance')
     if image.kind == "engine":
         # The image's vLLM/torch stay: every pip install goes without dependency resolution.
         installs = [line for line in parsed.post if line.startswith("python3 -m pip install")]
@@ -230,7 +230,7 @@ def test_check_compares_pins_with_the_lock(tmp_path: Path) -> None:
     data["images"]["eng"]["pip"] = ["sacrebleu==2.5.0"]
     images = _write(tmp_path, data)
     containers.render_all(images, tmp_path / "containers")
-    problems, _ = containers.check_all(images, tmp_path / "containers")
+    problems, _ = containercheck.check_all(images, tmp_path / "containers")
     assert any(
         "key 'pip': sacrebleu==2.5.0 differs from requirements/lock.txt (sacrebleu==2.6.0)" in p for p in problems
     )

@@ -9,7 +9,7 @@ import tokenize
 
 import pytest
 
-from sdbench import corpus
+from sdbench.datasets import corpus
 
 FUNCTION = '''\
 def scale(values, factor=2):

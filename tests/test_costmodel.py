@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sdbench.cli import main
-from sdbench.costmodel import (
+from sdbench.simulator.costmodel import (
     STEP_COLUMNS,
     available_cost_models,
     cost_model_from_dict,

@@ -32,7 +32,7 @@ from datasets_tokenizers import THINK_EMPTY, save_llama3_like, save_qwen3_like
 
 from sdbench.cli import main
 from sdbench.config import ConfigError, load_config, validate_config
-from sdbench.datasets import BUILDERS, prepare
+from sdbench.datasets.prompts import BUILDERS, prepare
 
 REPO = Path(__file__).resolve().parents[1]
 

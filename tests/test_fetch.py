@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from sdbench.cli import main
-from sdbench.fetch import (
+from sdbench.traces.fetch import (
     PUBLISHED_SHA256,
     ChecksumError,
     fetch_published_traces,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sdbench.config import load_config
-from sdbench.engines import apply_env, engine_env, quirks_for, speculative_config, unsupported_reason
+from sdbench.engine.versions import apply_env, engine_env, quirks_for, speculative_config, unsupported_reason
 from sdbench.grid import Cell, cells, drafter_of, models_used, resolve_cell
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ GPU_0_11 = {"vllm_version": "0.11.1", "device": "cuda", "patches": []}
 
 def test_default_grid_is_the_cross_product() -> None:
     grid = cells(load_config(REPO / "config" / "config.yaml"))
-    assert len(grid) == 1 * 1 * 4 * 2 * 3
+    assert len(grid) == 1 * 1 * 6 * 2 * 3
     assert grid == sorted(grid)
     assert {c.batch_size for c in grid} == {1, 4, 8}
 
@@ -109,7 +109,7 @@ def test_trace_breakdown_and_baseline_selections() -> None:
 def test_simulated_vs_measured_join() -> None:
     import pandas as pd
 
-    from sdbench.validation import compare, simulated_policy
+    from sdbench.simulator.validation import compare, simulated_policy
 
     methods = {
         "none": {"method": "none"},

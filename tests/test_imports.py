@@ -1,4 +1,5 @@
-"""The package's import graph has no cycles, counting imports inside functions too."""
+"""The package's import graph (every module of every subpackage) has no cycles, counting imports
+inside functions too; the stage subpackages' ``__init__`` files import nothing."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "sdbench"
+STAGES = ("analysis", "bench", "datasets", "engine", "models", "simulator", "traces")
 
 
 def _module_name(path: Path) -> str:
@@ -62,3 +64,19 @@ def test_no_import_cycles() -> None:
     graph = import_graph()
     assert "sdbench.config" in graph and "sdbench.errors" in graph["sdbench.config"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_graph_walks_the_subpackages() -> None:
+    graph = import_graph()
+    for stage in STAGES:
+        modules = {m for m in graph if m.startswith(f"sdbench.{stage}.")}
+        assert f"sdbench.{stage}.cli" in modules, stage
+        assert len(modules) >= 2, (stage, modules)
+    assert "sdbench.engine.cli" in graph["sdbench.cli"]
+    assert "sdbench.simulator.core" in graph["sdbench.simulator.commands"]
+
+
+def test_subpackage_inits_import_nothing() -> None:
+    for stage in STAGES:
+        tree = ast.parse((PACKAGE / stage / "__init__.py").read_text(encoding="utf-8"))
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], stage

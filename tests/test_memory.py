@@ -12,16 +12,8 @@ import pytest
 import yaml
 
 from sdbench import cli
-from sdbench.memory import (
-    GIB,
-    analytical_memory_table,
-    iter_model_specs,
-    load_model_spec,
-    load_model_yaml,
-    memory_report,
-    model_file_name,
-    plot_memory,
-)
+from sdbench.analysis.memory import GIB, analytical_memory_table, memory_report, plot_memory
+from sdbench.models.spec import iter_model_specs, load_model_spec, load_model_yaml, model_file_name
 
 MODELS = Path(__file__).resolve().parents[1] / "src" / "sdbench" / "data" / "models"
 

@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sdbench.cli import main
-from sdbench.ngram import propose_reference, trace_ngram, trace_ngram_reference
-from sdbench.published import read_published_jsonl
-from sdbench.trace_cli import TRACE_COLUMNS, TRACE_DTYPES, read_trace_table
+from sdbench.traces.ngram import propose_reference, trace_ngram, trace_ngram_reference
+from sdbench.traces.published import read_published_jsonl
+from sdbench.traces.table import TRACE_COLUMNS, TRACE_DTYPES, read_trace_table
 
 DATASETS = ("gsm8k", "instructcoder")
 

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from sdbench.config import ConfigError, load_schema
-from sdbench.costmodel import available_cost_models, load_cost_model
-from sdbench.memory import load_model_spec
+from sdbench.simulator.costmodel import available_cost_models, load_cost_model
+from sdbench.models.spec import load_model_spec
 from sdbench.packagedata import DATA_DIR_ENV, data_file, list_data, shipped_dir
 
 SHIPPED = "llama3.1-8b-h100"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdbench import parity
+from sdbench.bench import parity, paritytool
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -50,7 +50,7 @@ def test_engine_cli_args_spells_each_kind() -> None:
         "disable_log_stats": False,
         "speculative_config": {"method": "ngram", "num_speculative_tokens": 3},
     }
-    argv = parity.engine_cli_args(kwargs, _stub_parser())
+    argv = paritytool.engine_cli_args(kwargs, _stub_parser())
     assert argv == [
         "--model", "/m",
         "--max-num-seqs", "8",
@@ -61,26 +61,26 @@ def test_engine_cli_args_spells_each_kind() -> None:
     parsed = _stub_parser().parse_args(argv)
     assert parsed.enable_prefix_caching is False and parsed.disable_log_stats is False
     assert parsed.speculative_config == kwargs["speculative_config"]
-    assert parity.engine_cli_args({"disable_log_stats": True}, _stub_parser()) == ["--disable-log-stats"]
+    assert paritytool.engine_cli_args({"disable_log_stats": True}, _stub_parser()) == ["--disable-log-stats"]
 
 
 def test_engine_cli_args_refuses_what_the_tool_cannot_take() -> None:
     with pytest.raises(ValueError, match="no option for engine argument 'worker_cls'"):
-        parity.engine_cli_args({"worker_cls": "x"}, _stub_parser())
+        paritytool.engine_cli_args({"worker_cls": "x"}, _stub_parser())
     with pytest.raises(ValueError, match="expected a bool"):
-        parity.engine_cli_args({"enforce_eager": "yes"}, _stub_parser())
+        paritytool.engine_cli_args({"enforce_eager": "yes"}, _stub_parser())
 
 
 @pytest.mark.parametrize("method", ["none", "ngram-k3"])
 def test_tool_argv_builds_the_runners_engine_args(config: dict, method: str, tmp_path: Path) -> None:
     """The real tool parser: EngineArgs from the argv equal those LLM(**kwargs) builds."""
     pytest.importorskip("vllm")
-    from sdbench.runner import build_llm_kwargs
+    from sdbench.engine.runner import build_llm_kwargs
 
     spec = parity.parity_spec(config, "vllm-cpu", "tiny-target", "code-edit", method, 8, 64)
     kwargs = build_llm_kwargs(spec, str(tmp_path / "model"), None)
-    parser = parity.vllm_bench_parser()
-    argv = parity.vllm_bench_argv(kwargs, parser, tmp_path / "p.json", 64, 128, parity.warmup_sequences(spec))
+    parser = paritytool.vllm_bench_parser()
+    argv = paritytool.vllm_bench_argv(kwargs, parser, tmp_path / "p.json", 64, 128, parity.warmup_sequences(spec))
     assert argv[:12] == [
         "--backend", "vllm", "--dataset-name", "sharegpt", "--dataset-path", str(tmp_path / "p.json"),
         "--num-prompts", "64", "--output-len", "128", "--num-warmups", "8",
@@ -88,13 +88,13 @@ def test_tool_argv_builds_the_runners_engine_args(config: dict, method: str, tmp
     assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "1073741824"
     assert argv[argv.index("--max-num-seqs") + 1] == "8"
-    assert parity.engine_args_diff(kwargs, argv, parser) == {}
+    assert paritytool.engine_args_diff(kwargs, argv, parser) == {}
     if method == "ngram-k3":
         assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
             "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 3, "prompt_lookup_max": 7,
         }  # fmt: skip
     # A real difference is reported.
-    assert set(parity.engine_args_diff({**kwargs, "max_num_seqs": 4}, argv, parser)) == {"max_num_seqs"}
+    assert set(paritytool.engine_args_diff({**kwargs, "max_num_seqs": 4}, argv, parser)) == {"max_num_seqs"}
 
 
 def test_parity_spec_fixes_the_workload(config: dict) -> None:
@@ -155,7 +155,7 @@ def _tool_order(path: Path, seed: int) -> list[str]:
 @pytest.mark.parametrize("n", [1, 2, 7, 64])
 def test_sharegpt_file_comes_out_in_our_order(tmp_path: Path, n: int) -> None:
     texts = [f"prompt {i}" for i in range(n)]
-    path = parity.write_sharegpt(tmp_path / "p.json", texts, seed=42)
+    path = paritytool.write_sharegpt(tmp_path / "p.json", texts, seed=42)
     assert _tool_order(path, 42) == texts
     if n > 2:
         assert [e["conversations"][0]["value"] for e in json.loads(path.read_text())] != texts
@@ -166,7 +166,7 @@ def test_sharegpt_file_with_the_tools_own_loader(tmp_path: Path) -> None:
     from vllm.benchmarks.datasets.datasets import ShareGPTDataset
 
     texts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(20)]
-    path = parity.write_sharegpt(tmp_path / "p.json", texts, seed=7)
+    path = paritytool.write_sharegpt(tmp_path / "p.json", texts, seed=7)
     loaded = ShareGPTDataset(random_seed=7, dataset_path=str(path)).data
     assert [e["conversations"][0]["value"] for e in loaded] == texts
 
@@ -186,10 +186,10 @@ class _CharTokenizer:
 def test_prompt_texts_retokenize_to_the_same_ids() -> None:
     tok = _CharTokenizer()
     ids = [tok("def f(): pass")["input_ids"], tok("x = 1")["input_ids"]]
-    texts, bad = parity.prompt_texts(tok, ids)
+    texts, bad = paritytool.prompt_texts(tok, ids)
     assert bad == [] and [tok(t)["input_ids"] for t in texts] == ids
     # Without a BOS no text re-tokenizes to these ids: reported, never silently changed.
-    texts, bad = parity.prompt_texts(tok, [[40, 41]])
+    texts, bad = paritytool.prompt_texts(tok, [[40, 41]])
     assert bad == [0]
 
 
@@ -197,12 +197,12 @@ def test_prompt_texts_retokenize_to_the_same_ids() -> None:
 
 
 def test_bench_parity_is_registered() -> None:
-    from sdbench.cli import _modules_for, build_parser
+    from sdbench.cli import build_parser
 
     argv = ["bench", "parity", "--model", "tiny-target", "--dataset", "code-edit", "--method", "none",
             "--batch-size", "8", "--model-dir", "M", "--prompts", "P", "--workdir", "W"]  # fmt: skip
-    args = build_parser(_modules_for("bench")).parse_args(argv)
-    assert args.func is parity._cmd_bench_parity and args.repeats == parity.DEFAULT_REPEATS
+    args = build_parser().parse_args(argv)
+    assert args.func.resolve() is parity._cmd_bench_parity and args.repeats == parity.DEFAULT_REPEATS
     assert args.vllm_sampling == "runner" and args.vllm_env == "runner"
 
 

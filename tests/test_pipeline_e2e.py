@@ -6,6 +6,7 @@ aggregates; the tests then check the outputs and Snakemake's rerun behaviour.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -75,14 +76,14 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_outputs_are_complete(pipeline: Path) -> None:
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
-    assert len(cells) == 12
-    assert set(cells["method"]) == {"none", "ngram-k3", "draft-k3"}
+    assert len(cells) == 20
+    assert set(cells["method"]) == {"none", "ngram-k3", "draft-k3", "eagle-k3", "eagle3-k3"}
     assert (cells["tokens_per_s"] > 0).all()
     assert (cells.loc[cells.method == "none", "speedup"] == 1.0).all()
     sd = cells[cells.method != "none"]
     assert sd["speedup"].notna().all()
     # Real SD counters from the engine: drafts happened and acceptance is a sane length.
-    assert (sd.loc[sd.method == "draft-k3", "num_drafts"] > 0).all()
+    assert (sd.loc[sd.method.isin(["draft-k3", "eagle-k3", "eagle3-k3"]), "num_drafts"] > 0).all()
     assert sd["mean_acceptance_length"].dropna().between(1.0, 4.0).all()
     assert (pipeline / "results/figures/throughput.png").stat().st_size > 10_000
     # Two trials per cell: every throughput and speedup has a 95% interval around it.
@@ -103,8 +104,30 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     assert requests["output_token_ids"].map(len).between(1, 16).all()
 
 
+def test_learned_drafters_keep_greedy_outputs_and_report_per_request_counters(pipeline: Path) -> None:
+    """Every request of every EAGLE / EAGLE-3 / draft-model cell decodes exactly as no SD does."""
+    runs = pipeline / "results/runs/vllm-cpu/tiny-target"
+    compared = 0
+    for dataset in ("code-edit", "code-write"):
+        for bs in (1, 2):
+            baseline = pd.read_parquet(runs / dataset / "none" / f"bs{bs}" / "requests.parquet")
+            assert baseline["sd_num_steps"].isna().all()
+            for method in ("eagle-k3", "eagle3-k3", "draft-k3"):
+                requests = pd.read_parquet(runs / dataset / method / f"bs{bs}" / "requests.parquet")
+                assert [list(x) for x in requests.output_token_ids] == [list(x) for x in baseline.output_token_ids]
+                # The engine's per-request counters add up to the cell's aggregate counters' scale.
+                assert (requests["sd_num_steps"] > 0).all()
+                assert requests["sd_mean_acceptance_length"].between(1.0, 4.0).all()
+                assert (requests["sd_num_accepted_tokens"] <= requests["sd_num_draft_tokens"]).all()
+                compared += len(requests)
+    assert compared == 3 * 2 * (2 + 4)
+    head = pipeline / "results/models/built/tiny-target-eagle3"
+    info = json.loads((head / "training.json").read_text())
+    assert info["kind"] == "eagle3" and len(info["heldout_top1_agreement_per_step"]) == 2
+
+
 def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
-    from sdbench.ngram import trace_ngram
+    from sdbench.traces.ngram import trace_ngram
 
     base = pipeline / "results/traces/vllm-cpu/tiny-target"
     for dataset in ("code-edit", "code-write"):
@@ -129,6 +152,8 @@ def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
         assert compared > 0
     draft = pd.read_parquet(base / "code-edit" / "draft-k3" / "engine_trace.parquet")
     assert set(draft.method) == {"draft_model"}
+    learned = pd.read_parquet(base / "code-edit" / "eagle-k3" / "engine_trace.parquet")
+    assert set(learned.method) == {"eagle"} and learned.acc_len.between(1, 21).all()
     assert draft.acc_len.between(1, 21).all() and (draft.proposed_len.dropna() <= 20).all()
     assert (pipeline / "results/acceptance/grid/table4.md").exists()
 
@@ -136,16 +161,16 @@ def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
 def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     breakdown = pd.read_parquet(pipeline / "results/tables/breakdown.parquet")
     fractions = breakdown[["propose_frac", "verify_frac", "sample_frac", "other_frac"]].sum(axis=1)
-    assert len(breakdown) == 3 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
+    assert len(breakdown) == 4 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
     assert (pipeline / "results/cost_models/measured.yaml").exists()
     validation = pd.read_parquet(pipeline / "results/tables/simulated_vs_measured.parquet")
-    assert len(validation) == 2 * 2 * 2  # datasets x SD methods x batch sizes
+    assert len(validation) == 2 * 4 * 2  # datasets x SD methods x batch sizes
     assert (validation["simulated_speedup"] > 0).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
     assert (memory["analytical_static_gib"] > 0).all() and (memory["measured_kv_cache_gib"] > 0).all()
     assert (pipeline / "results/bleu/vllm-cpu/tiny-target/code-edit/fig8_measured.png").exists()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
-    assert len(divergence) == 12 and divergence["share_differs"].between(0, 1).all()
+    assert len(divergence) == 20 and divergence["share_differs"].between(0, 1).all()
     adaptive = pd.read_csv(pipeline / "results/simulator/cells/vllm-cpu/tiny-target/adaptive/adaptive_policies.csv")
     assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
     # No bound against oracle-combine here: it picks the drafter accepting more tokens, which is
@@ -181,10 +206,11 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     jobs = planned_jobs(result)
     # Every engine group's cell list changed: each engine runs again (one start per
     # method), all its cells are copied out; no model, prompt, trace or breakdown job.
-    assert jobs["run_engine"] == 3 and jobs["run_cell"] == 12, jobs
-    assert not {"build_model", "build_tokenizer", "prepare_dataset", "trace_cell", "breakdown_cell"} & set(jobs), jobs
+    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 20, jobs
+    built = {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_cell", "breakdown_cell"}
+    assert not built & set(jobs), jobs
     outputs = planned_outputs(result, "run_cell")
-    assert sum("/bs3/" in o for o in outputs) == 6 and not any("/bs2/" in o for o in outputs), outputs
+    assert sum("/bs3/" in o for o in outputs) == 10 and not any("/bs2/" in o for o in outputs), outputs
 
 
 def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
@@ -194,7 +220,7 @@ def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     assert jobs["run_engine"] == 1 and jobs["run_cell"] == 4, jobs
     assert jobs["trace_cell"] == 2 and jobs["breakdown_cell"] == 1, jobs
     assert all("/ngram-k3/" in o for o in planned_outputs(result, "run_cell"))
-    assert not {"build_model", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
+    assert not {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
     assert "params have changed" in result.stdout.lower()
 
 
@@ -202,7 +228,7 @@ def test_code_change_in_one_analysis_step_reruns_that_step(pipeline: Path, tmp_p
     """Editing the memory accounting code reruns the memory table, nothing else."""
     src = tmp_path / "src"
     shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    module = src / "sdbench" / "memory.py"
+    module = src / "sdbench" / "analysis" / "memory.py"
     module.write_text(module.read_text() + "\n_CODE_CHANGE_PROBE = 1\n")
     result = snakemake(pipeline, "-n", env={"PYTHONPATH": str(src)})
     assert result.returncode == 0, result.stderr[-3000:]

@@ -5,21 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdbench.costmodel import load_cost_model
-from sdbench.policies import (
-    COMPAT,
-    DRAFT,
-    EXACT,
-    NGRAM,
-    NONE,
-    CausalPolicy,
-    Learned,
-    PolicyContext,
-    TraceArrays,
-    make_policy,
-    run_causal,
-    walk,
-)
+from sdbench.simulator.costmodel import load_cost_model
+from sdbench.simulator.causal import CausalPolicy, Learned, run_causal
+from sdbench.simulator.policies import make_policy, walk
+from sdbench.simulator.policytypes import COMPAT, DRAFT, EXACT, NGRAM, NONE, PolicyContext, TraceArrays
 
 CM = load_cost_model("llama3.1-8b-h100")
 CAUSAL = [
@@ -220,7 +209,7 @@ def test_goodput_is_batch_size_aware() -> None:
 def test_learned_without_enough_training_data_keeps_the_running_estimates() -> None:
     """A stage whose model cannot be fitted (too few rows) falls back to the estimator it
     would otherwise refine: with nothing fitted, ``learned`` decides like per-request goodput."""
-    from sdbench.policies import Goodput
+    from sdbench.simulator.causal import Goodput
 
     ctx = PolicyContext("combined", 8, CM)
     policy = Learned(min_training_rows=10**9)

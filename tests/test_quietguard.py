@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from sdbench.quietguard import Contaminated, QuietGuard, _is_engine, own_family
+from sdbench.engine.quietguard import Contaminated, QuietGuard, _is_engine, own_family
 
 
 class Orphan:

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 from vllm.v1.metrics.reader import Counter, Vector
 
-from sdbench.endtoend import generation_length_table, join_cells, render_length_table
-from sdbench.runner import SDCounters, acceptance_stats, build_llm_kwargs, read_counters
+from sdbench.analysis.endtoend import generation_length_table, join_cells, render_length_table
+from sdbench.engine.runner import SDCounters, acceptance_stats, build_llm_kwargs, read_counters
 
 
 def _metrics(drafts: int, tokens: int, accepted: int, per_pos: list[int]) -> list:
@@ -108,7 +108,7 @@ def test_generation_length_table() -> None:
 
 
 def test_output_divergence_against_smallest_batch_greedy() -> None:
-    from sdbench.endtoend import output_divergence
+    from sdbench.analysis.endtoend import output_divergence
 
     def row(method: str, bs: int, slot: int, rid: str, ids: list[int]) -> dict:
         return {"engine": "e", "model": "m", "dataset": "d", "method": method, "batch_size": bs,
@@ -148,7 +148,7 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path) -> None:
 
 def _start_tables(level: float, outputs: list[list[int]], contamination: str = "") -> dict[str, pd.DataFrame]:
     """One engine start's tables of a 2-prompt cell (2 trials), as measure_cell writes them."""
-    from sdbench.runner import summarise
+    from sdbench.engine.runner import summarise
 
     keys = {"engine": "e", "model": "m", "dataset": "d", "method": "none", "batch_size": 1}
     calls = pd.DataFrame(
@@ -173,7 +173,7 @@ def _start_tables(level: float, outputs: list[list[int]], contamination: str = "
 
 
 def test_engine_starts_merge_into_one_cell() -> None:
-    from sdbench.runner import merge_engine_starts
+    from sdbench.engine.groups import merge_engine_starts
 
     spec = {"seed": 1, "cell": {}, "method": {"method": "none"}, "run": {}}
     starts = [_start_tables(100.0, [[1, 2], [3]]), _start_tables(200.0, [[1, 2], [3]], "busy processes: 9 x")]

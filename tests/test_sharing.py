@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sdbench import sharing
+from sdbench.bench import sharing
 from sdbench.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]

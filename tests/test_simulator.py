@@ -10,23 +10,14 @@ import pandas as pd
 import pytest
 
 from sdbench.cli import main
-from sdbench.costmodel import load_cost_model
-from sdbench.policies import COMPAT, EXACT, PolicyContext, TraceArrays, make_policy
-from sdbench.simulator import (
-    COMPARE_VARIANTS,
-    RESULT_COLUMNS,
-    adaptive_report,
-    adaptive_summary,
-    baseline_trajectories,
-    continuous_makespan,
-    load_traces,
-    prepare,
-    replicated_latency,
-    run_paper_grid,
-    simulate,
-    simulate_prepared,
-    with_ngram_proposals,
-)
+from sdbench.simulator.costmodel import load_cost_model
+from sdbench.bench.simulator import run_paper_grid
+from sdbench.simulator.core import RESULT_COLUMNS, prepare, simulate, simulate_prepared
+from sdbench.simulator.policies import make_policy
+from sdbench.simulator.policytypes import COMPAT, EXACT, PolicyContext, TraceArrays
+from sdbench.simulator.pricing import baseline_trajectories, continuous_makespan, replicated_latency
+from sdbench.simulator.reports import COMPARE_VARIANTS, adaptive_report, adaptive_summary
+from sdbench.simulator.tracesets import load_traces, with_ngram_proposals
 
 FIXTURE = Path(__file__).parent / "fixtures" / "simulator_compat.csv"
 CM = load_cost_model("llama3.1-8b-h100")
@@ -190,7 +181,7 @@ def test_oracle_combine_bounds_the_adaptive_policies(traced) -> None:
 
 # ----------------------------------------------------------------------------- inputs and CLI
 def test_trace_table_input_equals_jsonl(tmp_path: Path, paths: list[Path]) -> None:
-    from sdbench.trace_cli import published_trace_table
+    from sdbench.traces.table import published_trace_table
 
     table = tmp_path / "combined_gsm8k.parquet"
     published_trace_table(paths[0]).to_parquet(table)

@@ -1,11 +1,11 @@
-"""Bootstrap intervals of throughput and speedup (sdbench.stats)."""
+"""Bootstrap intervals of throughput and speedup (sdbench.analysis.stats)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from sdbench import stats
+from sdbench.analysis import stats
 
 
 def calls_frame(per_prompt: list[list[float]]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Breakdown mode (sdbench.steptiming): tables, figure, record reading, and a real vLLM run."""
+"""Breakdown mode (sdbench.engine.steptiming): tables, figure, record reading, and a real vLLM run."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdbench import steptiming as st
+from sdbench.analysis import breakdown as bd
+from sdbench.analysis import cli as analysis_cli
+from sdbench.engine import steptiming as st
 
 
 def _steps(method: str, batch_size: int, n: int, verify: float, propose: float, sample: float, other: float):
@@ -47,9 +49,9 @@ def test_breakdown_table_fractions_per_group_sum_to_one():
         ],
         ignore_index=True,
     )
-    table = st.breakdown_table(steps)
-    assert list(table.columns) == ["method", "batch_size", "num_steps", "total_s", *st.FRACTION_COLUMNS]
-    assert table[list(st.FRACTION_COLUMNS)].sum(axis=1).to_numpy() == pytest.approx(1.0)
+    table = bd.breakdown_table(steps)
+    assert list(table.columns) == ["method", "batch_size", "num_steps", "total_s", *bd.FRACTION_COLUMNS]
+    assert table[list(bd.FRACTION_COLUMNS)].sum(axis=1).to_numpy() == pytest.approx(1.0)
     ngram1 = table[(table["method"] == "ngram") & (table["batch_size"] == 1)].iloc[0]
     assert ngram1["num_steps"] == 4 and ngram1["total_s"] == pytest.approx(4.0)
     assert ngram1["propose_frac"] == pytest.approx(0.1) and ngram1["verify_frac"] == pytest.approx(0.6)
@@ -61,7 +63,7 @@ def test_breakdown_table_weights_steps_by_time_and_derives_other():
     steps = pd.DataFrame(
         {"step_s": [3.0, 1.0], "verify_s": [3.0, 0.0], "propose_s": [0.0, 0.5], "sample_s": [0.0, 0.0]}
     )
-    row = st.breakdown_table(steps).iloc[0]
+    row = bd.breakdown_table(steps).iloc[0]
     assert row["verify_frac"] == pytest.approx(0.75)
     assert row["propose_frac"] == pytest.approx(0.125)
     assert row["other_frac"] == pytest.approx(0.125)
@@ -70,9 +72,9 @@ def test_breakdown_table_weights_steps_by_time_and_derives_other():
 
 def test_breakdown_table_rejects_bad_input():
     with pytest.raises(ValueError, match="lacks column"):
-        st.breakdown_table(pd.DataFrame({"step_s": [1.0]}))
+        bd.breakdown_table(pd.DataFrame({"step_s": [1.0]}))
     with pytest.raises(ValueError, match="no rows"):
-        st.breakdown_table(pd.DataFrame(columns=["step_s", "verify_s", "propose_s", "sample_s"]))
+        bd.breakdown_table(pd.DataFrame(columns=["step_s", "verify_s", "propose_s", "sample_s"]))
 
 
 def test_plot_breakdown_writes_png_atomically(tmp_path):
@@ -85,11 +87,11 @@ def test_plot_breakdown_writes_png_atomically(tmp_path):
         ignore_index=True,
     )
     out = tmp_path / "fig" / "fig3.png"
-    st.plot_breakdown(st.breakdown_table(steps), out, title="synthetic")
+    bd.plot_breakdown(bd.breakdown_table(steps), out, title="synthetic")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in out.parent.iterdir()] == ["fig3.png"]  # no temp file left behind
     with pytest.raises(ValueError, match="lacks column"):
-        st.plot_breakdown(pd.DataFrame({"method": ["x"]}), tmp_path / "bad.png")
+        bd.plot_breakdown(pd.DataFrame({"method": ["x"]}), tmp_path / "bad.png")
     assert not (tmp_path / "bad.png").exists()
 
 
@@ -222,7 +224,7 @@ def test_cli_breakdown_plot(tmp_path):
         )
         paths.append(str(path))
     parser = argparse.ArgumentParser()
-    st.register(parser.add_subparsers(dest="command", required=True))
+    analysis_cli.add_breakdown(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(
         [
             "breakdown",
@@ -242,7 +244,7 @@ def test_cli_breakdown_plot(tmp_path):
     bad = tmp_path / "bad.parquet"
     pd.DataFrame({"step_s": [1.0]}).to_parquet(bad)
     with pytest.raises(ValueError, match=r"bad.parquet: step table lacks column\(s\) method"):
-        st.read_step_tables([bad])
+        bd.read_step_tables([bad])
 
 
 # ----------------------------------------------------------------------------- real engine
@@ -309,5 +311,5 @@ def test_real_vllm_ngram_breakdown(tmp_path):
     assert (decode["num_batched_tokens"] == decode["num_reqs"] + decode["num_proposed_tokens"]).all()
     assert (steps["verify_s"] > 0).all() and (steps["propose_s"] > 0).all() and (steps["sample_s"] > 0).all()
     assert (steps["other_s"] >= 0).all()
-    table = st.breakdown_table(steps)
-    assert table[list(st.FRACTION_COLUMNS)].sum(axis=1).item() == pytest.approx(1.0)
+    table = bd.breakdown_table(steps)
+    assert table[list(bd.FRACTION_COLUMNS)].sum(axis=1).item() == pytest.approx(1.0)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sdbench import timeline
+from sdbench.bench import timeline
 
 LOG = """\
 [Mon Nov 23 03:27:20 2026]

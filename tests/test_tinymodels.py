@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from sdbench import corpus, tinymodels
+from sdbench.datasets import corpus
+from sdbench.models import architecture, tokenizer, training
+from sdbench.models import cli as models_cli
+from sdbench.models.trainconfig import TrainConfig
 
-TINY = tinymodels.TrainConfig(
+TINY = TrainConfig(
     layers=1,
     hidden=32,
     heads=2,
@@ -30,7 +33,7 @@ TINY = tinymodels.TrainConfig(
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tok") / "tokenizer"
-    tinymodels.build_tokenizer(out, vocab_size=320, seed=0, corpus_root=corpus.stdlib_root() / "wsgiref")
+    tokenizer.build_tokenizer(out, vocab_size=320, seed=0, corpus_root=corpus.stdlib_root() / "wsgiref")
     return out
 
 
@@ -38,29 +41,29 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 def model_dirs(tokenizer_dir, tmp_path_factory) -> tuple[Path, Path]:
     base = tmp_path_factory.mktemp("models")
     for name in ("a", "b"):
-        tinymodels.train_model(tokenizer_dir, base / name, TINY, log=lambda _msg: None)
+        training.train_model(tokenizer_dir, base / name, TINY, log=lambda _msg: None)
     return base / "a", base / "b"
 
 
 def test_tokenizer_files_and_round_trip(tokenizer_dir):
     from transformers import AutoTokenizer
 
-    for name in (*tinymodels.TOKENIZER_FILES, "tokenizer_info.json", "data/train_stream.npy"):
+    for name in (*tokenizer.TOKENIZER_FILES, "tokenizer_info.json", "data/train_stream.npy"):
         assert (tokenizer_dir / name).is_file(), name
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    assert (tok.bos_token, tok.eos_token, tok.pad_token) == tinymodels.SPECIAL_TOKENS
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == tokenizer.SPECIAL_TOKENS
     assert len(tok) == 320
     text = "def f(x):\n\tif x:  # ünïcode ✓\n        return {'a': 1}\n"
     ids = tok(text)["input_ids"]
     assert ids[0] == tok.bos_token_id
     assert tok.decode(ids, skip_special_tokens=True) == text
     # The tokenizers-only loader agrees with transformers.
-    assert tinymodels.load_tokenizer(tokenizer_dir).encode(text).ids == ids
+    assert tokenizer.load_tokenizer(tokenizer_dir).encode(text).ids == ids
 
 
 def test_tokenizer_build_is_deterministic(tokenizer_dir, tmp_path):
     again = tmp_path / "tok"
-    tinymodels.build_tokenizer(again, vocab_size=320, seed=0, corpus_root=corpus.stdlib_root() / "wsgiref")
+    tokenizer.build_tokenizer(again, vocab_size=320, seed=0, corpus_root=corpus.stdlib_root() / "wsgiref")
     for name in ("tokenizer.json", "data/train_stream.npy", "data/train_edits.npy", "data/heldout_edits.npy"):
         assert (again / name).read_bytes() == (tokenizer_dir / name).read_bytes(), name
 
@@ -87,20 +90,20 @@ def test_training_is_bit_identical_and_loadable(model_dirs):
 def test_training_attention_is_not_saved(model_dirs):
     """Training runs eager attention for speed; the saved config leaves the choice to the loader."""
     config = json.loads((model_dirs[0] / "config.json").read_text())
-    assert tinymodels.TRAIN_ATTENTION == "eager"
+    assert training.TRAIN_ATTENTION == "eager"
     assert not any("attn_implementation" in key for key in config)
 
 
 def test_invalid_options_are_named(tokenizer_dir, tmp_path):
     with pytest.raises(ValueError, match="--hidden"):
-        tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=33), log=lambda _m: None)
+        training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=33), log=lambda _m: None)
     with pytest.raises(ValueError, match="--hidden / --heads"):
-        tinymodels.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=30), log=lambda _m: None)
+        training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, hidden=30), log=lambda _m: None)
     with pytest.raises(ValueError, match="--induction-init"):
         bad = replace(TINY, induction_init="bigram")  # one layer: no room for the circuit
-        tinymodels.train_model(tokenizer_dir, tmp_path / "m", bad, log=lambda _m: None)
+        training.train_model(tokenizer_dir, tmp_path / "m", bad, log=lambda _m: None)
     with pytest.raises(FileNotFoundError, match="--tokenizer"):
-        tinymodels.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
+        training.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
     assert not (tmp_path / "m").exists()
 
 
@@ -108,7 +111,7 @@ def test_cli_registers_both_commands():
     import argparse
 
     parser = argparse.ArgumentParser()
-    tinymodels.register(parser.add_subparsers(dest="command"))
+    models_cli.register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
         "train-model --tokenizer t --output o --layers 3 --hidden 128 --heads 2 --kv-heads 2 --intermediate 384 "
         "--steps 3000 --batch-size 4 --seq-len 512 --lr 3e-3 --seed 0 --threads 2 --edit-fraction 0.25".split()
@@ -126,9 +129,9 @@ def test_induction_init_copies_before_training(kind):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = tinymodels.TrainConfig(layers=3, heads=2, kv_heads=2, rope_theta=1e6, induction_init=kind)
-    model = LlamaForCausalLM(tinymodels.llama_config(cfg, 2048, 0, 1, 2))
-    tinymodels.init_induction_circuit(model, kind, seed=0)
+    cfg = TrainConfig(layers=3, heads=2, kv_heads=2, rope_theta=1e6, induction_init=kind)
+    model = LlamaForCausalLM(architecture.llama_config(cfg, 2048, 0, 1, 2))
+    architecture.init_induction_circuit(model, kind, seed=0)
     tokens = torch.randint(3, 2048, (2, 100), generator=torch.Generator().manual_seed(1))
     seq = torch.cat([torch.zeros(2, 1, dtype=torch.long), tokens, tokens], dim=1)
     with torch.no_grad():

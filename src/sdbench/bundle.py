@@ -28,6 +28,7 @@ so a rebuilt model can still be checked against the run):
 Deterministic: members sorted, fixed mtime/uid/gid/owner/mode in the tar, gzip header mtime 0 and
 no file name, and the crate has fixed ids and no wall-clock date (``datePublished`` is
 ``--date-published``, else ``$SOURCE_DATE_EPOCH``, else the run's end time, else left out).
+The crate's metadata is built and checked in :mod:`sdbench.crate`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import hashlib
 import io
 import json
 import logging
-import mimetypes
 import os
 import re
 import sys
@@ -48,13 +48,12 @@ from base64 import urlsafe_b64encode
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO
-from urllib.parse import quote
+from typing import TYPE_CHECKING, BinaryIO
 
 import yaml
 
+from sdbench.crate import CRATE_METADATA, MANIFEST, CrateInfo, build_crate, crate_problems, image_reference
 from sdbench.errors import ConfigError
-from sdbench.hardware import package_version
 from sdbench.io import atomic_path, write_text
 
 if TYPE_CHECKING:  # pandas is imported where used: the workflow imports this module at parse time
@@ -63,22 +62,12 @@ if TYPE_CHECKING:  # pandas is imported where used: the workflow imports this mo
 log = logging.getLogger(__name__)
 
 BUNDLE_ROOT = "sdbench-bundle"
-MANIFEST = "MANIFEST.sha256"
-CRATE_METADATA = "ro-crate-metadata.json"
-RUN_ID = "#sdbench-run"
-
-WFRUN_CONTEXT = "https://w3id.org/ro/terms/workflow-run/context"
-WFRUN_TERMS = "https://w3id.org/ro/terms/workflow-run#"
-PROFILES = {
-    "https://w3id.org/ro/wfrun/process/0.5": "Process Run Crate",
-    "https://w3id.org/ro/wfrun/workflow/0.5": "Workflow Run Crate",
-}
 
 # Weights are rebuilt from the config; everything else under results/ is a result.
 WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".h5", ".msgpack"})
 EXCLUDED_RESULT_DIRS = frozenset({"bundle"})
 
-# Keys of sdbench.hardware.provenance(), recorded in every cell's summary.parquet.
+# Keys of sdbench.engine.hardware.provenance(), recorded in every cell's summary.parquet.
 PROVENANCE_COLUMNS = (
     "vllm_version",
     "torch_version",
@@ -92,21 +81,8 @@ PROVENANCE_COLUMNS = (
 )
 CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
 CELL_EXTRA = ("drafter", "speculative_config")
-# Engine-side packages described as SoftwareApplication entities of the crate.
-ENGINE_PACKAGES = {"vllm": "vllm_version", "torch": "torch_version", "transformers": "transformers_version"}
 
 TAR_MTIME = 0
-MIME_TYPES = {
-    ".parquet": "application/vnd.apache.parquet",
-    ".md": "text/markdown",
-    ".yaml": "application/yaml",
-    ".yml": "application/yaml",
-    ".jsonl": "application/jsonl",
-    ".sha256": "text/plain",
-    ".smk": "text/x-python",
-    ".rst": "text/x-rst",
-    ".tsv": "text/tab-separated-values",
-}
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -225,37 +201,11 @@ def _parquet_bytes(df: pd.DataFrame) -> bytes:
     return buf.getvalue()
 
 
-def _image_reference(ref: str) -> dict[str, str]:
-    """Split ``docker://registry/name:tag@sha256:...`` into registry, name, tag, sha256 and image type."""
-    out: dict[str, str] = {}
-    scheme, sep, rest = ref.partition("://")
-    if not sep:
-        scheme, rest = "", ref
-    if rest.endswith(".sif") or scheme in ("library", "oras", "shub"):
-        out["type"] = "SIFImage"
-    elif scheme in ("", "docker", "oci", "docker-daemon"):
-        out["type"] = "DockerImage"
-    rest, _, digest = rest.partition("@")
-    if digest.startswith("sha256:"):
-        out["sha256"] = digest.removeprefix("sha256:")
-    if out.get("type") == "DockerImage":
-        first, slash, remainder = rest.partition("/")
-        if slash and ("." in first or ":" in first or first == "localhost"):
-            out["registry"], rest = first, remainder
-        else:
-            out["registry"] = "docker.io"
-        name, colon, tag = rest.rpartition(":")
-        out["name"], out["tag"] = (name, tag) if colon and "/" not in tag else (rest, "")
-    else:
-        out["name"] = rest
-    return {k: v for k, v in out.items() if v}
-
-
 def load_container_images(path: Path) -> list[dict[str, str]]:
     """The images of ``containers/images.yaml`` (validated by :mod:`sdbench.containers`), sorted by name.
 
     Each: ``key`` (image name, its SIF is ``containers/sif/<key>.sif``), ``kind``, ``vllm_version``,
-    and its digest-pinned base split by :func:`_image_reference`. A missing file gives [].
+    and its digest-pinned base split by :func:`sdbench.crate.image_reference`. A missing file gives [].
     """
     from sdbench.containers import load_images
 
@@ -270,7 +220,7 @@ def load_container_images(path: Path) -> list[dict[str, str]]:
                 "kind": spec.kind,
                 "vllm_version": spec.vllm_version or "",
                 "base": spec.base,
-                **{f"base_{k}": v for k, v in _image_reference(spec.base).items()},
+                **{f"base_{k}": v for k, v in image_reference(spec.base).items()},
             }
         )
     return sorted(images, key=lambda i: i["key"])
@@ -335,211 +285,6 @@ def installed_packages_digest() -> str:
 
     names = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
     return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-
-
-def _mime(name: str) -> str | None:
-    suffix = PurePosixPath(name).suffix.lower()
-    return MIME_TYPES.get(suffix) or mimetypes.guess_type(name)[0]
-
-
-@dataclasses.dataclass
-class CrateInfo:
-    """What the crate says beyond the file list."""
-
-    workflow: str
-    workflow_parts: list[str]
-    config: str | None
-    report: str | None
-    results: list[str]
-    environments: dict[str, str]
-    provenance: list[str]
-    containers_file: str | None
-    images: list[dict[str, str]]
-    cells: pd.DataFrame
-    containers_used: tuple[str, ...] = ()
-    start_time: str | None = None
-    end_time: str | None = None
-    date_published: str | None = None
-
-
-def build_crate(members: list[Member], digests: dict[str, str], info: CrateInfo) -> bytes:
-    """``ro-crate-metadata.json`` of the bundle (Workflow Run Crate 0.5), as deterministic bytes."""
-    from rocrate.model.contextentity import ContextEntity
-    from rocrate.rocrate import ROCrate
-
-    crate = ROCrate()
-    crate.metadata.extra_contexts.append(WFRUN_CONTEXT)
-    root = crate.root_dataset
-    root["name"] = "sdbench results bundle"
-    root["description"] = (
-        "Results, figures, tables, report and provenance of one run of the sdbench speculative-decoding "
-        "benchmark workflow. MANIFEST.sha256 checksums every file; `sdbench bundle verify` checks them."
-    )
-    # The library stamps the wall clock; a bundle's date comes from its inputs or is left out.
-    if info.date_published:
-        root["datePublished"] = info.date_published
-    else:
-        del root["datePublished"]
-    root["license"] = crate.add(
-        ContextEntity(crate, "https://spdx.org/licenses/Apache-2.0", {"@type": "CreativeWork", "name": "Apache-2.0"})
-    )
-
-    sizes = {m.arcname: m.size() for m in members}
-
-    def file_props(path: str, **extra: Any) -> dict[str, Any]:
-        props: dict[str, Any] = {"name": PurePosixPath(path).name, "contentSize": str(sizes[path])}
-        if path in digests:
-            props["sha256"] = digests[path]
-        if mime := _mime(path):
-            props["encodingFormat"] = mime
-        return {**props, **extra}
-
-    wf_props = file_props(info.workflow, name="sdbench", description="Snakemake workflow of the sdbench benchmark")
-    workflow = crate.add_workflow(
-        dest_path=info.workflow,
-        main=True,
-        lang="snakemake",
-        lang_version=package_version("snakemake"),
-        properties=wf_props,
-    )
-    for pid, pname in PROFILES.items():
-        profile = crate.add(
-            ContextEntity(crate, pid, {"@type": ["CreativeWork", "Profile"], "name": pname, "version": "0.5"})
-        )
-        root.append_to("conformsTo", profile)
-
-    entities: dict[str, Any] = {info.workflow: workflow}
-    descriptions = {
-        info.config: "Resolved configuration of the run (schema defaults filled in)",
-        info.report: "Snakemake HTML report of the run",
-        info.containers_file: "Container images and their digests",
-    }
-    for path, env in sorted((p, e) for e, p in info.environments.items()):
-        descriptions[path] = f"Package versions (pip freeze) of environment {env}"
-    descriptions.update(
-        {
-            "provenance/cells.parquet": "Engine package versions and hardware of every cell, from its summary.parquet",
-            "provenance/excluded.tsv": "Files of results/ left out of the bundle (path, bytes, sha256, reason)",
-        }
-    )
-    for m in members:
-        name = m.arcname
-        if name in (info.workflow, CRATE_METADATA):
-            continue
-        extra: dict[str, Any] = {}
-        if name in descriptions:
-            extra["description"] = descriptions[name]
-        if name in info.environments.values() or name in info.provenance or name == info.report:
-            extra["about"] = {"@id": RUN_ID}
-        entities[name] = crate.add_file(dest_path=name, properties=file_props(name, **extra))
-    crate.add_file(
-        dest_path=MANIFEST,
-        properties={
-            "name": MANIFEST,
-            "encodingFormat": "text/plain",
-            "description": "sha256sum of every file of the bundle except this one",
-        },
-    )
-    workflow["hasPart"] = [entities[p] for p in info.workflow_parts]
-
-    # Engine versions that produced the cells: the packages the workflow needed at run time.
-    software = []
-    for package, column in ENGINE_PACKAGES.items():
-        versions = info.cells[column].dropna().unique() if column in info.cells else []
-        for version in sorted(str(v) for v in versions):
-            software.append(
-                crate.add(
-                    ContextEntity(
-                        crate,
-                        f"#{package}-{version}",
-                        {
-                            "@type": "SoftwareApplication",
-                            "name": package,
-                            "softwareVersion": version,
-                        },
-                    )
-                )
-            )
-    if software:
-        workflow["softwareRequirements"] = software
-
-    # sdbench's images are SIFs built locally from a digest-pinned base: the base carries the sha256.
-    by_key = {}
-    for image in info.images:
-        base_id = f"#image-sha256-{image['base_sha256']}"
-        if base_id not in crate:
-            props = {
-                "@type": "ContainerImage",
-                "additionalType": {"@id": WFRUN_TERMS + "DockerImage"},
-                "identifier": image["base"],
-            }
-            props.update(
-                {k: image[f"base_{k}"] for k in ("registry", "name", "tag", "sha256") if image.get(f"base_{k}")}
-            )
-            crate.add(ContextEntity(crate, base_id, props))
-        description = f"sdbench {image['kind']} image"
-        if image["vllm_version"]:
-            description += f" (vLLM {image['vllm_version']})"
-        by_key[image["key"]] = crate.add(
-            ContextEntity(
-                crate,
-                f"#image-{quote(image['key'], safe='')}",
-                {
-                    "@type": "ContainerImage",
-                    "additionalType": {"@id": WFRUN_TERMS + "SIFImage"},
-                    "name": image["key"],
-                    "description": description + f", built from {image['base']} (containers/images.yaml)",
-                    "isBasedOn": {"@id": base_id},
-                },
-            )
-        )
-    if info.containers_file and by_key:
-        entities[info.containers_file]["about"] = list(by_key.values())
-    # The run's images: those Snakemake recorded for its jobs, given that they ran there (--containers-used).
-    used = []
-    for url in info.containers_used:
-        key = PurePosixPath(url).stem if url.endswith(".sif") else None
-        if key in by_key:
-            used.append(by_key[key])
-        else:
-            ref = _image_reference(url)
-            used.append(
-                crate.add(
-                    ContextEntity(
-                        crate,
-                        f"#image-{quote(url, safe='')}",
-                        {
-                            "@type": "ContainerImage",
-                            "identifier": url,
-                            **({"additionalType": {"@id": WFRUN_TERMS + ref["type"]}} if ref.get("type") else {}),
-                            **{k: ref[k] for k in ("registry", "name", "tag", "sha256") if ref.get(k)},
-                        },
-                    )
-                )
-            )
-
-    action_props: dict[str, Any] = {
-        "@type": "CreateAction",
-        "name": "Run of the sdbench workflow",
-        "actionStatus": {"@id": "http://schema.org/CompletedActionStatus"},
-    }
-    if info.start_time:
-        action_props["startTime"] = info.start_time
-    if info.end_time:
-        action_props["endTime"] = info.end_time
-    action = crate.add_action(
-        workflow,
-        identifier=RUN_ID,
-        properties=action_props,
-        object=[entities[info.config]] if info.config else None,
-        result=[entities[p] for p in info.results] or None,
-    )
-    if used:
-        action["containerImage"] = used
-    root.append_to("mentions", action)
-
-    text = json.dumps(crate.metadata.generate(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    return text.encode()
 
 
 def manifest_text(digests: dict[str, str]) -> str:
@@ -745,31 +490,6 @@ def _read_archive(path: Path) -> tuple[dict[str, str], dict[str, bytes], list[st
     return digests, special, irregular
 
 
-def crate_problems(crate_bytes: bytes | None, manifest: dict[str, str]) -> list[str]:
-    """Manifest files the RO-Crate does not list as File entities, or lists with another sha256."""
-    if crate_bytes is None:
-        return [f"CRATE: {CRATE_METADATA} missing"]
-    try:
-        graph = json.loads(crate_bytes)["@graph"]
-    except (ValueError, KeyError, TypeError) as exc:
-        return [f"CRATE: {CRATE_METADATA} unreadable ({exc})"]
-    files = {}
-    for entity in graph:
-        types = entity.get("@type", [])
-        if "File" in (types if isinstance(types, list) else [types]):
-            files[entity.get("@id")] = entity
-    problems = []
-    for name, digest in sorted(manifest.items()):
-        if name == CRATE_METADATA:
-            continue  # the metadata descriptor describes the crate, it does not list itself as a File
-        entity = files.get(quote(name))
-        if entity is None:
-            problems.append(f"NOT IN CRATE: {name}")
-        elif entity.get("sha256") not in (None, digest):
-            problems.append(f"CRATE SHA256 DIFFERS: {name}")
-    return problems
-
-
 def verify_bundle(path: Path) -> tuple[int, list[str]]:
     """Check a bundle (archive or unpacked directory): (number of manifest files, one line per problem)."""
     if path.is_dir():
@@ -801,13 +521,6 @@ def verify_bundle(path: Path) -> tuple[int, list[str]]:
 
 
 # --- CLI --------------------------------------------------------------------------------------------
-
-
-def _parse_environment(spec: str) -> tuple[str, Path]:
-    name, sep, path = spec.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected NAME=FREEZE.txt")
-    return name, Path(path)
 
 
 def _cmd_create(args: argparse.Namespace) -> int:
@@ -851,62 +564,3 @@ def _cmd_config(args: argparse.Namespace) -> int:
         raise ConfigError(f"--json: not valid JSON ({exc})") from exc
     write_text(yaml.safe_dump(config, sort_keys=True, allow_unicode=True), args.output)
     return 0
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench bundle create|verify|config``."""
-    p = subparsers.add_parser("bundle", help="frozen, checksummed RO-Crate archive of a finished run")
-    sub = p.add_subparsers(dest="bundle_command", required=True)
-
-    c = sub.add_parser("create", help="write the run's results, report and provenance into one .tar.gz")
-    c.add_argument("--output", required=True, type=Path, metavar="ARCHIVE.tar.gz")
-    c.add_argument("--results", required=True, type=Path, metavar="DIR", help="results directory of the run")
-    c.add_argument(
-        "--workflow",
-        type=Path,
-        default=Path("Snakefile"),
-        metavar="SNAKEFILE",
-        help="main Snakefile: the crate's main entity; bundle paths are relative to its directory",
-    )
-    c.add_argument(
-        "--workflow-files",
-        nargs="*",
-        type=Path,
-        default=[],
-        metavar="PATH",
-        help="rule files / directories of the workflow (below the Snakefile's directory)",
-    )
-    c.add_argument("--report", type=Path, help="Snakemake HTML report")
-    c.add_argument("--config", type=Path, help="resolved config (YAML)")
-    c.add_argument("--containers", type=Path, metavar="images.yaml", help="container image digests (may be absent)")
-    c.add_argument(
-        "--environment",
-        action="append",
-        type=_parse_environment,
-        metavar="NAME=FREEZE.txt",
-        help="pip freeze of an environment (repeatable)",
-    )
-    c.add_argument(
-        "--snakemake-dir",
-        type=Path,
-        metavar=".snakemake",
-        help="read the run's start/end time and container images from Snakemake's metadata",
-    )
-    c.add_argument(
-        "--containers-used",
-        action="store_true",
-        help="the run's jobs ran in the images Snakemake recorded (--sdm apptainer)",
-    )
-    c.add_argument("--start-time", help="run start (ISO 8601), overrides --snakemake-dir")
-    c.add_argument("--end-time", help="run end (ISO 8601), overrides --snakemake-dir")
-    c.add_argument("--date-published", help="root datePublished (ISO 8601; default $SOURCE_DATE_EPOCH, else end time)")
-    c.set_defaults(func=_cmd_create)
-
-    v = sub.add_parser("verify", help="re-check every checksum of a bundle (archive or unpacked directory)")
-    v.add_argument("path", type=Path, metavar="PATH")
-    v.set_defaults(func=_cmd_verify)
-
-    r = sub.add_parser("config", help="write the resolved config (JSON, as Snakemake holds it) as YAML")
-    r.add_argument("--json", required=True, help="the config as a JSON string")
-    r.add_argument("--output", required=True, type=Path, metavar="resolved.yaml")
-    r.set_defaults(func=_cmd_config)

@@ -1,86 +1,160 @@
 """Command-line entry point: one subcommand per pipeline step.
 
-Each step lives in its own module that exposes ``register(subparsers)``; the
-module adds its subparser and sets ``func`` (called with the parsed namespace,
-returning an exit code). Modules are imported lazily by name so a light
-command (e.g. ``sdbench memory``) never pays for importing vLLM or torch, and
-``sdbench X`` imports only the module(s) of command X (:data:`COMMAND_MODULES`).
+The parser is assembled from light modules: each stage's ``sdbench.<stage>.cli`` (argparse and
+the standard library only) adds its commands, and this module adds those of the top-level
+modules (``check-config``, ``bundle``, ``containers``). A command's ``func`` is a lazy reference
+(:mod:`sdbench.lazy`): ``sdbench X`` imports X's implementation (pandas, vLLM, ...) only when
+it runs X, so ``sdbench --help`` and ``sdbench X --help`` start at once.
 
-Errors end a command with one line ``error: ...`` on stderr (exit code 2 for bad
-input, 1 for an internal error); ``sdbench --debug X ...`` adds the traceback.
+Errors end a command with one line ``error: ...`` on stderr (exit code 2 for bad input, 1 for an
+internal error); ``sdbench --debug X ...`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
 import shlex
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
-# Modules that contribute subcommands. Add a module here to add its commands (and name its
-# commands in COMMAND_MODULES below, so that `sdbench <command>` imports only that module).
-SUBCOMMAND_MODULES: tuple[str, ...] = (
-    "trace_cli",
-    "acceptance",
-    "fetch",
-    "grid",
-    "datasets",
-    "runner",
-    "endtoend",
-    "hub",
-    "memory",
-    "bleu",
-    "tinymodels",
-    "costmodel",
-    "steptiming",
-    "validation",
-    "simulator",
-    "bundle",
-    "containers",
-    "modelcheck",
-    "parity",
-    "sharing",
-    "timeline",
-)
+from sdbench.analysis import cli as analysis_cli
+from sdbench.bench import cli as bench_cli
+from sdbench.datasets import cli as datasets_cli
+from sdbench.engine import cli as engine_cli
+from sdbench.lazy import lazy
+from sdbench.models import cli as models_cli
+from sdbench.simulator import cli as simulator_cli
+from sdbench.traces import cli as traces_cli
+
+# --- commands of the top-level modules -----------------------------------------------------------
 
 
-# Top-level command -> the module(s) registering it, in SUBCOMMAND_MODULES order. `sdbench X`
-# imports only X's modules (start-up ~0.5 s instead of ~2 s with every module). A command missing
-# here (e.g. of a module just added to SUBCOMMAND_MODULES) still works: the parser is then built
-# from every module, as for `sdbench --help`. tests/test_bad_inputs.py checks this table.
-COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "trace": ("trace_cli",),
-    "bench": ("trace_cli", "simulator", "parity", "sharing", "timeline"),
-    "acceptance": ("acceptance",),
-    "fetch": ("fetch",),
-    "check-config": ("grid",),
-    "prepare-dataset": ("datasets",),
-    "run-cell": ("runner",),
-    "run-group": ("runner",),
-    "cell-tables": ("runner",),
-    "trace-cell": ("runner",),
-    "aggregate": ("endtoend",),
-    "plot-throughput": ("endtoend",),
-    "download-model": ("hub",),
-    "memory": ("memory",),
-    "memory-table": ("memory",),
-    "bleu": ("bleu",),
-    "build-tokenizer": ("tinymodels",),
-    "train-model": ("tinymodels",),
-    "costmodel": ("costmodel",),
-    "breakdown": ("steptiming",),
-    "validate-simulator": ("validation",),
-    "simulate": ("simulator",),
-    "bundle": ("bundle",),
-    "containers": ("containers",),
-    "check-model": ("modelcheck",),
+def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench check-config`` (:mod:`sdbench.grid`)."""
+    p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
+    p.add_argument("config")
+    p.set_defaults(func=lazy("sdbench.grid", "_cmd_check"))
+
+
+def _environment(spec: str) -> tuple[str, Path]:
+    """``bundle create --environment NAME=FREEZE.txt`` as ``(name, path)``."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected NAME=FREEZE.txt")
+    return name, Path(path)
+
+
+def _add_bundle(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench bundle create|verify|config`` (:mod:`sdbench.bundle`)."""
+    p = subparsers.add_parser("bundle", help="frozen, checksummed RO-Crate archive of a finished run")
+    sub = p.add_subparsers(dest="bundle_command", required=True)
+
+    c = sub.add_parser("create", help="write the run's results, report and provenance into one .tar.gz")
+    c.add_argument("--output", required=True, type=Path, metavar="ARCHIVE.tar.gz")
+    c.add_argument("--results", required=True, type=Path, metavar="DIR", help="results directory of the run")
+    c.add_argument(
+        "--workflow",
+        type=Path,
+        default=Path("Snakefile"),
+        metavar="SNAKEFILE",
+        help="main Snakefile: the crate's main entity; bundle paths are relative to its directory",
+    )
+    c.add_argument(
+        "--workflow-files",
+        nargs="*",
+        type=Path,
+        default=[],
+        metavar="PATH",
+        help="rule files / directories of the workflow (below the Snakefile's directory)",
+    )
+    c.add_argument("--report", type=Path, help="Snakemake HTML report")
+    c.add_argument("--config", type=Path, help="resolved config (YAML)")
+    c.add_argument("--containers", type=Path, metavar="images.yaml", help="container image digests (may be absent)")
+    c.add_argument(
+        "--environment",
+        action="append",
+        type=_environment,
+        metavar="NAME=FREEZE.txt",
+        help="pip freeze of an environment (repeatable)",
+    )
+    c.add_argument(
+        "--snakemake-dir",
+        type=Path,
+        metavar=".snakemake",
+        help="read the run's start/end time and container images from Snakemake's metadata",
+    )
+    c.add_argument(
+        "--containers-used",
+        action="store_true",
+        help="the run's jobs ran in the images Snakemake recorded (--sdm apptainer)",
+    )
+    c.add_argument("--start-time", help="run start (ISO 8601), overrides --snakemake-dir")
+    c.add_argument("--end-time", help="run end (ISO 8601), overrides --snakemake-dir")
+    c.add_argument("--date-published", help="root datePublished (ISO 8601; default $SOURCE_DATE_EPOCH, else end time)")
+    c.set_defaults(func=lazy("sdbench.bundle", "_cmd_create"))
+
+    v = sub.add_parser("verify", help="re-check every checksum of a bundle (archive or unpacked directory)")
+    v.add_argument("path", type=Path, metavar="PATH")
+    v.set_defaults(func=lazy("sdbench.bundle", "_cmd_verify"))
+
+    r = sub.add_parser("config", help="write the resolved config (JSON, as Snakemake holds it) as YAML")
+    r.add_argument("--json", required=True, help="the config as a JSON string")
+    r.add_argument("--output", required=True, type=Path, metavar="resolved.yaml")
+    r.set_defaults(func=lazy("sdbench.bundle", "_cmd_config"))
+
+
+def _add_containers(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench containers render`` (:mod:`sdbench.containers`) and ``containers check``
+    (:mod:`sdbench.containercheck`)."""
+    p = subparsers.add_parser("containers", help="render / check the Apptainer definition files")
+    sub = p.add_subparsers(dest="containers_command", required=True)
+    for name, module, help_ in (
+        ("render", "sdbench.containers", "write containers/<name>.def for every image of images.yaml"),
+        ("check", "sdbench.containercheck", "verify the definitions: digest pins, labels, %%test, up to date"),
+    ):
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("--images", help="images file (default: <output-dir>/images.yaml)")
+        q.add_argument("--output-dir", default="containers", help="directory of the .def files (default: containers)")
+        q.set_defaults(func=lazy(module, f"_cmd_{name}"))
+
+
+# Every command, in the order of `sdbench --help`: name -> the function adding its parser.
+COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
+    "trace": traces_cli.add_trace,
+    "bench": bench_cli.add_bench,
+    "acceptance": analysis_cli.add_acceptance,
+    "fetch": traces_cli.add_fetch,
+    "check-config": _add_check_config,
+    "prepare-dataset": datasets_cli.add_prepare_dataset,
+    "run-cell": engine_cli.add_run_cell,
+    "run-group": engine_cli.add_run_group,
+    "cell-tables": engine_cli.add_cell_tables,
+    "trace-cell": engine_cli.add_trace_cell,
+    "aggregate": analysis_cli.add_aggregate,
+    "plot-throughput": analysis_cli.add_plot_throughput,
+    "download-model": models_cli.add_download_model,
+    "memory-table": analysis_cli.add_memory_table,
+    "memory": analysis_cli.add_memory,
+    "bleu": analysis_cli.add_bleu,
+    "build-tokenizer": models_cli.add_build_tokenizer,
+    "train-model": models_cli.add_train_model,
+    "train-head": models_cli.add_train_head,
+    "costmodel": simulator_cli.add_costmodel,
+    "breakdown": analysis_cli.add_breakdown,
+    "validate-simulator": simulator_cli.add_validate_simulator,
+    "simulate": simulator_cli.add_simulate,
+    "bundle": _add_bundle,
+    "containers": _add_containers,
+    "check-model": models_cli.add_check_model,
 }
+# The stages' command modules (each has register(subparsers) adding all its commands).
+STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)
 
 DEBUG_ENV = "SDBENCH_DEBUG"  # SDBENCH_DEBUG=1 acts like --debug (e.g. inside Snakemake rules)
 EXIT_USER_ERROR = 2  # bad input: file, key, value or argument (also argparse's code)
@@ -94,20 +168,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _command_of(argv: Sequence[str]) -> str | None:
-    """The subcommand named in ``argv`` (first non-option word), if any."""
-    return next((a for a in argv if not a.startswith("-")), None)
-
-
-def _modules_for(command: str | None) -> list[str]:
-    """Modules to import for ``command``: its own, or every module when it is unknown."""
-    wanted = COMMAND_MODULES.get(command or "", ())
-    modules = [m for m in SUBCOMMAND_MODULES if m in wanted]
-    return modules if modules and len(modules) == len(wanted) else list(SUBCOMMAND_MODULES)
-
-
-def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """Build the top-level parser with the subcommands of ``modules`` (default: every module)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every command (:data:`COMMANDS`); imports no implementation."""
     parser = _Parser(
         prog="sdbench",
         description="Speculative-decoding benchmark pipeline steps.",
@@ -118,9 +180,8 @@ def build_parser(modules: Sequence[str] | None = None) -> argparse.ArgumentParse
         help=f"on an error, print the traceback too (also: {DEBUG_ENV}=1)",
     )
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in SUBCOMMAND_MODULES if modules is None else modules:
-        module = importlib.import_module(f"sdbench.{name}")
-        module.register(subparsers)
+    for add in COMMANDS.values():
+        add(subparsers)
     return parser
 
 
@@ -176,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(_modules_for(_command_of(argv)))
+    parser = build_parser()
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:

@@ -9,7 +9,9 @@ The digest covers the parsed syntax tree without docstrings: comments, formattin
 and documentation do not rerun a measurement; a changed statement does. Modules
 are located with :func:`importlib.util.find_spec` and parsed, never imported, so
 the DAG stays fast and a workflow host without vLLM can compute the digest of the
-engine runner.
+engine runner. A package stands for all its modules. A step's command is parsed in its
+stage's light ``cli`` module (defaults live there) and implemented in another module:
+name both, or the package.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import importlib.util
 from pathlib import Path
 
 PACKAGE = "sdbench"
-
 
 def _module_path(name: str) -> Path | None:
     """Source file of ``name`` (``None`` for a module that does not exist)."""
@@ -76,8 +77,31 @@ def _parsed(name: str) -> tuple[str, frozenset[str]] | None:
     return ast.dump(_strip_docstrings(tree), include_attributes=False), frozenset(imports)
 
 
+def _package_modules(name: str) -> list[str] | None:
+    """Every module of package ``name`` (itself included), or None when ``name`` is no package."""
+    path = _module_path(name)
+    if path is None or path.name != "__init__.py":
+        return None
+    found = []
+    for p in path.parent.rglob("*.py"):
+        parts = p.relative_to(path.parent).with_suffix("").parts
+        if "__pycache__" not in parts:
+            found.append(".".join((name, *(parts[:-1] if parts[-1] == "__init__" else parts))))
+    return sorted(found)
+
+
+def step_modules(*names: str) -> list[str]:
+    """``names`` with packages expanded to their modules."""
+    out: list[str] = []
+    for name in names:
+        out += _package_modules(name) or [name]
+    return out
+
+
 def module_closure(*modules: str) -> list[str]:
-    """The given modules and every ``sdbench`` module they import, transitively, sorted."""
+    """The given modules (see :func:`step_modules`) and every ``sdbench`` module they import,
+    transitively, sorted."""
+    modules = tuple(step_modules(*modules))
     seen: set[str] = set()
     todo = list(modules)
     while todo:

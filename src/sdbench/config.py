@@ -115,6 +115,22 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
                     )
                 elif drafter not in config["models"]:
                     problems.append(f"methods.{method_name}.drafter.{model_name}: unknown model {drafter!r}")
+                elif "head" in config["models"][drafter]:
+                    head = config["models"][drafter]["head"]
+                    if head["kind"] != method["method"]:
+                        problems.append(
+                            f"methods.{method_name}.drafter.{model_name}: {drafter!r} is an {head['kind']} head, "
+                            f"but the method is {method['method']!r}"
+                        )
+                    if head["target"] != model_name:
+                        problems.append(
+                            f"methods.{method_name}.drafter.{model_name}: head {drafter!r} was trained for "
+                            f"{head['target']!r}, not {model_name!r}"
+                        )
+    for name, model in config["models"].items():
+        target = model.get("head", {}).get("target")
+        if target is not None and "build" not in config["models"].get(target, {}):
+            problems.append(f"models.{name}.head.target: {target!r} is not a model the pipeline builds")
     for i, name in enumerate(config.get("traces", {}).get("methods", [])):
         if name not in config["methods"]:
             problems.append(f"traces.methods[{i}]: unknown method {name!r}")

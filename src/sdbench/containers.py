@@ -2,9 +2,10 @@
 
 ``images.yaml`` holds every image's facts (base image pinned by digest, vLLM version,
 fork commit, pip pins); :data:`TEMPLATE` lays out every ``containers/<name>.def``. So a
-definition is never edited by hand, and ``sdbench containers check`` can prove each one
-is pinned, labelled, tested and up to date (it parses them with spython, as Apptainer
-tooling does, rather than trusting the renderer).
+definition is never edited by hand, and ``sdbench containers check``
+(:mod:`sdbench.containercheck`) can prove each one is pinned, labelled, tested and up to
+date (it parses them with spython, as Apptainer tooling does, rather than trusting the
+renderer).
 
     sdbench containers render [--images containers/images.yaml] [--output-dir containers]
     sdbench containers check  [--images containers/images.yaml] [--output-dir containers]
@@ -46,21 +47,24 @@ _FORK_KEYS = ("repo", "branch", "commit", "adds")
 _TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults")
 
 # vLLM general plugins this package registers (pyproject.toml entry points): name -> module.
-VLLM_PLUGINS: dict[str, str] = {"sdbench_trace": "sdbench.enginetrace", "sdbench_step_timing": "sdbench.steptiming"}
+VLLM_PLUGINS: dict[str, str] = {
+    "sdbench_trace": "sdbench.engine.acceptancetrace",
+    "sdbench_step_timing": "sdbench.engine.steptiming",
+}
 # sdbench modules the analysis steps run (imported by the analysis image's %test).
 ANALYSIS_MODULES = (
-    "acceptance",
-    "bleu",
+    "analysis.acceptance",
+    "analysis.bleu",
     "config",
-    "costmodel",
-    "datasets",
+    "datasets.prompts",
     "grid",
-    "hub",
-    "ngram",
-    "policies",
-    "published",
-    "simulator",
-    "validation",
+    "models.hub",
+    "simulator.commands",
+    "simulator.costmodel",
+    "simulator.policies",
+    "simulator.validation",
+    "traces.ngram",
+    "traces.published",
 )
 # Third-party imports requirements/analysis.txt must satisfy (module names).
 ANALYSIS_IMPORTS = ("datasets", "frozendict", "pyld", "rocrate", "safetensors", "tokenizers", "transformers")
@@ -68,8 +72,8 @@ ANALYSIS_IMPORTS = ("datasets", "frozendict", "pyld", "rocrate", "safetensors", 
 DATASETS_DIR = "/opt/sdbench/datasets"
 SOURCE_DIR = "/opt/sdbench"
 
-_BASE_RE = re.compile(r"^(?P<ref>[^\s@]+)@sha256:(?P<digest>[^\s]*)$")
-_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+BASE_RE = re.compile(r"^(?P<ref>[^\s@]+)@sha256:(?P<digest>[^\s]*)$")
+HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
 _HEX40_RE = re.compile(r"^[0-9a-f]{40}$")
 _PIN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9][A-Za-z0-9.+!_-]*$")
 _APT_RE = re.compile(r"^[a-z0-9][a-z0-9.+-]*=[A-Za-z0-9.+:~-]+$")
@@ -152,7 +156,7 @@ class ImageSpec:
         """The pinned ``datasets`` version of ``datasets_pip``, if any."""
         for pin in self.datasets_pip:
             name, version = pin.split("==")
-            if _canonical(name) == "datasets":
+            if canonical_name(name) == "datasets":
                 return version
         return None
 
@@ -169,7 +173,7 @@ class ImagesFile:
 # --- loading and validation --------------------------------------------------------------
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
     """PEP 503 normalised distribution name."""
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -196,10 +200,10 @@ def _pins(where: str, key: str, value: Any, pattern: re.Pattern[str], form: str)
 def _base(where: str, value: Any) -> str:
     """``<image>:<tag>@sha256:<64 hex>``, else ConfigError naming what is wrong."""
     text = _text(where, "base", value)
-    match = _BASE_RE.match(text)
+    match = BASE_RE.match(text)
     if match is None:
         raise ConfigError(f"{where}: key 'base': {text!r} is not pinned by digest (want <image>:<tag>@sha256:<64 hex>)")
-    if not _HEX64_RE.match(match["digest"]):
+    if not HEX64_RE.match(match["digest"]):
         raise ConfigError(f"{where}: key 'base': digest {match['digest']!r} is not 64 lowercase hex characters")
     return text
 
@@ -252,7 +256,7 @@ def _image(path: Path, name: Any, raw: Any) -> ImageSpec:
     for key in ("pip", "datasets_pip"):
         if key in raw:
             spec[key] = _pins(where, key, raw[key], _PIN_RE, "<name>==<version>")
-    if "datasets_pip" in spec and not any(_canonical(p.split("==")[0]) == "datasets" for p in spec["datasets_pip"]):
+    if "datasets_pip" in spec and not any(canonical_name(p.split("==")[0]) == "datasets" for p in spec["datasets_pip"]):
         raise ConfigError(f"{where}: key 'datasets_pip': has no datasets==<version> pin")
     if "apt" in raw:
         spec["apt"] = _pins(where, "apt", raw["apt"], _APT_RE, "<package>=<version>")
@@ -504,179 +508,21 @@ def render_all(images_path: str | Path, output_dir: str | Path) -> list[tuple[Pa
     return results
 
 
-# --- checking ------------------------------------------------------------------------------
-
-
-@dataclass
-class ParsedDefinition:
-    """What spython reads from a definition file."""
-
-    from_header: str
-    labels: dict[str, str]
-    environ: dict[str, str]
-    files: list[str]
-    post: list[str]
-    test: list[str]
-
-
-def parse_definition(path: str | Path) -> ParsedDefinition:
-    """Parse ``path`` with spython's SingularityParser.
-
-    spython turns %test into ``echo`` lines appended to the install steps; the subclass
-    keeps the %test lines as they are instead.
-    """
-    from spython.main.parse.parsers import SingularityParser
-
-    class _Parser(SingularityParser):
-        def _test(self, lines: list[str]) -> None:
-            self.test_lines = list(lines)
-
-    path = Path(path)
-    if not path.is_file():  # spython would sys.exit
-        raise FileNotFoundError(path)
-    parser = _Parser(str(path))
-    recipe = parser.recipe[parser.active_layer]
-    labels = {}
-    for line in recipe.labels:
-        key, _, value = line.partition(" ")
-        labels[key] = value.strip()
-    environ = {}
-    for item in recipe.environ:
-        key, _, value = item.partition("=")
-        environ[key.strip()] = value.strip()
-    return ParsedDefinition(
-        from_header=recipe.fromHeader or "",
-        labels=labels,
-        environ=environ,
-        files=list(recipe.files),
-        post=list(recipe.install),
-        test=list(getattr(parser, "test_lines", [])),
-    )
-
-
-def _lock_versions(path: Path) -> dict[str, str]:
-    """Canonical name -> version of a pip-freeze style file."""
-    versions = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            versions[_canonical(name)] = version.strip()
-    return versions
-
-
-def _check_pins(images: ImagesFile, root: Path) -> list[str]:
-    """Pins of images.yaml and of the requirements files that differ from requirements/lock.txt."""
-    lock_path = root / "requirements" / "lock.txt"
-    if not lock_path.is_file():
-        return []
-    lock = _lock_versions(lock_path)
-    problems = []
-
-    def compare(source: str, name: str, version: str) -> None:
-        want = lock.get(_canonical(name))
-        if want is not None and want != version:
-            problems.append(f"{source}: {name}=={version} differs from requirements/lock.txt ({name}=={want})")
-
-    for image in images.images:
-        for key in ("pip", "datasets_pip"):
-            for pin in getattr(image, key):
-                compare(f"{images.path}: image {image.name!r}: key {key!r}", *pin.split("=="))
-        if image.requirements:
-            req = root / image.requirements
-            if not req.is_file():
-                problems.append(f"{images.path}: image {image.name!r}: key 'requirements': {req} does not exist")
-            elif req != lock_path:
-                for name, version in _lock_versions(req).items():
-                    compare(str(req), name, version)
-    return problems
-
-
-def check_image(image: ImageSpec, path: Path, sdbench_version: str | None = None) -> list[str]:
-    """Problems of one rendered definition (empty when it is fine)."""
-    if not path.is_file():
-        return [f"{path}: missing (run `sdbench containers render`)"]
-    parsed = parse_definition(path)
-    problems = []
-    if not _BASE_RE.match(parsed.from_header) or not _HEX64_RE.match(parsed.from_header.rsplit(":", 1)[-1]):
-        problems.append(f"{path}: From: {parsed.from_header!r} is not pinned by @sha256:<64 hex>")
-    elif parsed.from_header != image.base.lower():  # spython lower-cases the header
-        problems.append(f"{path}: From: {parsed.from_header!r} differs from images.yaml base {image.base!r}")
-    for key, want in image_labels(image, sdbench_version or sdbench.__version__).items():
-        got = parsed.labels.get(key)
-        if got is None:
-            problems.append(f"{path}: label {key} missing")
-        elif got != want:
-            problems.append(f"{path}: label {key} is {got!r}, images.yaml says {want!r}")
-    if "HF_HUB_OFFLINE" not in parsed.environ:
-        problems.append(f"{path}: %environment does not set HF_HUB_OFFLINE")
-    if not parsed.test:
-        problems.append(f"{path}: no %test section")
-    elif image.vllm_version and version_check(image.vllm_version) not in parsed.test:
-        problems.append(f"{path}: %test does not check vllm.__version__ == {image.vllm_version!r}")
-    elif not image.vllm_version and "sdbench --help >/dev/null" not in parsed.test:
-        problems.append(f"{path}: %test does not run sdbench --help")
-    if path.read_text() != render_image(image, sdbench_version):
-        problems.append(f"{path}: out of date with images.yaml / the template (run `sdbench containers render`)")
-    return problems
-
-
-def check_all(images_path: str | Path, output_dir: str | Path) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of every rendered definition in ``output_dir``."""
-    images = load_images(images_path)
-    out = Path(output_dir)
-    problems: list[str] = []
-    for image in images.images:
-        problems += check_image(image, out / f"{image.name}.def")
-    known = {f"{image.name}.def" for image in images.images}
-    for path in sorted(out.glob("*.def")):
-        if path.name not in known:
-            problems.append(f"{path}: not rendered from {images.path} (delete it or add the image there)")
-    problems += _check_pins(images, out.resolve().parent)
-    warnings = [f"{name}: no definition: {reason}" for name, reason in images.unresolved.items()]
-    return problems, warnings
-
-
 # --- CLI -------------------------------------------------------------------------------------
 
 
-def _images_path(args: argparse.Namespace) -> Path:
+def images_path(args: argparse.Namespace) -> Path:
+    """The images file of ``sdbench containers render|check``."""
     return Path(args.images) if args.images else Path(args.output_dir) / "images.yaml"
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
-    images = _images_path(args)
+    images = images_path(args)
     for path, changed in render_all(images, args.output_dir):
         print(f"{'wrote' if changed else 'unchanged'} {path}")
     for name, reason in load_images(images).unresolved.items():
         print(f"skipped {name} (unresolved in {images}): {reason}")
     return 0
-
-
-def _cmd_check(args: argparse.Namespace) -> int:
-    problems, warnings = check_all(_images_path(args), args.output_dir)
-    for warning in warnings:
-        print(f"warning: {warning}")
-    for problem in problems:
-        print(f"error: {problem}")
-    if problems:
-        return 1
-    print(f"ok: definitions in {args.output_dir} match {_images_path(args)}")
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``sdbench containers render`` and ``sdbench containers check``."""
-    p = subparsers.add_parser("containers", help="render / check the Apptainer definition files")
-    sub = p.add_subparsers(dest="containers_command", required=True)
-    for name, func, help_ in (
-        ("render", _cmd_render, "write containers/<name>.def for every image of images.yaml"),
-        ("check", _cmd_check, "verify the definitions: digest pins, labels, %test, up to date"),
-    ):
-        q = sub.add_parser(name, help=help_)
-        q.add_argument("--images", help="images file (default: <output-dir>/images.yaml)")
-        q.add_argument("--output-dir", default="containers", help="directory of the .def files (default: containers)")
-        q.set_defaults(func=func)
 
 
 def image_identity(container: str | None, definitions_dir: str | Path) -> str:

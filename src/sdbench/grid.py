@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
-from sdbench.engines import unsupported_reason
+from sdbench.engine.versions import unsupported_reason
 
 CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
 
@@ -190,10 +190,3 @@ def _cmd_check(args: Any) -> int:
     grid = cells(config)
     print(f"{args.config}: valid; {len(grid)} cells")
     return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add ``sdbench check-config``."""
-    p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
-    p.add_argument("config")
-    p.set_defaults(func=_cmd_check)

@@ -1,5 +1,5 @@
-"""Atomic file writing (a result is either complete or absent, never half-written) and parquet reading
-whose errors name the file."""
+"""Atomic file and directory writing (a result is either complete or absent, never half-written) and
+parquet reading whose errors name the file."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas is imported by the functions that need it: light modules use atomic_path
+    import pandas as pd
 
 
 def write_error(exc: OSError, path: str | os.PathLike[str]) -> OSError:
@@ -66,6 +69,7 @@ def read_parquet(
     A missing file raises ``FileNotFoundError`` (``filename`` set); an empty, truncated, corrupted
     or non-parquet file, or a requested column it lacks, raises ``ValueError``.
     """
+    import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -112,3 +116,31 @@ def write_text(text: str, path: str | os.PathLike[str]) -> None:
             tmp.write_text(text)
         except OSError as exc:
             raise write_error(exc, path) from exc
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty temporary directory beside ``path``; move it onto ``path`` on success.
+
+    An existing ``path`` is replaced only once the new content is complete;
+    on any exception the temporary directory is removed and ``path`` is untouched.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        # mkdtemp makes the directory 0700 and some writers make files 0600.
+        for sub in [tmp, *tmp.rglob("*")]:
+            os.chmod(sub, 0o755 if sub.is_dir() else 0o644)
+        if final.exists():
+            # os.replace cannot overwrite a non-empty directory: swap via a side name.
+            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".old", dir=final.parent))
+            os.replace(final, old / "x")
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -95,7 +95,7 @@ def watch_workflow(poll: float = POLL_SECONDS) -> threading.Thread | None:
 
 def export_workflow_env(quiet_guard: str) -> None:
     """Called by the workflow (common.smk): its jobs inherit its pid and the guard mode."""
-    from sdbench.quietguard import ENV_MODE
+    from sdbench.engine.quietguard import ENV_MODE
 
     os.environ[ENV_WORKFLOW_PID] = str(os.getpid())
     os.environ[ENV_MODE] = quiet_guard

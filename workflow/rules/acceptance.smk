@@ -23,7 +23,7 @@ rule trace_cell:
         mem_mb=cell_mem_mb,
         runtime=cell_runtime,
     params:
-        code=code_digest("sdbench.runner"),
+        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
         spec=trace_spec,
         drafter=drafter_arg,
@@ -44,7 +44,7 @@ rule trace_ngram_offline:
     log:
         "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
     params:
-        code=code_digest("sdbench.trace_cli"),
+        code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
     shell:
         "sdbench trace ngram --input {input} --output {output} "
@@ -77,7 +77,7 @@ rule acceptance_grid:
     log:
         "logs/acceptance_grid.log",
     params:
-        code=code_digest("sdbench.acceptance"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
         labels=engine_trace_labels(),
     shell:
         "(sdbench acceptance table4 --traces {input} --labels {params.labels} "
@@ -92,7 +92,7 @@ rule fetch_published_traces:
     log:
         "logs/fetch_published_traces/{published}.log",
     params:
-        code=code_digest("sdbench.fetch"),
+        code=code_digest("sdbench.traces.cli", "sdbench.traces.fetch"),
         local=published_local_arg,
     shell:
         "sdbench fetch published-traces --dataset {wildcards.published} "
@@ -107,7 +107,7 @@ rule published_trace_table:
     log:
         "logs/published_trace_table/{published}.log",
     params:
-        code=code_digest("sdbench.trace_cli"),
+        code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
     shell:
         "sdbench trace published --input {input} --output {output} > {log} 2>&1"
 
@@ -138,7 +138,7 @@ rule acceptance_published:
     log:
         "logs/acceptance_published.log",
     params:
-        code=code_digest("sdbench.acceptance"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
     shell:
         "(sdbench acceptance table4 --traces {input} --output {output.table} "
         "--markdown {output.markdown} && "

@@ -33,7 +33,7 @@ rule aggregate:
     log:
         "logs/aggregate.log",
     params:
-        code=code_digest("sdbench.endtoend"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
         baseline=BASELINE,
     shell:
         "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
@@ -60,7 +60,7 @@ rule plot_throughput:
     log:
         "logs/plot_throughput.log",
     params:
-        code=code_digest("sdbench.endtoend"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
     shell:
         "sdbench plot-throughput --cells {input.cells} --output {output.throughput} "
         "--acceptance {output.acceptance} > {log} 2>&1"
@@ -86,7 +86,7 @@ rule memory_table:
     log:
         "logs/memory_table.log",
     params:
-        code=code_digest("sdbench.memory"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.memory"),
         models=memory_model_names(),
     shell:
         "sdbench memory-table --cells {input.cells} --models {params.models} "

@@ -15,7 +15,7 @@ rule bleu_buckets:
     log:
         "logs/bleu_buckets/{engine}/{model}/{dataset}.log",
     params:
-        code=code_digest("sdbench.bleu"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         order=BLEU["order"] if BLEU else 4,
     shell:
         "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
@@ -41,7 +41,7 @@ rule bleu_measured:
     log:
         "logs/bleu_measured/{engine}/{model}/{dataset}.log",
     params:
-        code=code_digest("sdbench.bleu"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         baseline=BASELINE,
         ngram=BLEU["ngram"] if BLEU else "",
         versus=BLEU["versus"] if BLEU else "",
@@ -64,7 +64,7 @@ rule bleu_buckets_published:
     log:
         "logs/bleu_buckets_published/{published}.log",
     params:
-        code=code_digest("sdbench.bleu"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         order=BLEU["order"] if BLEU else 4,
     shell:
         "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
@@ -90,7 +90,7 @@ rule bleu_simulated:
     log:
         "logs/bleu_simulated/{published}/{ngram_policy}.log",
     params:
-        code=code_digest("sdbench.bleu"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         versus=BLEU.get("published_versus_policy", "fixed-3") if BLEU else "fixed-3",
         batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),

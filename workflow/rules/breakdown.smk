@@ -22,7 +22,7 @@ rule breakdown_cell:
         mem_mb=cell_mem_mb,
         runtime=cell_runtime,
     params:
-        code=code_digest("sdbench.runner"),
+        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
         spec=breakdown_spec,
         drafter=drafter_arg,
@@ -52,7 +52,7 @@ rule breakdown_plot:
     log:
         "logs/breakdown_plot.log",
     params:
-        code=code_digest("sdbench.steptiming"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.breakdown"),
     shell:
         "sdbench breakdown plot --steps {input} --output {output.figure} "
         "--table {output.table} > {log} 2>&1"

@@ -41,6 +41,7 @@ CELLS = cells(config)
 BASELINE = baseline_method(config)
 BUILT_MODELS = sorted(k for k, m in config["models"].items() if "build" in m)
 HUB_MODELS = sorted(k for k, m in config["models"].items() if "hf_id" in m)
+HEADS = sorted(k for k, m in config["models"].items() if "head" in m)
 
 
 def _alternatives(names):
@@ -55,6 +56,7 @@ wildcard_constraints:
     share=r"all|bs\d+",
     built_model=_alternatives(BUILT_MODELS),
     hub_model=_alternatives(HUB_MODELS),
+    head=_alternatives(HEADS),
     published="gsm8k|instructcoder|sharegpt|cnn",
     mode="compat|exact",
     proposer="ngram|eagle|combined",
@@ -78,7 +80,7 @@ def _cell(wildcards):
 
 def model_dir(key):
     """Directory of a model: built by the pipeline or downloaded from the hub."""
-    if key in BUILT_MODELS:
+    if key in BUILT_MODELS or key in HEADS:
         return f"results/models/built/{key}"
     return f"resources/hub/{key}"
 
@@ -209,6 +211,27 @@ def build_threads(wildcards):
     return config["models"][wildcards.built_model]["build"].get("threads", 1)
 
 
+def head_target(wildcards):
+    return model_dir(config["models"][wildcards.head]["head"]["target"])
+
+
+def head_args(wildcards):
+    """CLI options of `sdbench train-head` from the head's entry (its target is an input)."""
+    head = {
+        k: v
+        for k, v in config["models"][wildcards.head]["head"].items()
+        if k not in ("target", "threads")
+    }
+    return " ".join(
+        f"--{k.replace('_', '-')} {' '.join(map(shlex.quote, map(str, v))) if isinstance(v, list) else shlex.quote(str(v))}"
+        for k, v in sorted(head.items())
+    )
+
+
+def head_threads(wildcards):
+    return config["models"][wildcards.head]["head"].get("threads", 1)
+
+
 def dataset_entry(wildcards):
     return shlex.quote(
         json.dumps(config["datasets"][wildcards.dataset], sort_keys=True)
@@ -332,14 +355,14 @@ def published_local_arg(wildcards):
 def memory_model_names():
     """Model key -> what `sdbench memory` loads: the repo id, or the built model's directory."""
     names = {
-        k: model_dir(k) if k in BUILT_MODELS else m["hf_id"]
+        k: model_dir(k) if k in BUILT_MODELS or k in HEADS else m["hf_id"]
         for k, m in config["models"].items()
     }
     return shlex.quote(json.dumps(names, sort_keys=True))
 
 
 def built_model_dirs():
-    return [model_dir(k) for k in BUILT_MODELS if k in models_used(config)]
+    return [model_dir(k) for k in BUILT_MODELS + HEADS if k in models_used(config)]
 
 
 BLEU = config.get("bleu")
@@ -403,7 +426,12 @@ def published_jsonl():
 def validation_targets():
     """Engine x model x dataset with in-engine traces of both an n-gram and a drafter method."""
     kinds = {}
-    for t in TRACES:
+    # The simulator's learned proposer is the paper's EAGLE where it was traced.
+    preference = {"eagle": 0, "eagle3": 1}
+    ranked = sorted(
+        TRACES, key=lambda t: -preference.get(config["methods"][t.method]["method"], 2)
+    )
+    for t in ranked:
         kind = (
             "ngram" if config["methods"][t.method]["method"] == "ngram" else "drafter"
         )

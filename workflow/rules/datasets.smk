@@ -9,7 +9,7 @@ rule prepare_dataset:
     log:
         "logs/prepare_dataset/{model}/{dataset}.log",
     params:
-        code=code_digest("sdbench.datasets"),
+        code=code_digest("sdbench.datasets.cli", "sdbench.datasets.prompts"),
         entry=dataset_entry,
         chat=chat_template_kwargs,
         seed=config["seed"],

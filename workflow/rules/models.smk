@@ -8,7 +8,9 @@ rule build_tokenizer:
     log:
         "logs/build_tokenizer.log",
     params:
-        code=code_digest("sdbench.tinymodels"),
+        code=code_digest(
+            "sdbench.models.cli", "sdbench.models.tokenizer", "sdbench.models.training"
+        ),
         seed=config["seed"],
     shell:
         "sdbench build-tokenizer --output {output} --seed {params.seed} > {log} 2>&1"
@@ -25,12 +27,34 @@ rule build_model:
         "benchmarks/build_model/{built_model}.tsv"
     threads: build_threads
     params:
-        code=code_digest("sdbench.tinymodels"),
+        code=code_digest(
+            "sdbench.models.cli", "sdbench.models.tokenizer", "sdbench.models.training"
+        ),
         args=build_args,
         seed=config["seed"],
     shell:
         "sdbench train-model --tokenizer {input.tokenizer} --output {output} "
         "--seed {params.seed} --threads {threads} {params.args} > {log} 2>&1"
+
+
+rule build_head:
+    input:
+        target=head_target,
+        tokenizer="results/models/tokenizer",
+    output:
+        directory("results/models/built/{head}"),
+    log:
+        "logs/build_head/{head}.log",
+    benchmark:
+        "benchmarks/build_head/{head}.tsv"
+    threads: head_threads
+    params:
+        code=code_digest("sdbench.models.cli", "sdbench.models.eagle"),
+        args=head_args,
+        seed=config["seed"],
+    shell:
+        "sdbench train-head --target {input.target} --tokenizer {input.tokenizer} "
+        "--output {output} --seed {params.seed} --threads {threads} {params.args} > {log} 2>&1"
 
 
 rule download_model:
@@ -39,7 +63,7 @@ rule download_model:
     log:
         "logs/download_model/{hub_model}.log",
     params:
-        code=code_digest("sdbench.hub"),
+        code=code_digest("sdbench.models.cli", "sdbench.models.hub"),
         repo=hub_id,
         revision=hub_revision,
     shell:

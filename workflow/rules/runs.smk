@@ -21,7 +21,7 @@ rule run_engine:
         mem_mb=cell_mem_mb,
         runtime=group_runtime,
     params:
-        code=code_digest("sdbench.runner"),
+        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
         spec=group_spec,
         drafter=drafter_arg,
@@ -41,7 +41,7 @@ rule run_cell:
         "logs/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
     localrule: True
     params:
-        code=code_digest("sdbench.runner"),
+        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         outdir=subpath(output.summary, parent=True),
     shell:
         "sdbench cell-tables --group-dir {input} --dataset {wildcards.dataset} "

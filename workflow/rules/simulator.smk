@@ -16,7 +16,7 @@ rule simulate_published:
     log:
         "logs/simulate_published/{mode}/{proposer}.log",
     params:
-        code=code_digest("sdbench.simulator"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         policies=sim_policies,
         batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
@@ -43,7 +43,7 @@ rule simulate_published_figures:
     log:
         "logs/simulate_published_figures/{mode}.log",
     params:
-        code=code_digest("sdbench.simulator"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
         "sdbench simulate figures --results {input} --output-dir {output} > {log} 2>&1"
 
@@ -62,7 +62,7 @@ rule simulate_compare:
     log:
         "logs/simulate_compare.log",
     params:
-        code=code_digest("sdbench.simulator"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
     shell:
         "sdbench simulate compare --traces {input} --cost-model {params.cost_model} "
@@ -83,7 +83,7 @@ rule simulate_adaptive:
     log:
         "logs/simulate_adaptive.log",
     params:
-        code=code_digest("sdbench.simulator"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
         "sdbench simulate adaptive-report --traces {input} --output-dir {output} > {log} 2>&1"
 
@@ -101,7 +101,7 @@ rule fit_cost_model:
     log:
         "logs/fit_cost_model.log",
     params:
-        code=code_digest("sdbench.costmodel"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.costmodel"),
     shell:
         "sdbench costmodel fit --steps {input} --method-column sd_method "
         "--output {output} --name measured > {log} 2>&1"
@@ -115,7 +115,7 @@ rule simulation_traces:
     log:
         "logs/simulation_traces/{engine}/{model}/{dataset}.log",
     params:
-        code=code_digest("sdbench.trace_cli"),
+        code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
     shell:
         "sdbench trace stack --inputs {input.traces} --output {output} > {log} 2>&1"
 
@@ -135,7 +135,7 @@ rule simulate_cells:
     log:
         "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
     params:
-        code=code_digest("sdbench.simulator"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
@@ -164,7 +164,7 @@ rule validate_simulator:
     log:
         "logs/validate_simulator.log",
     params:
-        code=code_digest("sdbench.validation"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.validation"),
         methods=methods_json(),
     shell:
         "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
@@ -187,7 +187,7 @@ rule simulate_adaptive_cells:
     log:
         "logs/simulate_adaptive_cells/{engine}/{model}.log",
     params:
-        code=code_digest("sdbench.simulator"),
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         args=adaptive_cell_args,
     shell:
         "sdbench simulate adaptive-report --traces {input.stacked} --requests {input.requests} "

@@ -1,0 +1,423 @@
+"""Prompt-output overlap as BLEU-n, bucketed (paper Sec. 7, Fig. 8).
+
+For each request, BLEU-n between the prompt and the output generated without speculative decoding:
+
+* hypothesis = the no-SD output, reference = the prompt. BLEU's modified n-gram precision is then the
+  share of the output's n-grams that also occur in the prompt, i.e. what an n-gram (prompt-lookup)
+  proposer could have copied. The brevity penalty (standard BLEU, Papineni et al.) applies when the
+  output is shorter than the prompt.
+* On token ids (the published traces carry ids only): ids are joined as space-separated integers and
+  scored with ``tokenize='none'``, so every id is one "word" and BLEU-n measures n-gram overlap of token
+  ids -- exactly the units an n-gram proposer matches. On text (``prompt_text``/``output_text`` columns,
+  or ids decoded with ``--tokenizer``): sacrebleu's default ``13a`` tokenizer.
+* Smoothing: ``exp`` (Chen & Cherry 2014 method 3; sacrebleu's sentence-level default) with
+  ``effective_order=True``. Without smoothing a single order with no match makes BLEU exactly 0; that
+  would put a request with no shared 10-gram in the lowest bucket regardless of its lower-order
+  overlap. ``exp`` only affects orders with zero matches, so long outputs are unaffected.
+
+Buckets are [0,0.2), [0.2,0.4), [0.4,0.6), [0.6,0.8), [0.8,1.0] on BLEU in 0..1 (1.0 in the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sacrebleu.metrics import BLEU
+
+from sdbench.io import write_parquet
+from sdbench.plotting import pyplot, save_png
+
+DEFAULT_ORDER = 4
+MAX_ORDER = 10
+SMOOTH_METHOD = "exp"
+BUCKET_EDGES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+BUCKET_LABELS = ("[0.0,0.2)", "[0.2,0.4)", "[0.4,0.6)", "[0.6,0.8)", "[0.8,1.0]")
+BUCKET_COLUMNS = ("request_id", "bleu_order", "bleu", "bucket")
+BASES = ("auto", "text", "ids")
+# sacrebleu sums logs: a perfect match can come out as 1.0000000000000013.
+_ROUNDING_SLACK = 1e-9
+
+
+@lru_cache(maxsize=None)
+def _scorer(order: int, tokenize: str) -> BLEU:
+    if not 1 <= order <= MAX_ORDER:
+        raise ValueError(f"BLEU order must be in 1..{MAX_ORDER}, got {order}")
+    return BLEU(max_ngram_order=order, tokenize=tokenize, smooth_method=SMOOTH_METHOD, effective_order=True)
+
+
+def _clamp(score: float) -> float:
+    if not -_ROUNDING_SLACK <= score <= 1 + _ROUNDING_SLACK:
+        raise ValueError(f"BLEU {score!r} outside [0, 1]")
+    return min(max(score, 0.0), 1.0)
+
+
+def sentence_bleu(output: str, prompt: str, order: int = DEFAULT_ORDER, tokenize: str = "13a") -> float:
+    """BLEU-``order`` in [0, 1] of ``output`` (hypothesis) against ``prompt`` (reference)."""
+    return _clamp(_scorer(order, tokenize).sentence_score(output, [prompt]).score / 100.0)
+
+
+def ids_to_words(ids: Sequence[int]) -> str:
+    """Token ids as one space-separated string: each id becomes one BLEU "word"."""
+    return " ".join(str(int(i)) for i in ids)
+
+
+def bleu_ids(prompt_ids: Sequence[int], output_ids: Sequence[int], order: int = DEFAULT_ORDER) -> float:
+    """BLEU-``order`` of the output against the prompt, on token ids."""
+    return sentence_bleu(ids_to_words(output_ids), ids_to_words(prompt_ids), order, tokenize="none")
+
+
+def bleu_text(prompt_text: str, output_text: str, order: int = DEFAULT_ORDER) -> float:
+    """BLEU-``order`` of the output against the prompt, on text (sacrebleu ``13a`` tokenization)."""
+    return sentence_bleu(output_text, prompt_text, order, tokenize="13a")
+
+
+def bucket_of(score: float) -> str:
+    """Bucket label of a BLEU score in [0, 1]; left-closed, the last bucket also holds 1.0."""
+    if score is None or not isinstance(score, (int, float)) or math.isnan(score) or not 0.0 <= score <= 1.0:
+        raise ValueError(f"BLEU score {score!r} is not in [0, 1]")
+    # searchsorted on the inner edges: a score equal to an edge goes to the bucket it opens.
+    return BUCKET_LABELS[int(np.searchsorted(BUCKET_EDGES[1:-1], score, side="right"))]
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+
+
+def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read requests from a published-trace JSONL or a run-cell requests parquet, in file order.
+
+    Returns ``request_id``, ``prompt_token_ids``, ``output_token_ids`` and, when the parquet has them,
+    ``prompt_text`` / ``output_text``.
+    """
+    path = Path(path)
+    if path.suffix in (".jsonl", ".json"):
+        from sdbench.traces.published import read_published_jsonl
+
+        df = pd.DataFrame(
+            [(r.request_id, r.prompt_token_ids, r.generated_token_ids) for r in read_published_jsonl(path)],
+            columns=["request_id", "prompt_token_ids", "output_token_ids"],
+        )
+    elif path.suffix == ".parquet":
+        from sdbench.io import read_parquet
+
+        df = read_parquet(path, what="requests table")
+        missing = [c for c in ("request_id", "prompt_token_ids", "output_token_ids") if c not in df.columns]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (have: {', '.join(df.columns)})")
+        keep = [
+            c
+            for c in ("request_id", "prompt_token_ids", "output_token_ids", "prompt_text", "output_text")
+            if c in df.columns
+        ]
+        df = df[keep].copy()
+        df["request_id"] = df["request_id"].astype(str)
+    else:
+        raise ValueError(f"{path}: expected a .jsonl published trace or a .parquet requests table")
+    if df.empty:
+        raise ValueError(f"{path}: no requests (expected one row per request)")
+    dup = df["request_id"][df["request_id"].duplicated()]
+    if len(dup):
+        raise ValueError(f"{path}: duplicate request_id(s) {', '.join(map(str, dup.unique()[:5]))}")
+    return df.reset_index(drop=True)
+
+
+def _decode_with(tokenizer_path: str | os.PathLike[str], df: pd.DataFrame) -> pd.DataFrame:
+    """Fill ``prompt_text`` / ``output_text`` by decoding ids with a ``tokenizer.json``."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as exc:  # optional dependency (the `engine` extra)
+        raise ValueError("--tokenizer needs the `tokenizers` package (pip install sdbench[engine])") from exc
+    path = Path(tokenizer_path)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+    df = df.copy()
+    df["prompt_text"] = [tok.decode(list(map(int, ids)), skip_special_tokens=False) for ids in df["prompt_token_ids"]]
+    df["output_text"] = [tok.decode(list(map(int, ids)), skip_special_tokens=False) for ids in df["output_token_ids"]]
+    return df
+
+
+def _has_text(df: pd.DataFrame) -> bool:
+    return all(c in df.columns and df[c].notna().all() for c in ("prompt_text", "output_text"))
+
+
+def compute_buckets(requests: pd.DataFrame, order: int = DEFAULT_ORDER, basis: str = "auto") -> pd.DataFrame:
+    """Per-request BLEU-``order`` and bucket, in input order.
+
+    ``basis``: ``text`` (needs text columns), ``ids``, or ``auto`` (text when every row has both texts,
+    otherwise ids for all rows -- never a mix, so buckets stay comparable within a file). The basis and
+    smoothing are recorded in ``DataFrame.attrs`` (stored in the parquet's pandas metadata).
+    """
+    if basis not in BASES:
+        raise ValueError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+    _scorer(order, "none")  # validate order early
+    use_text = basis == "text" or (basis == "auto" and _has_text(requests))
+    if use_text and not _has_text(requests):
+        raise ValueError("basis 'text' needs non-null prompt_text and output_text for every request")
+    if use_text:
+        scores = [bleu_text(p, o, order) for p, o in zip(requests["prompt_text"], requests["output_text"])]
+    else:
+        scores = [bleu_ids(p, o, order) for p, o in zip(requests["prompt_token_ids"], requests["output_token_ids"])]
+    out = pd.DataFrame(
+        {
+            "request_id": requests["request_id"].astype(str).to_numpy(),
+            "bleu_order": np.full(len(scores), order, dtype="int64"),
+            "bleu": np.asarray(scores, dtype="float64"),
+            "bucket": [bucket_of(s) for s in scores],
+        }
+    )
+    out.attrs = {
+        "bleu_basis": "text_13a" if use_text else "token_ids",
+        "hypothesis": "output",
+        "reference": "prompt",
+        "smooth_method": SMOOTH_METHOD,
+    }
+    return out
+
+
+def bucket_counts(buckets: pd.DataFrame) -> dict[str, int]:
+    """Requests per bucket label, every bucket present (zero if empty), in bucket order."""
+    counts = buckets["bucket"].value_counts()
+    return {label: int(counts.get(label, 0)) for label in BUCKET_LABELS}
+
+
+# --------------------------------------------------------------------------------------------------
+# Fig. 8 heatmap
+
+
+def plot_heatmap(
+    speedups: pd.DataFrame,
+    buckets: pd.DataFrame,
+    out_png: str | os.PathLike[str],
+    title: str | None = None,
+    versus_label: str = "EAGLE",
+) -> None:
+    """Fig. 8-style heatmap of n-gram's speedup relative to EAGLE, by BLEU bucket and batch size.
+
+    ``speedups`` has ``bucket``, ``batch_size`` and ``relative_speedup`` (n-gram speedup / EAGLE
+    speedup); cells show ``(relative_speedup - 1)`` in percent, blue where n-gram wins, red where it
+    loses. ``buckets`` (the ``bleu buckets`` product) supplies n per bucket and the BLEU order.
+    """
+    plt = pyplot()
+    import matplotlib
+    from matplotlib.colors import TwoSlopeNorm
+
+    for name, df, cols in (
+        ("speedups", speedups, ("bucket", "batch_size", "relative_speedup")),
+        ("buckets", buckets, BUCKET_COLUMNS),
+    ):
+        missing = [c for c in cols if c not in df.columns]
+        if missing:
+            raise ValueError(f"{name} table lacks column(s) {', '.join(missing)}")
+    unknown = sorted(set(speedups["bucket"]) - set(BUCKET_LABELS))
+    if unknown:
+        raise ValueError(f"speedups: unknown bucket label(s) {unknown} (expected {list(BUCKET_LABELS)})")
+    if speedups.duplicated(["bucket", "batch_size"]).any():
+        raise ValueError("speedups: more than one row for a (bucket, batch_size)")
+    orders = sorted(set(int(o) for o in buckets["bleu_order"]))
+    if len(orders) != 1:
+        raise ValueError(f"buckets: expected one bleu_order, found {orders}")
+
+    batch_sizes = sorted(int(b) for b in speedups["batch_size"].unique())
+    grid = (
+        speedups.assign(
+            pct=(speedups["relative_speedup"].astype(float) - 1.0) * 100.0,
+            batch_size=speedups["batch_size"].astype(int),
+        )
+        .pivot(index="batch_size", columns="bucket", values="pct")
+        .reindex(index=batch_sizes, columns=list(BUCKET_LABELS))
+    )
+    values = grid.to_numpy(dtype=float)
+    counts = bucket_counts(buckets)
+    span = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+    span = max(span, 1.0)
+
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(batch_sizes) + 1.8))
+    cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
+    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=TwoSlopeNorm(0.0, -span, span), aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(
+                j,
+                i,
+                f"{v:+.0f}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if abs(v) > 0.6 * span else "black",
+            )
+    ax.set_xticks(range(len(BUCKET_LABELS)))
+    ax.set_xticklabels([f"{b}\nn={counts[b]}" for b in BUCKET_LABELS], fontsize=8)
+    ax.set_yticks(range(len(batch_sizes)))
+    ax.set_yticklabels([str(b) for b in batch_sizes], fontsize=8)
+    ax.set_xlabel(f"BLEU-{orders[0]} (prompt vs. no-SD output)")
+    ax.set_ylabel("Batch size")
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.colorbar(im, ax=ax, label=f"n-gram speedup relative to {versus_label} (%)")
+    fig.tight_layout()
+    save_png(fig, out_png, dpi=150)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _run_buckets(args: argparse.Namespace) -> int:
+    # Errors (ValueError naming the file) become one `error:` line in sdbench.cli.main.
+    requests = read_requests(args.input)
+    if args.tokenizer:
+        requests = _decode_with(args.tokenizer, requests)
+    out = compute_buckets(requests, order=args.order, basis=args.basis)
+    write_parquet(out, args.output)
+    print(
+        json.dumps(
+            {
+                "output": str(args.output),
+                "bleu_order": args.order,
+                "basis": out.attrs["bleu_basis"],
+                "counts": bucket_counts(out),
+            }
+        )
+    )
+    return 0
+
+
+def _run_heatmap(args: argparse.Namespace) -> int:
+    from sdbench.io import read_parquet
+
+    speedups = read_parquet(args.speedups, what="speedups table")
+    plot_heatmap(speedups, read_parquet(args.buckets, what="buckets table"), args.output, title=args.title)
+    return 0
+
+
+def measured_bucket_speedups(
+    calls: pd.DataFrame, buckets: pd.DataFrame, baseline: str, ngram: str, versus: str
+) -> pd.DataFrame:
+    """Fig. 8 from engine runs: n-gram's speedup relative to ``versus`` per BLEU bucket x batch size.
+
+    Uses replicate-mode calls (one prompt per call): per request, speedup = its call's
+    throughput with a method / without SD at the same batch size; per bucket, the ratio of
+    the mean n-gram speedup to the mean ``versus`` speedup.
+    """
+    keys = ["engine", "model", "dataset", "batch_size", "request_id"]
+    calls = calls[calls["request_id"] != "*"]
+    if calls.empty:
+        raise ValueError("measured BLEU speedups need replicate-mode calls (one prompt per call)")
+    base = calls[calls["method"] == baseline][keys + ["tokens_per_s"]].rename(columns={"tokens_per_s": "base_tps"})
+    rows = calls[calls["method"].isin([ngram, versus])].merge(base, on=keys, how="inner")
+    rows = rows.assign(speedup=rows["tokens_per_s"] / rows["base_tps"])
+    rows = rows.merge(buckets[["request_id", "bucket"]], on="request_id", how="inner")
+    mean = rows.groupby(["bucket", "batch_size", "method"])["speedup"].mean().unstack("method")
+    counts = rows[rows["method"] == ngram].groupby(["bucket", "batch_size"]).size().rename("n")
+    out = pd.DataFrame({"relative_speedup": mean[ngram] / mean[versus]}).join(counts).reset_index()
+    return out.dropna(subset=["relative_speedup"]).sort_values(["bucket", "batch_size"]).reset_index(drop=True)
+
+
+def simulated_bucket_speedups(
+    traces: Any,
+    buckets: pd.DataFrame,
+    batch_sizes: Sequence[int],
+    cost_model: Any,
+    ngram_policy: str = "fixed-3",
+    versus_policy: str = "fixed-3",
+    mode: str = "exact",
+) -> pd.DataFrame:
+    """Fig. 8 from acceptance traces: per BLEU bucket x batch size, the simulated n-gram speedup
+    divided by the simulated learned-drafter (EAGLE) speedup.
+
+    ``traces`` is a :class:`sdbench.simulator.tracesets.TraceSet`; every request in the bucket is simulated
+    (no sampling), with replicated batches as in the paper's simulator. Buckets with no request
+    are left out. Columns: ``bucket, batch_size, n, ngram_policy, versus_policy, mode, cost_model,
+    ngram_speedup, versus_speedup, relative_speedup``.
+    """
+    from sdbench.simulator.core import simulate
+    from sdbench.simulator.tracesets import with_ngram_proposals
+
+    bucket_by_id = dict(zip(buckets["request_id"].astype(str), buckets["bucket"]))
+    missing = [r.request_id for r in traces.requests if r.request_id not in bucket_by_id]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} request(s) of {traces.source} have no BLEU bucket (first: {missing[0]!r}); "
+            "were the buckets computed from the same traces?"
+        )
+    if mode == "exact":  # trace n-gram proposal lengths once, not per bucket
+        traces = with_ngram_proposals(traces)
+    rows = []
+    for label in BUCKET_LABELS:
+        subset = replace(traces, requests=tuple(r for r in traces.requests if bucket_by_id[r.request_id] == label))
+        if not subset.requests:
+            continue
+        runs = {
+            proposer: simulate(
+                [subset], proposer, [policy], batch_sizes, cost_model, mode, num_requests=0
+            ).set_index("batch_size")
+            for proposer, policy in (("ngram", ngram_policy), ("eagle", versus_policy))
+        }
+        for b in sorted(int(x) for x in batch_sizes):
+            ng, vs = runs["ngram"].loc[b], runs["eagle"].loc[b]
+            rows.append(
+                {
+                    "bucket": label,
+                    "batch_size": b,
+                    "n": int(ng["num_requests"]),
+                    "ngram_policy": ngram_policy,
+                    "versus_policy": versus_policy,
+                    "mode": mode,
+                    "cost_model": cost_model.name,
+                    "ngram_speedup": float(ng["speedup"]),
+                    "versus_speedup": float(vs["speedup"]),
+                    "relative_speedup": float(ng["speedup"]) / float(vs["speedup"]),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _run_simulated(args: argparse.Namespace) -> int:
+    from sdbench.io import read_parquet
+    from sdbench.simulator.costmodel import load_cost_model
+    from sdbench.simulator.tracesets import load_traces
+
+    traces = load_traces(args.traces)
+    buckets = read_parquet(args.buckets, what="buckets table")
+    table = simulated_bucket_speedups(
+        traces,
+        buckets,
+        args.batch_sizes,
+        load_cost_model(args.cost_model),
+        args.ngram_policy,
+        args.versus_policy,
+        args.mode,
+    )
+    write_parquet(table, args.output)
+    plot_heatmap(
+        table,
+        buckets,
+        args.figure,
+        title=f"{traces.dataset}: n-gram {args.ngram_policy} vs EAGLE {args.versus_policy} (simulated, {args.mode})",
+    )
+    print(json.dumps({"output": str(args.output), "counts": bucket_counts(buckets)}))
+    return 0
+
+
+def _run_measured(args: argparse.Namespace) -> int:
+    from sdbench.io import write_parquet
+
+    from sdbench.io import read_parquet
+
+    calls = pd.concat([read_parquet(p, what="calls table") for p in args.calls], ignore_index=True)
+    buckets = read_parquet(args.buckets, what="buckets table")
+    table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus)
+    write_parquet(table, args.output)
+    plot_heatmap(
+        table, buckets, args.figure, title=f"{args.ngram} vs {args.versus} (measured)", versus_label=args.versus
+    )
+    return 0

@@ -1,0 +1,191 @@
+"""Commands of the analysis stage: ``sdbench aggregate``, ``plot-throughput``, ``memory``,
+``memory-table``, ``bleu``, ``acceptance`` and ``breakdown``.
+
+Argument parsing only (argparse and the standard library); each command's implementation is
+imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
+same as the implementation's (tests/test_cli.py checks that they match).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sdbench.lazy import lazy
+
+# memory: SD methods and serving dtypes it accounts for (analysis.memory.METHODS, models.spec.DTYPE_BYTES)
+METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
+# bleu: BLEU orders and bases (analysis.bleu.DEFAULT_ORDER, MAX_ORDER, BASES)
+DEFAULT_ORDER = 4
+MAX_ORDER = 10
+BASES: tuple[str, ...] = ("auto", "text", "ids")
+
+
+def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench aggregate``."""
+    p = subparsers.add_parser("aggregate", help="join cell summaries; speedups; Tab. 1")
+    p.add_argument("--summaries", nargs="+", required=True, help="summary.parquet of every cell")
+    p.add_argument("--requests", nargs="+", required=True, help="requests.parquet of every cell")
+    p.add_argument("--baseline", required=True, help="method key of the no-SD baseline")
+    p.add_argument("--cells", required=True, help="output: joined cell table (parquet)")
+    p.add_argument("--lengths", required=True, help="output: Tab. 1 generation lengths (parquet)")
+    p.add_argument("--lengths-md", required=True, help="output: Tab. 1 rendered as Markdown")
+    p.add_argument("--divergence", required=True, help="output: share of outputs differing from no-SD")
+    p.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_aggregate"))
+
+
+def add_plot_throughput(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench plot-throughput``."""
+    q = subparsers.add_parser("plot-throughput", help="Fig. 1/2: throughput and speedup vs batch size")
+    q.add_argument("--cells", required=True)
+    q.add_argument("--output", required=True, help="PNG path")
+    q.add_argument("--acceptance", default=None, help="PNG path: acceptance rate by draft position")
+    q.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_plot"))
+
+
+def add_memory_table(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench memory-table``."""
+    t = subparsers.add_parser("memory-table", help="analytical vs measured memory per cell")
+    t.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    t.add_argument("--models", required=True, help="JSON: model key -> repo id or model directory")
+    t.add_argument("--dtype", choices=DTYPES, default=None)
+    t.add_argument("--output", required=True, help="parquet")
+    t.add_argument("--figure", required=True, help="PNG")
+    t.set_defaults(func=lazy("sdbench.analysis.memory", "_run_cells_table"))
+
+
+def add_memory(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench memory``."""
+    p = subparsers.add_parser(
+        "memory",
+        help="analytical weight and KV-cache memory of a target/drafter pair (paper Tab. 2)",
+        description="Print static weight memory (GiB) and per-token KV cache (KiB) as JSON. "
+        "NAME is a Hugging Face repo id with a config in --models-dir, or a local model directory / config.json.",
+    )
+    p.add_argument("--target", required=True, metavar="NAME")
+    p.add_argument("--draft", metavar="NAME", help="EAGLE/EAGLE-3 head or draft model (omit for none/ngram/mtp)")
+    p.add_argument("--method", choices=METHODS, help="default: none without --draft, else implied by the drafter")
+    p.add_argument(
+        "--models-dir",
+        type=Path,
+        default=None,
+        help="directory of architecture YAMLs to use instead of the shipped ones and $SDBENCH_DATA_DIR/models",
+    )
+    p.add_argument("--dtype", choices=DTYPES, help="serving dtype (default: the target's torch_dtype)")
+    p.set_defaults(func=lazy("sdbench.analysis.memory", "_run"))
+
+
+def add_bleu(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench bleu buckets|heatmap|measured|simulated``."""
+    p = subparsers.add_parser("bleu", help="prompt-output BLEU buckets and the Fig. 8 heatmap (paper Sec. 7)")
+    sub = p.add_subparsers(dest="bleu_command", required=True)
+
+    b = sub.add_parser("buckets", help="per-request BLEU-n between prompt and no-SD output, bucketed")
+    b.add_argument(
+        "--input", required=True, type=Path, metavar="FILE", help="published-trace .jsonl or requests .parquet"
+    )
+    b.add_argument("--output", required=True, type=Path, metavar="OUT.parquet")
+    b.add_argument(
+        "--order", type=int, default=DEFAULT_ORDER, choices=range(1, MAX_ORDER + 1), metavar=f"1..{MAX_ORDER}"
+    )
+    b.add_argument("--basis", choices=BASES, default="auto", help="text or token ids (auto: text when present)")
+    b.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json (or its directory) to decode ids to text")
+    b.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_buckets"))
+
+    h = sub.add_parser("heatmap", help="Fig. 8: n-gram vs EAGLE relative speedup by BLEU bucket and batch size")
+    h.add_argument("--speedups", required=True, type=Path, metavar="TABLE.parquet")
+    h.add_argument("--buckets", required=True, type=Path, metavar="BUCKETS.parquet")
+    h.add_argument("--output", required=True, type=Path, metavar="fig8.png")
+    h.add_argument("--title", default=None)
+    h.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_heatmap"))
+    m = sub.add_parser("measured", help="Fig. 8 from engine runs: per-bucket n-gram vs drafter speedup")
+    m.add_argument("--calls", nargs="+", required=True, help="calls.parquet of the baseline, n-gram and versus cells")
+    m.add_argument("--buckets", required=True, help="bleu buckets parquet of the same prompts")
+    m.add_argument("--baseline", required=True, help="method key of the no-SD cells")
+    m.add_argument("--ngram", required=True, help="method key of the n-gram cells")
+    m.add_argument("--versus", required=True, help="method key of the learned/draft-model cells")
+    m.add_argument("--output", required=True, help="table (parquet)")
+    m.add_argument("--figure", required=True, help="heatmap (PNG)")
+    m.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_measured"))
+
+    sim = sub.add_parser("simulated", help="Fig. 8 from traces: per-bucket simulated n-gram vs EAGLE speedup")
+    sim.add_argument("--traces", required=True, type=Path, help="published-trace .jsonl (or trace table)")
+    sim.add_argument("--buckets", required=True, type=Path, help="bleu buckets parquet of the same requests")
+    sim.add_argument("--ngram-policy", default="fixed-3", help="simulator policy of the n-gram proposer")
+    sim.add_argument("--versus-policy", default="fixed-3", help="simulator policy of the learned drafter")
+    sim.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128])
+    sim.add_argument("--cost-model", default="llama3.1-8b-h100", help="cost model name or YAML path")
+    sim.add_argument("--mode", choices=("exact", "compat"), default="exact")
+    sim.add_argument("--output", required=True, type=Path, metavar="TABLE.parquet")
+    sim.add_argument("--figure", required=True, type=Path, metavar="fig8.png")
+    sim.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_simulated"))
+
+
+def _add_trace_table_args(parser: argparse.ArgumentParser) -> None:
+    """``--traces`` and ``--labels`` of the acceptance analyses."""
+    parser.add_argument("--traces", nargs="+", required=True, help="trace table .parquet files")
+    parser.add_argument(
+        "--labels",
+        nargs="+",
+        default=None,
+        help="dataset label per trace file (default: file name, combined_<dataset> -> <dataset>)",
+    )
+
+
+def add_acceptance(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``acceptance {table4,figures}``."""
+    acc = subparsers.add_parser("acceptance", help="acceptance analyses of trace tables (Sec. 6)")
+    sub = acc.add_subparsers(dest="acceptance_command", required=True)
+
+    t4 = sub.add_parser("table4", help="Tab. 4: stats of per-request mean acc_len per dataset x method")
+    _add_trace_table_args(t4)
+    t4.add_argument("--output", required=True, help="table .parquet to write")
+    t4.add_argument("--markdown", default=None, help="also write a markdown rendering here")
+    t4.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_table4"))
+
+    figs = sub.add_parser("figures", help="Fig. 4, 5, 6/13, 10 PNGs (+ their data as parquet)")
+    _add_trace_table_args(figs)
+    figs.add_argument("--outdir", required=True)
+    figs.add_argument(
+        "--max-position", type=int, default=512, help="positions shown in heatmaps (paper: 512; <=0: all)"
+    )
+    figs.add_argument(
+        "--per-class",
+        type=int,
+        default=50,
+        help="requests sampled per output-length class in Fig. 5 (paper: 50; <=0: all)",
+    )
+    figs.add_argument("--seed", type=int, default=0, help="seed of the Fig. 5 sampling")
+    figs.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_figures"))
+
+
+def add_breakdown(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``breakdown plot``."""
+    parser = subparsers.add_parser("breakdown", help="runtime breakdown per stage (Sec. 5.1, Fig. 3)")
+    sub = parser.add_subparsers(dest="breakdown_command", required=True)
+    plot = sub.add_parser("plot", help="stacked-bar figure (+ table) of stage fractions per method x batch size")
+    plot.add_argument(
+        "--steps",
+        nargs="+",
+        required=True,
+        help="step tables (.parquet/.csv): read_step_dir() columns plus method, batch_size",
+    )
+    plot.add_argument("--output", required=True, help="PNG to write")
+    plot.add_argument("--table", default=None, help="also write the fractions table (.parquet) here")
+    plot.add_argument("--title", default=None, help="figure title (e.g. the model)")
+    plot.set_defaults(func=lazy("sdbench.analysis.breakdown", "_cmd_plot"))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the analysis stage's commands."""
+    for add in (
+        add_acceptance,
+        add_aggregate,
+        add_plot_throughput,
+        add_memory_table,
+        add_memory,
+        add_bleu,
+        add_breakdown,
+    ):
+        add(subparsers)

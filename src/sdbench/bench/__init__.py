@@ -1,0 +1,1 @@
+"""Benchmarks of pipeline components (``sdbench bench ...``), not pipeline steps."""

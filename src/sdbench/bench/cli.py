@@ -1,0 +1,134 @@
+"""The ``sdbench bench`` command group: micro-benchmarks of pipeline components (not pipeline steps).
+
+``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
+``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`)
+and ``bench timeline`` (:mod:`sdbench.bench.timeline`). Argument parsing only (argparse and the
+standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sdbench.lazy import lazy
+from sdbench.simulator.cli import add_trace_options
+
+PARITY_REPEATS = 3  # parity.DEFAULT_REPEATS
+
+
+def add_tracer(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench tracer``."""
+    tracer = bench.add_parser("tracer", help="time the fast n-gram tracer vs the reference")
+    tracer.add_argument("--traces", nargs="+", required=True, help="published .jsonl / requests .parquet")
+    tracer.add_argument(
+        "--reference-budget",
+        type=float,
+        default=60.0,
+        help="seconds to spend on the quadratic reference before extrapolating (default 60)",
+    )
+    tracer.add_argument("--seed", type=int, default=0, help="seed for the reference subset")
+    tracer.set_defaults(func=lazy("sdbench.bench.tracer", "_cmd_bench_tracer"))
+
+
+def add_simulator(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench simulator``."""
+    p = bench.add_parser("simulator", help="time the paper grid in compat mode vs the published simulator")
+    add_trace_options(p)
+    p.add_argument(
+        "--published-simulator",
+        metavar="DIR",
+        help="checkout of SpecDecode-Bench/simulator to run and time (else only ours is timed)",
+    )
+    p.add_argument("--python", default=sys.executable, help="interpreter for the published simulator")
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions of ours (best is reported)")
+    p.set_defaults(func=lazy("sdbench.bench.simulator", "_cmd_bench_simulator"))
+
+
+def add_parity(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench parity``."""
+    p = bench.add_parser(
+        "parity", help="one cell through sdbench's runner and `vllm bench throughput`; throughput ratio"
+    )
+    p.add_argument(
+        "--config", default="config/config.yaml", help="config holding the cell (default config/config.yaml)"
+    )
+    p.add_argument("--engine", default=None, help="engine key (default: the config's first engine)")
+    p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
+    p.add_argument("--dataset", required=True, help="dataset key, e.g. code-edit")
+    p.add_argument("--method", required=True, help="method key, e.g. none or ngram-k3")
+    p.add_argument("--batch-size", type=int, required=True, help="max_num_seqs (all prompts are submitted at once)")
+    p.add_argument("--model-dir", required=True, help="target model directory")
+    p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
+    p.add_argument("--num-prompts", type=int, default=None, help="first N prompts (default: all)")
+    p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default: the dataset's)")
+    p.add_argument("--repeats", type=int, default=PARITY_REPEATS, help="runs per side, alternating order (default 3)")
+    p.add_argument("--workdir", required=True, help="directory for the prompt files, per-run results and logs")
+    p.add_argument("--output-json", default=None, help="write the full report here")
+    p.add_argument(
+        "--vllm-sampling",
+        choices=("runner", "tool"),
+        default="runner",
+        help="runner (default): the tool samples with the runner's greedy SamplingParams; "
+        "tool: its hard-coded temperature 1.0 (not like with like)",
+    )
+    p.add_argument(
+        "--vllm-env",
+        choices=("runner", "tool"),
+        default="runner",
+        help="runner (default): the tool runs with the runner's engine env (in-process engine core); "
+        "tool: the inherited env (the tool's default multiprocess engine core)",
+    )
+    p.add_argument(
+        "--quiet-threshold",
+        type=float,
+        default=0.15,
+        help="before each run wait until the machine's CPUs are busy less than this share (5 s window); "
+        "a run during which other processes used more is reported as contended (default 0.15)",
+    )
+    p.add_argument("--retries", type=int, default=2, help="reruns of a contended run (default 2)")
+    p.add_argument("--quiet-wait", type=float, default=600.0, help="longest wait for a quiet machine, s (default 600)")
+    p.set_defaults(func=lazy("sdbench.bench.parity", "_cmd_bench_parity"))
+
+
+def add_engine_sharing(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench engine-sharing``."""
+    p = bench.add_parser(
+        "engine-sharing", help="an engine group's cells on one shared engine vs each on a fresh engine"
+    )
+    p.add_argument("--config", default="config/config.yaml", help="config holding the group")
+    p.add_argument("--engine", default=None, help="engine key (default: the config's first engine)")
+    p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
+    p.add_argument("--method", required=True, help="method key, e.g. ngram-k3")
+    p.add_argument("--model-dir", required=True, help="target model directory")
+    p.add_argument("--drafter-dir", default=None, help="draft model directory, if the method has one")
+    p.add_argument("--results", default="results", help="a workflow's results/ (prompt tables; default results)")
+    p.add_argument("--rounds", type=int, default=1, help="shared and fresh runs each, alternating order (default 1)")
+    p.add_argument("--workdir", required=True, help="directory for both sides' tables and logs")
+    p.add_argument("--output-json", default=None, help="write the comparison here")
+    p.set_defaults(func=lazy("sdbench.bench.sharing", "_cmd_bench_engine_sharing"))
+
+
+def add_timeline(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench timeline``."""
+    p = bench.add_parser(
+        "timeline", help="a workflow run's wall time split into stages, from its Snakemake log"
+    )
+    p.add_argument("--log", required=True, help=".snakemake/log/<date>.snakemake.log of the run")
+    p.add_argument("--setup-seconds", type=float, default=None, help="setup (bootstrap) wall time to add")
+    p.add_argument("--output", default=None, help="the jobs table (parquet)")
+    p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
+
+
+def add_bench(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``bench`` and its benchmarks."""
+    parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
+    bench = parser.add_subparsers(dest="bench_command", required=True)
+    for add in (add_tracer, add_simulator, add_parity, add_engine_sharing, add_timeline):
+        add(bench)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` command group."""
+    add_bench(subparsers)

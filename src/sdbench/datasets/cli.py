@@ -1,0 +1,28 @@
+"""Command of the dataset stage: ``sdbench prepare-dataset``.
+
+Argument parsing only (argparse and the standard library); the implementation
+(:mod:`sdbench.datasets.prompts`) is imported when the command runs (:mod:`sdbench.lazy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sdbench.lazy import lazy
+
+
+def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench prepare-dataset``."""
+    p = subparsers.add_parser("prepare-dataset", help="sample and tokenize a prompt set")
+    p.add_argument("--name", required=True, help="dataset key in the config")
+    p.add_argument("--entry", required=True, help="the dataset's config entry (JSON)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory (the target model's)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--chat-template-kwargs", default="{}", help="JSON dict for apply_chat_template")
+    p.add_argument("--output", required=True, help="prompt table (parquet)")
+    p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the dataset stage's command."""
+    add_prepare_dataset(subparsers)

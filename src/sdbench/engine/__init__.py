@@ -1,0 +1,1 @@
+"""Engine stage: cells measured on a real vLLM engine, and the plugins that run inside it."""

@@ -1,0 +1,79 @@
+"""Commands of the engine stage: ``sdbench run-cell``, ``run-group``, ``cell-tables``, ``trace-cell``.
+
+Argument parsing only (argparse and the standard library); each command's implementation
+(:mod:`sdbench.engine.commands`, which imports vLLM when it starts an engine) is imported when it
+runs (:mod:`sdbench.lazy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sdbench.lazy import lazy
+
+COMMANDS = "sdbench.engine.commands"
+QUIET_GUARD_MODES = ("flag", "refuse", "disabled")  # quietguard.MODES
+
+
+def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench run-cell``."""
+    p = subparsers.add_parser("run-cell", help="run one benchmark cell on vLLM")
+    p.add_argument("--spec", required=True, help="resolved cell spec (JSON), see sdbench.grid.resolve_cell")
+    p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
+    p.add_argument("--model-dir", required=True, help="target model directory (HF format)")
+    p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    p.add_argument("--output-dir", required=True, help="directory for requests/calls/summary.parquet")
+    p.add_argument("--steps-output", default=None, help="breakdown mode: per-step stage timings (parquet)")
+    p.add_argument(
+        "--quiet-guard",
+        choices=QUIET_GUARD_MODES,
+        default=None,
+        help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)",
+    )
+    p.set_defaults(func=lazy(COMMANDS, "_cmd_run_cell"))
+
+
+def add_run_group(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench run-group``."""
+    g = subparsers.add_parser("run-group", help="measure every cell of an engine group on one engine")
+    g.add_argument("--spec", required=True, help='JSON: {"cells": [resolved cell specs], "prompts": {dataset: path}}')
+    g.add_argument("--model-dir", required=True, help="target model directory (HF format)")
+    g.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
+    g.add_argument("--quiet-guard", choices=QUIET_GUARD_MODES, default=None,
+                   help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    g.add_argument("--engine-start", type=int, default=None,
+                   help="measure in this process only, as engine start N of run.engine_starts (set by run-group itself)")
+    g.set_defaults(func=lazy(COMMANDS, "_cmd_run_group"))
+
+
+def add_cell_tables(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench cell-tables``."""
+    c = subparsers.add_parser("cell-tables", help="a cell's tables out of its engine group's directory")
+    c.add_argument("--group-dir", required=True)
+    c.add_argument("--dataset", required=True)
+    c.add_argument("--batch-size", type=int, required=True)
+    c.add_argument("--output-dir", required=True, help="the cell's directory (requests/calls/summary.parquet)")
+    c.set_defaults(func=lazy(COMMANDS, "_cmd_cell_tables"))
+
+
+def add_trace_cell(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench trace-cell``."""
+    t = subparsers.add_parser("trace-cell", help="in-engine acceptance trace of one method (one token per step)")
+    t.add_argument("--spec", required=True, help="resolved cell spec (JSON)")
+    t.add_argument("--prompts", required=True)
+    t.add_argument("--model-dir", required=True)
+    t.add_argument("--drafter-dir", default=None)
+    t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
+    t.add_argument("--max-num-seqs", type=int, default=8, help="concurrent requests (distinct prompts)")
+    t.add_argument("--output", required=True, help="trace table (parquet)")
+    t.add_argument("--requests", required=True, help="prompts and greedy outputs of the traced run (parquet)")
+    t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_cell"))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the engine stage's commands."""
+    add_run_cell(subparsers)
+    add_run_group(subparsers)
+    add_cell_tables(subparsers)
+    add_trace_cell(subparsers)

@@ -1,0 +1,165 @@
+"""Engine groups: every cell of a group measured on one engine, in one or more engine processes.
+
+A group's directory holds ``<dataset>/bs<N>/{requests,calls,summary}.parquet`` per cell
+(:data:`CELL_TABLES`); ``sdbench cell-tables`` copies one cell's tables out of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sdbench.engine.runner import measure_cell, preflight, start_engine, summarise
+from sdbench.io import write_parquet
+
+log = logging.getLogger(__name__)
+
+
+CELL_TABLES = ("requests", "calls", "summary")  # written in this order: summary marks completion
+
+
+def cell_subdir(dataset: str, batch_size: int) -> str:
+    """Where a cell's tables sit inside its engine group's directory."""
+    return f"{dataset}/bs{int(batch_size)}"
+
+
+def write_cell_tables(tables: dict[str, pd.DataFrame], out: Path) -> None:
+    """Write a cell's tables atomically, summary last (its presence marks a complete cell)."""
+    for name in CELL_TABLES:
+        write_parquet(tables[name], out / f"{name}.parquet")
+
+
+def engine_starts(cell_specs: list[dict[str, Any]]) -> int:
+    """Engine processes a group's cells are measured in (``run.engine_starts``)."""
+    return max(1, int(cell_specs[0]["run"].get("engine_starts", 1)))
+
+
+def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """One cell's tables from its measurements in several engine processes.
+
+    ``calls`` gets an ``engine_start`` column and keeps every trial of every start; the
+    summary's throughput and interval are recomputed over all of them (the bootstrap
+    resamples engine starts, then trials: sdbench.analysis.stats). ``requests`` are the first
+    start's; ``outputs_stable`` also requires every start to produce them. Contamination
+    of any start marks the cell; start-up and warm-up are the starts' means, peaks their maxima.
+    """
+    calls = pd.concat(
+        [t["calls"].assign(engine_start=i) for i, t in enumerate(starts)], ignore_index=True
+    )
+    requests = starts[0]["requests"]
+    same = all(
+        t["requests"]["output_token_ids"].map(tuple).tolist() == requests["output_token_ids"].map(tuple).tolist()
+        for t in starts[1:]
+    )
+    first = starts[0]["summary"].iloc[0]
+    keys = {k: first[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
+    summary = summarise(keys, spec, calls, requests)
+    rows = [t["summary"].iloc[0] for t in starts]
+    reasons = [f"engine start {i}: {r['contamination']}" for i, r in enumerate(rows) if r["contamination"]]
+    computed = set(summary.columns)
+    rest = {c: first[c] for c in starts[0]["summary"].columns if c not in computed}
+    rest.update(
+        outputs_stable=bool(same and all(r["outputs_stable"] for r in rows)),
+        contaminated=bool(any(r["contaminated"] for r in rows)),
+        contamination="; ".join(reasons),
+        guard_load_max=max(float(r["guard_load_max"]) for r in rows),
+        guard_samples=int(sum(int(r["guard_samples"]) for r in rows)),
+        startup_s=float(np.mean([r["startup_s"] for r in rows])),
+        warmup_s=float(np.mean([r["warmup_s"] for r in rows])),
+        peak_rss_gib=max(float(r["peak_rss_gib"]) for r in rows),
+        peak_device_gib=max(float(r["peak_device_gib"]) for r in rows),
+    )
+    summary = summary.assign(**{c: rest[c] for c in starts[0]["summary"].columns if c in rest})
+    summary = summary[list(starts[0]["summary"].columns)]
+    calls = calls.assign(contaminated=calls["contaminated"] | summary.at[0, "contaminated"])
+    return {"requests": requests, "calls": calls, "summary": summary}
+
+
+def run_group_starts(
+    cell_specs: list[dict[str, Any]],
+    argv: list[str],
+    output_dir: str,
+) -> int:
+    """Measure a group in ``run.engine_starts`` engine processes, one after the other, and merge.
+
+    Each start is a fresh ``sdbench run-group --engine-start i`` process (``argv`` is this
+    command's own arguments): a fresh engine, with its own thread placement and memory
+    layout, which move throughput by more than the trials within one process do. The
+    group's directory is complete or absent, as with one start.
+    """
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    out = Path(output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        dirs = []
+        for i in range(engine_starts(cell_specs)):
+            log.info("engine start %d of %d", i + 1, engine_starts(cell_specs))
+            start_dir = scratch / f"start{i}"
+            child = [*argv, "--engine-start", str(i), "--output-dir", str(start_dir)]
+            rc = subprocess.run([sys.executable, "-m", "sdbench.cli", *child], check=False).returncode
+            if rc != 0:
+                return rc
+            dirs.append(start_dir)
+        merged = scratch / "merged"
+        for spec in cell_specs:
+            sub = cell_subdir(spec["cell"]["dataset"], spec["cell"]["batch_size"])
+            starts = [{n: pd.read_parquet(d / sub / f"{n}.parquet") for n in CELL_TABLES} for d in dirs]
+            write_cell_tables(merge_engine_starts(starts, spec), merged / sub)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(merged, out)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+def run_group(
+    cell_specs: list[dict[str, Any]],
+    prompt_paths: dict[str, str],
+    model_dir: str,
+    drafter_dir: str | None,
+    output_dir: str,
+    guard_mode: str = "flag",
+) -> None:
+    """Measure every cell of an engine group on one engine (sdbench.grid.EngineGroup).
+
+    The engine is started once with ``max_num_seqs`` = the largest batch size of the
+    group; each cell then warms up and is timed at its own batch size, exactly as a
+    cell on its own engine would be (the paper's driver does the same). The group's
+    directory holds ``<dataset>/bs<N>/{requests,calls,summary}.parquet`` per cell and
+    is complete or absent: it is assembled beside the destination and renamed.
+    """
+    import shutil
+    import tempfile
+
+    out = Path(output_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
+    engine = start_engine(
+        cell_specs[0], model_dir, drafter_dir, max_num_seqs=max(int(s["cell"]["batch_size"]) for s in cell_specs)
+    )
+    engine.shared_by = len(cell_specs)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for spec in cell_specs:
+            cell = spec["cell"]
+            log.info("cell %s/bs%s", cell["dataset"], cell["batch_size"])
+            requests, calls, summary, _ = measure_cell(engine, spec, prompts[cell["dataset"]], None, guard_mode)
+            tables = {"requests": requests, "calls": calls, "summary": summary}
+            write_cell_tables(tables, scratch / cell_subdir(cell["dataset"], cell["batch_size"]))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(scratch, out)
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch)

@@ -1,0 +1,499 @@
+"""Run one benchmark cell on a real vLLM engine and record tidy tables.
+
+One process = one cell: start ``vllm.LLM`` with the cell's speculative config,
+``max_num_seqs`` = batch size, greedy decoding and prefix caching off; warm up;
+then time each ``generate`` call, in repeated trials, and diff the engine's SD
+counters around it, while the quiet-machine guard watches the node.
+
+Tables written (schema in docs/schema.md): ``requests.parquet`` (one row per
+sequence), ``calls.parquet`` (one row per timed generate call) and
+``summary.parquet`` (one row for the cell). An engine group's cells share one engine
+(:mod:`sdbench.engine.groups`); the commands are in :mod:`sdbench.engine.commands`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sdbench.engine.hardware import peak_device_gib, peak_rss_gib, provenance
+from sdbench.engine.versions import apply_env, engine_env, engine_memory, quirks_for, speculative_config
+
+log = logging.getLogger(__name__)
+
+SD_COUNTERS = {
+    "num_drafts": "vllm:spec_decode_num_drafts",
+    "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+SD_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+@dataclass
+class SDCounters:
+    """Cumulative SD counters of the engine at one instant (summed over label sets)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: tuple[int, ...] = ()
+
+    def __sub__(self, other: SDCounters) -> SDCounters:
+        width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
+        a = np.zeros(width, dtype=np.int64)
+        b = np.zeros(width, dtype=np.int64)
+        a[: len(self.accepted_per_pos)] = self.accepted_per_pos
+        b[: len(other.accepted_per_pos)] = other.accepted_per_pos
+        return SDCounters(
+            self.num_drafts - other.num_drafts,
+            self.num_draft_tokens - other.num_draft_tokens,
+            self.num_accepted_tokens - other.num_accepted_tokens,
+            tuple(int(x) for x in a - b),
+        )
+
+
+def read_counters(metrics: list[Any]) -> SDCounters:
+    """Extract SD counters from ``LLM.get_metrics()`` (Counter / Vector objects)."""
+    totals = {field: 0 for field in SD_COUNTERS}
+    per_pos = np.zeros(0, dtype=np.int64)
+    for metric in metrics:
+        for field, name in SD_COUNTERS.items():
+            if metric.name == name:
+                totals[field] += int(metric.value)
+        if metric.name == SD_PER_POS:
+            values = np.asarray(metric.values, dtype=np.int64)
+            if len(values) > len(per_pos):
+                per_pos = np.pad(per_pos, (0, len(values) - len(per_pos)))
+            per_pos[: len(values)] += values
+    return SDCounters(**totals, accepted_per_pos=tuple(int(x) for x in per_pos))
+
+
+def acceptance_stats(delta: SDCounters) -> dict[str, Any]:
+    """Mean acceptance length (1 + accepted/drafts), rate, and rate per draft position."""
+    if delta.num_drafts == 0:
+        return {"mean_acceptance_length": np.nan, "acceptance_rate": np.nan, "acceptance_rate_per_pos": []}
+    return {
+        "mean_acceptance_length": 1.0 + delta.num_accepted_tokens / delta.num_drafts,
+        "acceptance_rate": delta.num_accepted_tokens / max(delta.num_draft_tokens, 1),
+        "acceptance_rate_per_pos": [x / delta.num_drafts for x in delta.accepted_per_pos],
+    }
+
+
+def build_llm_kwargs(
+    spec: dict[str, Any], model_dir: str, drafter_dir: str | None
+) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` for this cell."""
+    engine, model, run = spec["engine"], spec["model"], spec["run"]
+    kwargs: dict[str, Any] = {
+        "model": model_dir,
+        "tokenizer": model_dir,
+        "dtype": model.get("dtype", "auto"),
+        "tensor_parallel_size": model.get("tensor_parallel_size", 1),
+        "max_num_seqs": spec["cell"]["batch_size"],
+        "enable_prefix_caching": run.get("enable_prefix_caching", False),
+        # LLM() forces disable_log_stats=True by default, and then get_metrics() asserts.
+        "disable_log_stats": False,
+        "seed": spec["seed"],
+    }
+    if "max_model_len" in model:
+        kwargs["max_model_len"] = model["max_model_len"]
+    sc = speculative_config(engine, spec["method"], drafter_dir)
+    if sc is not None:
+        kwargs["speculative_config"] = sc
+        if quirks_for(engine["vllm_version"]).per_request_spec_metrics:
+            # Per-request acceptance counters on each output (requests.parquet `sd_*` columns).
+            kwargs["per_request_spec_decode_metrics"] = "summary"
+    kwargs.update(engine.get("llm_kwargs", {}))
+    return kwargs
+
+
+def request_sd_metrics(completion: Any) -> dict[str, Any]:
+    """The engine's per-request SD counters of one completed output (``sd_*`` columns).
+
+    Values are missing (None) where the engine offers none: no SD, or a vLLM before 0.32.
+    ``sd_mean_acceptance_length`` counts the bonus token, as the aggregate counters do.
+    """
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    d = metrics.to_dict() if metrics is not None else {}
+    return {
+        "sd_num_steps": d.get("num_spec_steps"),
+        "sd_num_draft_tokens": d.get("num_draft_tokens"),
+        "sd_num_accepted_tokens": d.get("num_accepted_draft_tokens"),
+        "sd_mean_acceptance_length": d.get("mean_acceptance_length") if d.get("num_spec_steps") else None,
+    }
+
+
+def _select_prompts(prompts: pd.DataFrame, spec: dict[str, Any]) -> pd.DataFrame:
+    n = spec["run"].get("num_requests") or len(prompts)
+    if n > len(prompts):
+        raise ValueError(f"run.num_requests={n} but the prompt set has only {len(prompts)} prompts")
+    return prompts.iloc[:n].reset_index(drop=True)
+
+
+def _calls(prompts: pd.DataFrame, batch_mode: str, batch_size: int) -> list[list[int]]:
+    """Row indices of ``prompts`` per timed generate call (replicated or distinct)."""
+    if batch_mode == "replicate":
+        return [[i] * batch_size for i in range(len(prompts))]
+    return [list(range(len(prompts)))]
+
+
+def _trial_plan(run: dict[str, Any]) -> tuple[int, float, int]:
+    """(minimum trials, minimum timed seconds, maximum trials) of a cell."""
+    repeats = int(run.get("repeats", 1))
+    return repeats, float(run.get("min_measured_s", 0.0)), max(repeats, int(run.get("max_repeats", 50)))
+
+
+def cell_seed(spec: dict[str, Any]) -> int:
+    """Seed of a cell's bootstrap: the config seed and the cell's keys (stable across runs)."""
+    import hashlib
+
+    key = json.dumps([spec["seed"], spec["cell"]], sort_keys=True).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little")
+
+
+@dataclass
+class Engine:
+    """A started ``vllm.LLM`` and how it was built; one or more cells are measured on it."""
+
+    llm: Any
+    kwargs: dict[str, Any]
+    startup_s: float
+    shared_by: int = 1  # cells measured on this engine (engine groups)
+
+
+def start_engine(
+    spec: dict[str, Any],
+    model_dir: str,
+    drafter_dir: str | None,
+    steps_dir: str | None = None,
+    max_num_seqs: int | None = None,
+) -> Engine:
+    """Start the engine of a cell spec (``max_num_seqs`` defaults to the cell's batch size)."""
+    if steps_dir is not None:
+        from sdbench.engine.steptiming import ENV_STEP_TIMING_DIR
+
+        os.environ[ENV_STEP_TIMING_DIR] = steps_dir
+    apply_env(engine_env(spec["engine"], spec["method"]))
+
+    from vllm import LLM  # imported late: env vars must be set first
+
+    quirks_for(spec["engine"]["vllm_version"])  # fail early on an unknown engine
+    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = max_num_seqs
+    if steps_dir is not None:
+        kwargs["async_scheduling"] = False  # breakdown needs steps that do not overlap
+    log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
+    t_start = time.perf_counter()
+    llm = LLM(**kwargs)
+    return Engine(llm, kwargs, time.perf_counter() - t_start)
+
+
+def run_cell(
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    model_dir: str,
+    drafter_dir: str | None,
+    steps_dir: str | None = None,
+    guard_mode: str = "flag",
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """Run one cell on its own engine; returns (requests, calls, summary, steps) tables.
+
+    See :func:`measure_cell`. With ``steps_dir`` the run is in breakdown mode
+    (sdbench.engine.steptiming): every engine step of the timed calls is timed by stage,
+    with device synchronisation; ``steps`` is then one row per step, else ``None``.
+    """
+    engine = start_engine(spec, model_dir, drafter_dir, steps_dir)
+    return measure_cell(engine, spec, prompts, steps_dir, guard_mode)
+
+
+def measure_cell(
+    engine: Engine,
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    steps_dir: str | None = None,
+    guard_mode: str = "flag",
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+    """Measure one cell on a started engine; returns (requests, calls, summary, steps).
+
+    The timed workload (every prompt once, one ``generate`` call each, replicated
+    batch-size times in replicate mode) runs in repeated trials (``run.repeats``,
+    ``run.min_measured_s``), watched by the quiet-machine guard (``guard_mode``,
+    sdbench.engine.quietguard): ``calls`` has one row per call and trial, ``requests`` the
+    first trial's sequences (greedy outputs are checked to be identical in every
+    trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
+    outside the timed part.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from sdbench.engine.quietguard import QuietGuard
+
+    llm, kwargs, startup_s = engine.llm, engine.kwargs, engine.startup_s
+    cell, run = spec["cell"], spec["run"]
+    bs = int(cell["batch_size"])
+    prompts = _select_prompts(prompts, spec)
+    sampling = SamplingParams(
+        temperature=0.0,
+        max_tokens=int(spec["dataset"]["max_tokens"]),
+        ignore_eos=bool(run.get("ignore_eos", False)),
+        seed=spec["seed"],
+    )
+
+    def as_prompt(i: int) -> Any:
+        return TokensPrompt(prompt_token_ids=[int(t) for t in prompts.at[i, "prompt_token_ids"]])
+
+    warmup = min(int(run.get("warmup_requests", 1)), len(prompts))
+    t_warm = time.perf_counter()
+    for i in range(warmup):
+        llm.generate([as_prompt(i)] * bs, sampling, use_tqdm=False)
+    warmup_s = time.perf_counter() - t_warm
+    warmup_steps = _steps_so_far(steps_dir)
+
+    request_rows: list[dict[str, Any]] = []
+    call_rows: list[dict[str, Any]] = []
+    first_outputs: dict[tuple[int, int], list[int]] = {}
+    outputs_stable = True
+    min_trials, min_seconds, max_trials = _trial_plan(run)
+    timed_s = 0.0
+    guard = QuietGuard(guard_mode)
+    guard.start()
+    log.info("timed part: %d to %d trial(s), at least %.1f s", min_trials, max_trials, min_seconds)
+    for trial in range(max_trials):
+        for call_index, rows in enumerate(_calls(prompts, run.get("batch_mode", "replicate"), bs)):
+            before = read_counters(llm.get_metrics())
+            t0 = time.perf_counter()
+            outputs = llm.generate([as_prompt(i) for i in rows], sampling, use_tqdm=False)
+            duration = time.perf_counter() - t0
+            delta = read_counters(llm.get_metrics()) - before
+            timed_s += duration
+            n_out = 0
+            for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
+                completion = out.outputs[0]
+                tokens = [int(t) for t in completion.token_ids]
+                n_out += len(tokens)
+                if trial > 0:
+                    outputs_stable &= first_outputs[(call_index, slot)] == tokens
+                    continue
+                first_outputs[(call_index, slot)] = tokens
+                request_rows.append(
+                    {
+                        "call_index": call_index,
+                        "slot": slot,
+                        "request_id": str(prompts.at[row, "request_id"]),
+                        "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
+                        "output_token_ids": tokens,
+                        "output_text": completion.text or "",
+                        "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
+                        "num_output_tokens": len(tokens),
+                        "finish_reason": str(completion.finish_reason),
+                        **request_sd_metrics(completion),
+                    }
+                )
+            call_rows.append(
+                {
+                    "trial": trial,
+                    "call_index": call_index,
+                    "request_id": str(prompts.at[rows[0], "request_id"]) if len(set(rows)) == 1 else "*",
+                    "num_seqs": len(rows),
+                    "duration_s": duration,
+                    "num_output_tokens": n_out,
+                    "tokens_per_s": n_out / duration,
+                    "num_drafts": delta.num_drafts,
+                    "num_draft_tokens": delta.num_draft_tokens,
+                    "num_accepted_tokens": delta.num_accepted_tokens,
+                    "accepted_per_pos": list(delta.accepted_per_pos),
+                }
+            )
+        if trial + 1 >= min_trials and timed_s >= min_seconds:
+            break
+    guard_report = guard.stop()  # raises Contaminated in refuse mode
+
+    keys = {k: cell[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
+    steps = None
+    if steps_dir is not None:
+        from sdbench.engine.steptiming import read_step_dir
+
+        steps = read_step_dir(steps_dir).iloc[warmup_steps:].reset_index(drop=True)
+        for i, (k, v) in enumerate(keys.items()):
+            steps.insert(i, k, v)
+        steps.insert(len(keys), "sd_method", spec["method"]["method"])
+    requests = pd.DataFrame(request_rows)
+    calls = pd.DataFrame(call_rows)
+    for frame in (requests, calls):
+        for i, (k, v) in enumerate(keys.items()):
+            frame.insert(i, k, v)
+    calls = calls.assign(contaminated=guard_report.contaminated)
+    summary = summarise(keys, spec, calls, requests)
+    summary = summary.assign(
+        engine_shared_by=engine.shared_by,
+        outputs_stable=outputs_stable,
+        **guard_report.columns(),
+        drafter=spec.get("drafter") or "",
+        startup_s=startup_s,
+        warmup_s=warmup_s,
+        peak_rss_gib=peak_rss_gib(),
+        peak_device_gib=peak_device_gib(),
+        **engine_memory(llm),
+        speculative_config=json.dumps(kwargs.get("speculative_config"), sort_keys=True),
+        **provenance(),
+    )
+    return requests, calls, summary, steps
+
+
+def _steps_so_far(steps_dir: str | None) -> int:
+    if steps_dir is None:
+        return 0
+    from sdbench.engine.steptiming import read_step_dir
+
+    return len(read_step_dir(steps_dir))
+
+
+def summarise(
+    keys: dict[str, Any], spec: dict[str, Any], calls: pd.DataFrame, requests: pd.DataFrame
+) -> pd.DataFrame:
+    """One summary row: throughput (paper style and pooled), acceptance, lengths."""
+    total = SDCounters(
+        int(calls["num_drafts"].sum()),
+        int(calls["num_draft_tokens"].sum()),
+        int(calls["num_accepted_tokens"].sum()),
+        tuple(int(x) for x in _sum_lists(calls["accepted_per_pos"])),
+    )
+    acc = acceptance_stats(total)
+    from sdbench.analysis import stats
+
+    draws = stats.bootstrap(calls, cell_seed(spec))
+    low, high = stats.interval(draws)
+    row = {
+        **keys,
+        "sd_method": spec["method"]["method"],
+        "num_speculative_tokens": spec["method"].get("num_speculative_tokens", 0),
+        "batch_mode": spec["run"].get("batch_mode", "replicate"),
+        "num_engine_starts": int(calls["engine_start"].nunique()) if "engine_start" in calls else 1,
+        "num_trials": len(calls[[c for c in ("engine_start", "trial") if c in calls]].drop_duplicates())
+        if "trial" in calls
+        else 1,
+        "num_calls": len(calls),
+        "num_sequences": len(requests),
+        # Paper's metric (mean over calls of output tokens / wall time of the call),
+        # with each prompt's median over trials; 95% bootstrap interval (sdbench.analysis.stats).
+        "tokens_per_s": stats.point_estimate(calls),
+        "tokens_per_s_ci_low": low,
+        "tokens_per_s_ci_high": high,
+        "tokens_per_s_boot": [float(x) for x in draws],
+        "tokens_per_s_mean_calls": float(calls["tokens_per_s"].mean()),
+        "tokens_per_s_pooled": float(calls["num_output_tokens"].sum() / calls["duration_s"].sum()),
+        "generate_s": float(calls["duration_s"].sum()),
+        "output_len_mean": float(requests["num_output_tokens"].mean()),
+        "output_len_std": float(requests["num_output_tokens"].std(ddof=0)),
+        "share_finished_stop": float((requests["finish_reason"] == "stop").mean()),
+        "num_drafts": total.num_drafts,
+        "num_draft_tokens": total.num_draft_tokens,
+        "num_accepted_tokens": total.num_accepted_tokens,
+        **acc,
+    }
+    return pd.DataFrame([row])
+
+
+def _sum_lists(series: pd.Series) -> np.ndarray:
+    width = max((len(x) for x in series), default=0)
+    total = np.zeros(width, dtype=np.int64)
+    for values in series:
+        total[: len(values)] += np.asarray(values, dtype=np.int64)
+    return total
+
+
+def _match_trace_ids(output_ids: list[str], traced: dict[str, Any]) -> dict[str, str]:
+    """Output request id -> engine-internal id (vLLM >= 0.32 appends ``-<random>`` internally)."""
+    mapping: dict[str, str] = {}
+    for out_id in output_ids:
+        hits = [k for k in traced if k == out_id or k.startswith(f"{out_id}-")]
+        if len(hits) != 1:
+            raise RuntimeError(f"trace mode: request {out_id!r} matched {len(hits)} traced ids")
+        mapping[out_id] = hits[0]
+    return mapping
+
+
+def trace_cell(
+    spec: dict[str, Any],
+    prompts: pd.DataFrame,
+    model_dir: str,
+    drafter_dir: str | None,
+    num_speculative_tokens: int,
+    max_num_seqs: int,
+    trace_dir: str,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """In-engine acceptance trace of one method on a prompt set (see sdbench.engine.acceptancetrace).
+
+    Proposes up to ``num_speculative_tokens`` per step but commits one token per
+    step, so outputs equal plain greedy decoding. Returns (trace table, requests).
+    """
+    from sdbench.engine.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
+
+    spec = json.loads(json.dumps(spec))  # private copy
+    spec["method"]["num_speculative_tokens"] = num_speculative_tokens
+    spec["cell"]["batch_size"] = max_num_seqs
+    os.environ[ENV_TRACE_DIR] = trace_dir
+    apply_env(engine_env(spec["engine"], spec["method"]))
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    kwargs["seed"] = spec["seed"]
+    llm = LLM(**kwargs)
+    sampling = SamplingParams(temperature=0.0, max_tokens=int(spec["dataset"]["max_tokens"]), seed=spec["seed"])
+    prompts = _select_prompts(prompts, spec)
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in prompts["prompt_token_ids"]],
+        sampling,
+        use_tqdm=False,
+    )
+    traced = read_trace_dir(trace_dir)
+    ids = _match_trace_ids([o.request_id for o in outputs], traced)
+    from sdbench.traces.table import MethodTrace, make_trace_table
+
+    method = spec["method"]["method"]
+    traces: list[MethodTrace] = []
+    request_rows: list[dict[str, Any]] = []
+    for row, out in zip(prompts.itertuples(), outputs, strict=True):
+        steps = np.asarray(traced[ids[out.request_id]], dtype=np.int32).reshape(-1, 2)
+        tokens = [int(t) for t in out.outputs[0].token_ids]
+        if len(steps) != len(tokens):
+            raise RuntimeError(f"trace mode: {len(steps)} steps for {len(tokens)} tokens of {row.request_id}")
+        traces.append(MethodTrace(str(row.request_id), method, steps[:, 0], steps[:, 1]))
+        request_rows.append(
+            {
+                "request_id": str(row.request_id),
+                "prompt_token_ids": [int(t) for t in row.prompt_token_ids],
+                "output_token_ids": tokens,
+                "finish_reason": str(out.outputs[0].finish_reason),
+            }
+        )
+    return make_trace_table(traces), pd.DataFrame(request_rows)
+
+
+DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft"}
+
+
+def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_dir: str | None) -> pd.DataFrame:
+    """Check the prompt table and model directories before an engine starts; returns the prompts.
+
+    vLLM leaves a tensor a checkpoint lacks uninitialized without an error, so the
+    weights are checked here (sdbench.models.check), not discovered as garbage output.
+    """
+    from sdbench.datasets.prompts import read_prompt_table
+    from sdbench.models.check import check_model_dir
+
+    prompts = read_prompt_table(prompts_path)
+    check_model_dir(model_dir, "target")
+    role = DRAFTER_ROLES.get(spec["method"]["method"])
+    if drafter_dir and role:
+        check_model_dir(drafter_dir, role)
+    return prompts

@@ -1,0 +1,457 @@
+"""EAGLE-1 and EAGLE-3 draft heads trained for a small target, in the layout vLLM loads.
+
+A head reads the frozen target's activations: EAGLE-1 ``fc([token embedding ;
+final hidden state])`` then one decoder layer whose first norm is the identity
+and no final norm, trained to regress the target's next hidden state and to
+match the target's next-token distribution through the target's LM head;
+EAGLE-3 ``fc`` over the residual stream entering three target layers, one
+decoder layer over ``[norm(embedding) ; norm(fc)]`` and a final norm, trained
+on the target's next-token distribution. Both are trained with *training-time
+test* (EAGLE-3's recipe): step ``j`` of a chain feeds the head its own output
+of step ``j-1`` and attends, as in vLLM's drafting loop, to the keys of the
+true-feature rows before the chain plus the chain's own earlier steps. The
+math mirrors ``vllm/model_executor/models/llama_eagle.py`` and
+``llama_eagle3.py`` (vLLM 0.10-0.32), so a head scores here as it drafts there.
+
+vLLM leaves a tensor that a checkpoint lacks uninitialized, without an error: the
+builder refuses to write a head whose tensors differ from :func:`expected_tensors`
+and runs :func:`sdbench.models.check.check_model_dir` (the check every engine run
+makes on its drafter) on the written files before the output directory appears.
+
+Module-level imports are the standard library only: ``sdbench.models.cli`` reads
+:class:`HeadConfig` to build ``sdbench train-head``'s options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("eagle", "eagle3")
+ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
+METHOD_OF_KIND = {"eagle": "eagle", "eagle3": "eagle3"}  # vLLM speculative_config method
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Hyper-parameters of one head training run (recorded in ``training.json``)."""
+
+    kind: str = "eagle"
+    steps: int = 550
+    batch_size: int = 4
+    seq_len: int = 256
+    lr: float = 6e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    edit_fraction: float = 0.5
+    ttt_steps: int = 2  # chain depth trained on the head's own outputs
+    step_decay: float = 0.8  # loss weight of chain step j: step_decay ** (j - 1)
+    feature_weight: float = 1.0  # EAGLE-1 feature regression (token loss weight is 1)
+    aux_layers: tuple[int, ...] = (1, 2, 3)  # EAGLE-3: residual stream entering these target layers
+    seed: int = 0
+    threads: int = 1
+    eval_windows: int = 16
+
+    def validate(self, num_target_layers: int | None = None) -> None:
+        """Raise ``ValueError`` naming the first invalid option."""
+        if self.kind not in KINDS:
+            raise ValueError(f"--kind must be one of {KINDS}, got {self.kind!r}")
+        for name in ("steps", "batch_size", "seq_len", "ttt_steps", "threads", "eval_windows"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if self.kind == "eagle3":
+            ids = self.aux_layers
+            if len(ids) != len(set(ids)) or list(ids) != sorted(ids):
+                raise ValueError(f"--aux-layers must be distinct and ascending (vLLM sorts them), got {list(ids)}")
+            if num_target_layers is not None and not all(0 <= i <= num_target_layers for i in ids):
+                raise ValueError(
+                    f"--aux-layers {list(ids)}: ids must lie in 0..{num_target_layers} (the target has {num_target_layers} layers)"
+                )
+
+
+def expected_tensors(kind: str, config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint keys and shapes this vLLM needs for a one-layer head of ``config``."""
+    h = int(config["hidden_size"])
+    inter = int(config["intermediate_size"])
+    nh = int(config["num_attention_heads"])
+    nkv = int(config.get("num_key_value_heads", nh))
+    hd = int(config.get("head_dim") or h // nh)
+    if kind == "eagle":
+        prefix, attn_in = "layers.0.", h
+        shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, 2 * h)}
+    elif kind == "eagle3":
+        prefix, attn_in = "midlayer.", 2 * h
+        n_aux = int(config["num_aux_hidden_states"])
+        target_h = int(config.get("target_hidden_size", h))
+        shapes = {
+            "fc.weight": (h, n_aux * target_h),
+            "norm.weight": (h,),
+            f"{prefix}input_layernorm.weight": (h,),
+            f"{prefix}hidden_norm.weight": (h,),
+        }
+    else:
+        raise ValueError(f"unknown head kind {kind!r}; known: {KINDS}")
+    shapes.update(
+        {
+            f"{prefix}self_attn.q_proj.weight": (nh * hd, attn_in),
+            f"{prefix}self_attn.k_proj.weight": (nkv * hd, attn_in),
+            f"{prefix}self_attn.v_proj.weight": (nkv * hd, attn_in),
+            f"{prefix}self_attn.o_proj.weight": (h, nh * hd),
+            f"{prefix}post_attention_layernorm.weight": (h,),
+            f"{prefix}mlp.gate_proj.weight": (inter, h),
+            f"{prefix}mlp.up_proj.weight": (inter, h),
+            f"{prefix}mlp.down_proj.weight": (h, inter),
+        }
+    )
+    return shapes
+
+
+def check_head_tensors(kind: str, config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Raise ``ValueError`` naming the first missing, unexpected or mis-shaped tensor of a head.
+
+    vLLM loads an EAGLE head without checking that every parameter was in the
+    checkpoint (a missing one stays uninitialized), and rejects extra keys only
+    by a late error inside the engine: both are refused here instead.
+    """
+    expected = expected_tensors(kind, config)
+    for name, shape in expected.items():
+        if name not in shapes:
+            raise ValueError(f"{kind} head: tensor {name!r} is missing (vLLM would leave it uninitialized)")
+        if tuple(shapes[name]) != shape:
+            raise ValueError(f"{kind} head: tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}")
+    for name in sorted(set(shapes) - set(expected)):
+        raise ValueError(f"{kind} head: unexpected tensor {name!r} (this vLLM has no parameter for it)")
+
+
+def head_config(kind: str, target_config: Mapping[str, Any], cfg: HeadConfig) -> dict[str, Any]:
+    """The head's ``config.json``: the target's, one layer, no biases, the head's architecture."""
+    out = {k: v for k, v in target_config.items() if k not in ("architectures", "transformers_version")}
+    out.update(
+        architectures=[ARCHITECTURES[kind]],
+        num_hidden_layers=1,
+        attention_bias=False,  # the head has no bias tensors; with True vLLM would expect them
+        mlp_bias=False,
+    )
+    if kind == "eagle3":
+        out.update(
+            draft_vocab_size=int(target_config["vocab_size"]),  # same vocabulary: no d2t map
+            target_hidden_size=int(target_config["hidden_size"]),
+            num_aux_hidden_states=len(cfg.aux_layers),
+            eagle_config={"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layers), "use_aux_hidden_state": True},
+        )
+    return out
+
+
+def _rms(x, weight, eps: float):
+    import torch
+
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate(x, cos, sin):
+    import torch
+
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _Head:
+    """The head's parameters and forward pass (plain tensors, mirroring vLLM's modules)."""
+
+    def __init__(self, kind: str, config: Mapping[str, Any], n_aux: int, seed: int) -> None:
+        import torch
+
+        self.kind = kind
+        h = int(config["hidden_size"])
+        self.h = h
+        self.nh = int(config["num_attention_heads"])
+        self.nkv = int(config.get("num_key_value_heads", self.nh))
+        self.hd = int(config.get("head_dim") or h // self.nh)
+        self.eps = float(config.get("rms_norm_eps", 1e-6))
+        rope = config.get("rope_parameters") or {}
+        self.theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+        shapes = expected_tensors(kind, {**config, "num_aux_hidden_states": n_aux})
+        gen = torch.Generator().manual_seed(seed)
+        self.params: dict[str, torch.Tensor] = {}
+        for name, shape in shapes.items():
+            if len(shape) == 1:
+                t = torch.ones(shape)
+            else:
+                t = torch.randn(shape, generator=gen) * (1.0 / math.sqrt(shape[1]))
+            self.params[name] = t.requires_grad_(True)
+        self.prefix = "layers.0." if kind == "eagle" else "midlayer."
+
+    def p(self, name: str):
+        return self.params[self.prefix + name]
+
+    def layer_input(self, emb, hidden):
+        """(attention input, residual) of the decoder layer for token embeddings and hidden inputs."""
+        import torch
+
+        if self.kind == "eagle":
+            x = torch.nn.functional.linear(torch.cat((emb, hidden), dim=-1), self.params["fc.weight"])
+            return x, x  # layer 0's input_layernorm is the identity
+        e = _rms(emb, self.p("input_layernorm.weight"), self.eps)
+        return torch.cat((e, _rms(hidden, self.p("hidden_norm.weight"), self.eps)), dim=-1), hidden
+
+    def qkv(self, x, positions):
+        import torch.nn.functional as F
+
+        b, t, _ = x.shape
+        q = F.linear(x, self.p("self_attn.q_proj.weight")).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = F.linear(x, self.p("self_attn.k_proj.weight")).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = F.linear(x, self.p("self_attn.v_proj.weight")).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = self._rope(positions)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        if self.nkv != self.nh:
+            k = k.repeat_interleave(self.nh // self.nkv, dim=1)
+            v = v.repeat_interleave(self.nh // self.nkv, dim=1)
+        return q, k, v
+
+    def _rope(self, positions):
+        import torch
+
+        inv = 1.0 / (self.theta ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        freqs = positions.float()[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
+
+    def finish(self, attn, residual):
+        """(features fed to the LM head, features fed to the next draft step)."""
+        import torch.nn.functional as F
+
+        b, _, t, _ = attn.shape
+        a = F.linear(attn.transpose(1, 2).reshape(b, t, self.nh * self.hd), self.p("self_attn.o_proj.weight"))
+        r = a + residual
+        x = _rms(r, self.p("post_attention_layernorm.weight"), self.eps)
+        m = F.linear(F.silu(F.linear(x, self.p("mlp.gate_proj.weight"))) * F.linear(x, self.p("mlp.up_proj.weight")), self.p("mlp.down_proj.weight"))
+        out = m + r
+        if self.kind == "eagle":
+            return out, out  # no final norm: the same tensor goes to the logits and the next step
+        return _rms(out, self.params["norm.weight"], self.eps), out
+
+
+def unrolled_forward(head: _Head, embed, first_hidden, ttt_steps: int) -> list[tuple[Any, Any]]:
+    """Run ``ttt_steps`` drafting steps over every chain of a batch; returns (logit features, next hidden) per step.
+
+    ``embed`` is ``[B, T + ttt_steps - 1, H]``: row ``p + j - 1`` is the
+    embedding of the token fed at chain ``p``'s step ``j``. ``first_hidden``
+    is ``[B, T, H]``: the step-1 hidden input of each chain (EAGLE-1: the
+    target's final hidden state; EAGLE-3: ``fc`` of the aux states). Step ``j``
+    of chain ``p`` sits at position ``p + j - 1`` and attends to the step-1
+    keys of chains ``0..p`` (the true-feature rows vLLM holds in its KV cache)
+    plus chain ``p``'s own keys of steps ``2..j``.
+    """
+    import torch
+
+    b, t, _ = first_hidden.shape
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    scale = 1.0 / math.sqrt(head.hd)
+    hidden = first_hidden
+    keys, values, outs = [], [], []
+    for j in range(1, ttt_steps + 1):
+        positions = torch.arange(j - 1, j - 1 + t)
+        x, residual = head.layer_input(embed[:, j - 1 : j - 1 + t], hidden)
+        q, k, v = head.qkv(x, positions)
+        if j == 1:
+            k1, v1 = k, v
+        else:
+            keys.append(k)
+            values.append(v)
+        s1 = (q @ k1.transpose(-1, -2)) * scale
+        s1 = s1.masked_fill(~causal, float("-inf"))
+        if keys:
+            sd = torch.stack([(q * kk).sum(-1) * scale for kk in keys], dim=-1)  # [B, h, T, j-1]
+            probs = torch.softmax(torch.cat((s1, sd), dim=-1), dim=-1)
+            attn = probs[..., :t] @ v1 + (probs[..., t:].unsqueeze(-1) * torch.stack(values, dim=-2)).sum(-2)
+        else:
+            attn = torch.softmax(s1, dim=-1) @ v1
+        logit_in, hidden = head.finish(attn, residual)
+        outs.append((logit_in, hidden))
+    return outs
+
+
+class _TargetFeatures:
+    """The frozen target's features for a batch: embeddings, final hidden, aux residual streams, log-probs."""
+
+    def __init__(self, model, aux_layers: tuple[int, ...]) -> None:
+        self.model = model
+        self.aux_layers = aux_layers
+        self._pre_norm = None
+        model.model.norm.register_forward_hook(self._hook)
+
+    def _hook(self, module, inputs, output) -> None:
+        self._pre_norm = inputs[0]
+
+    def __call__(self, rows):
+        import torch
+
+        with torch.no_grad():
+            out = self.model(input_ids=rows, output_hidden_states=True)
+            states = list(out.hidden_states)
+            n = len(self.model.model.layers)
+            streams = {i: (states[i] if i < n else self._pre_norm) for i in self.aux_layers}
+            return {
+                "final": out.hidden_states[-1].float(),  # after the final norm (vLLM's EAGLE-1 input)
+                "aux": torch.cat([streams[i].float() for i in self.aux_layers], dim=-1),
+                "logprobs": torch.log_softmax(out.logits.float(), dim=-1),
+            }
+
+
+def _losses(head: _Head, feats: dict[str, Any], rows, lm_head, embed_w, cfg: HeadConfig, with_metrics: bool = False):
+    """Weighted loss over the chain steps, plus per-step top-1 agreement with the target."""
+    import torch
+    import torch.nn.functional as F
+
+    j_max = cfg.ttt_steps
+    n = rows.shape[1]
+    t = n - j_max  # chains p = 0..t-1; step j reads token p + j and label position p + j
+    embed = F.embedding(rows[:, 1 : t + j_max], embed_w)
+    if head.kind == "eagle":
+        first = feats["final"][:, :t]
+    else:
+        first = F.linear(feats["aux"][:, :t], head.params["fc.weight"])
+    outs = unrolled_forward(head, embed, first, j_max)
+    total = torch.zeros(())
+    agree = []
+    for j, (logit_in, hidden) in enumerate(outs, start=1):
+        target_lp = feats["logprobs"][:, j : j + t]
+        logp = F.log_softmax(F.linear(logit_in, lm_head), dim=-1)
+        token_loss = -(target_lp.exp() * logp).sum(-1).mean()  # cross-entropy to the target's distribution
+        loss = token_loss
+        if head.kind == "eagle" and cfg.feature_weight:
+            loss = loss + cfg.feature_weight * F.smooth_l1_loss(hidden, feats["final"][:, j : j + t])
+        total = total + (cfg.step_decay ** (j - 1)) * loss
+        if with_metrics:
+            agree.append((logp.argmax(-1) == target_lp.argmax(-1)).float().mean().item())
+    return total, agree
+
+
+def _lr_at(step: int, cfg: HeadConfig) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_head(
+    target_dir: str | Path,
+    tokenizer_dir: str | Path,
+    output: str | Path,
+    cfg: HeadConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train an EAGLE/EAGLE-3 head for the target in ``target_dir``; save it under ``output``.
+
+    ``output`` receives ``config.json``, ``model.safetensors`` (keys checked by
+    :func:`check_head_tensors`) and ``training.json`` (hyper-parameters, losses,
+    held-out top-1 agreement with the target per chain step, wall and CPU time).
+    """
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+    from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from sdbench.io import atomic_dir
+    from sdbench.models.check import check_model_dir, read_config
+    from sdbench.models.training import TrainingData
+
+    hf_logging.set_verbosity_error()
+    target_dir = Path(target_dir)
+    check_model_dir(target_dir, role="target")
+    target_config = read_config(target_dir)
+    cfg.validate(int(target_config["num_hidden_layers"]))
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(cfg.seed)
+    t0, c0 = time.perf_counter(), time.process_time()
+    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    features = _TargetFeatures(target, cfg.aux_layers)
+    embed_w = target.model.embed_tokens.weight
+    lm_head = target.lm_head.weight
+    data = TrainingData(tokenizer_dir, cfg.seq_len, cfg.seed)
+    head = _Head(cfg.kind, target_config, len(cfg.aux_layers), cfg.seed)
+    opt = torch.optim.AdamW(list(head.params.values()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=False)
+    losses: list[float] = []
+    t1, c1 = time.perf_counter(), time.process_time()
+    for step in range(cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, cfg)
+        rows = torch.from_numpy(data.batch(cfg.batch_size, cfg.edit_fraction))
+        # bf16 matmuls halve a step's CPU time; parameters, norms and the loss stay float32.
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            feats = features(rows)
+            loss, _ = _losses(head, feats, rows, lm_head, embed_w, cfg)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(head.params.values()), cfg.grad_clip, foreach=False)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if (step + 1) % max(1, cfg.steps // 10) == 0:
+            recent = losses[-max(1, cfg.steps // 10) :]
+            log(f"  step {step + 1}/{cfg.steps} loss {sum(recent) / len(recent):.3f} ({time.perf_counter() - t1:.0f}s)")
+    train_s, train_cpu = time.perf_counter() - t1, time.process_time() - c1
+    agree = _heldout_agreement(head, features, data, lm_head, embed_w, cfg)
+    log(f"train-head {cfg.kind}: held-out top-1 agreement per step {agree}, {train_s:.0f}s ({train_cpu:.0f} CPU s)")
+    state = {name: t.detach().contiguous() for name, t in head.params.items()}
+    config = head_config(cfg.kind, target_config, cfg)
+    check_head_tensors(cfg.kind, config, {k: tuple(v.shape) for k, v in state.items()})
+    info = {
+        "config": {**asdict(cfg), "aux_layers": list(cfg.aux_layers)},
+        "kind": cfg.kind,
+        "vllm_method": METHOD_OF_KIND[cfg.kind],
+        "parameters": int(sum(t.numel() for t in state.values())),
+        "shapes": {k: list(v.shape) for k, v in sorted(state.items())},
+        "final_train_loss": round(float(np.mean(losses[-max(1, cfg.steps // 10) :])), 4),
+        "heldout_top1_agreement_per_step": agree,
+        "target_config_sha256": hashlib.sha256((target_dir / "config.json").read_bytes()).hexdigest(),
+        "target_weights_sha256": hashlib.sha256((target_dir / "model.safetensors").read_bytes()).hexdigest(),
+        "wall_seconds": {"train": round(train_s, 2), "total": round(time.perf_counter() - t0, 2)},
+        "cpu_seconds": {"train": round(train_cpu, 2), "process": round(time.process_time(), 2), "this_build": round(time.process_time() - c0, 2)},
+    }
+    with atomic_dir(output) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        (tmp / "training.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        check_model_dir(tmp, role=cfg.kind)  # the engine's own pre-flight check, on the files written
+    return info
+
+
+def _heldout_agreement(head: _Head, features, data, lm_head, embed_w, cfg: HeadConfig) -> list[float]:
+    """Top-1 agreement with the target per chain step on evenly spaced held-out windows."""
+    import numpy as np
+    import torch
+
+    n = cfg.seq_len + 1
+    stream = data.heldout_stream
+    starts = np.linspace(0, len(stream) - n - 1, cfg.eval_windows).astype(np.int64)
+    rows = torch.from_numpy(np.stack([stream[s : s + n] for s in starts]))
+    with torch.no_grad():
+        _, agree = _losses(head, features(rows), rows, lm_head, embed_w, cfg, with_metrics=True)
+    return [round(a, 4) for a in agree]
+
+
+def _cmd_train_head(args: argparse.Namespace) -> int:
+    fields = HeadConfig.__dataclass_fields__
+    values = {name: getattr(args, name) for name in fields}
+    values["aux_layers"] = tuple(values["aux_layers"])
+    cfg = HeadConfig(**values)
+    # A bad option or input (ValueError / ConfigError) becomes one `error:` line in sdbench.cli.main.
+    train_head(args.target, args.tokenizer, args.output, cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return 0

@@ -1,0 +1,183 @@
+"""Commands of the simulator stage: ``sdbench simulate``, ``sdbench costmodel``,
+``sdbench validate-simulator``.
+
+Argument parsing only (argparse and the standard library); each command's implementation is
+imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
+same as the implementation's (tests/test_cli.py checks that they match).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sdbench.lazy import lazy
+
+COMMANDS = "sdbench.simulator.commands"
+
+PROPOSERS: tuple[str, ...] = ("ngram", "eagle", "combined")  # policytypes.PROPOSERS
+DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)  # core.DEFAULT_BATCH_SIZES
+PAPER_POLICIES: tuple[str, ...] = ("fixed-1", "fixed-3", "fixed-5", "oracle")  # core.PAPER_POLICIES
+MODES: tuple[str, ...] = ("compat", "exact")  # core.MODES
+BATCHING: tuple[str, ...] = ("replicated", "continuous")  # core.BATCHING
+COMPAT_NUM_REQUESTS = 300  # compat.COMPAT_NUM_REQUESTS
+COMPAT_SEED = 42  # compat.COMPAT_SEED
+ADAPTIVE_SPECS: tuple[str, ...] = (  # reports.ADAPTIVE_SPECS
+    "combined:adaptive",
+    "combined:learned",
+    "combined:trust",
+    "combined:ngram-else-eagle",
+    "eagle:adaptive",
+    "eagle:dynamic-k",
+)
+STEP_COLUMNS: tuple[str, ...] = (  # costmodel.STEP_COLUMNS
+    "method",
+    "batch_size",
+    "num_batched_tokens",
+    "num_kv_tokens",
+    "num_proposed_tokens",
+    "verify_s",
+    "propose_s",
+    "step_s",
+)
+DEFAULT_COST_MODEL = "llama3.1-8b-h100"
+
+
+def add_trace_options(p: argparse.ArgumentParser, traces_required: bool = True) -> None:
+    """``--traces``, ``--batch-sizes`` and ``--cost-model`` (simulate and ``bench simulator``)."""
+    p.add_argument(
+        "--traces",
+        nargs="+",
+        required=traces_required,
+        metavar="PATH",
+        help="published-trace combined_<dataset>.jsonl or trace-table .parquet files",
+    )
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=list(DEFAULT_BATCH_SIZES), metavar="N")
+    p.add_argument(
+        "--cost-model",
+        default=DEFAULT_COST_MODEL,
+        help="cost model name (shipped or in $SDBENCH_DATA_DIR/cost_models) or a YAML path "
+        "(default: llama3.1-8b-h100)",
+    )
+
+
+def add_costmodel(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``costmodel fit`` and ``costmodel show``."""
+    parser = subparsers.add_parser("costmodel", help="step-time cost models of the simulator")
+    sub = parser.add_subparsers(dest="costmodel_command", required=True)
+    fit = sub.add_parser("fit", help="least-squares fit of a cost model from per-step timings")
+    fit.add_argument(
+        "--steps",
+        nargs="+",
+        required=True,
+        help=f"step table(s) (.parquet or .csv) with columns {', '.join(STEP_COLUMNS)}",
+    )
+    fit.add_argument(
+        "--method-column",
+        default="method",
+        help="column naming the vLLM method of each step (run-cell breakdown tables: sd_method)",
+    )
+    fit.add_argument("--output", required=True, help="cost-model YAML to write")
+    fit.add_argument("--name", required=True, help="name recorded in the model")
+    fit.set_defaults(func=lazy("sdbench.simulator.costmodel", "_cmd_fit"))
+    show = sub.add_parser("show", help="print a validated cost model")
+    show.add_argument("model", help="cost model name (shipped or in $SDBENCH_DATA_DIR/cost_models) or YAML path")
+    show.set_defaults(func=lazy("sdbench.simulator.costmodel", "_cmd_show"))
+
+
+def add_validate_simulator(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench validate-simulator``."""
+    p = subparsers.add_parser("validate-simulator", help="simulated vs measured speedup per cell")
+    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    p.add_argument("--simulated", nargs="+", required=True, help="sdbench simulate CSVs")
+    p.add_argument("--methods", required=True, help="JSON: the config's methods section")
+    p.add_argument("--output", required=True, help="parquet")
+    p.add_argument("--markdown", required=True, help="Markdown rendering")
+    p.set_defaults(func=lazy("sdbench.simulator.validation", "_cmd_validate"))
+
+
+def add_simulate(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``simulate`` (with the sub-actions ``compare``, ``adaptive-report``, ``figures``)."""
+    sim = subparsers.add_parser(
+        "simulate",
+        help="trace-replay simulation of speculative-decoding speedup",
+        description="Simulate speedup from acceptance traces. Sub-actions: compare, adaptive-report, figures.",
+    )
+    add_trace_options(sim, traces_required=False)
+    sim.add_argument("--proposer", choices=PROPOSERS)
+    sim.add_argument(
+        "--policy",
+        nargs="+",
+        default=list(PAPER_POLICIES),
+        metavar="POLICY",
+        help="fixed-K, oracle, oracle-combine, adaptive, goodput, learned, trust, ngram-else-eagle, "
+        "dynamic-k (default: fixed-1 fixed-3 fixed-5 oracle)",
+    )
+    sim.add_argument("--mode", choices=list(MODES), default="exact")
+    sim.add_argument("--batching", choices=BATCHING, default="replicated")
+    sim.add_argument("--output", metavar="OUT.csv")
+    sim.add_argument(
+        "--num-requests",
+        type=int,
+        default=COMPAT_NUM_REQUESTS,
+        help="requests sampled per dataset (default 300; <= 0: all, in file order)",
+    )
+    sim.add_argument("--seed", type=int, default=COMPAT_SEED, help="sampling seed (default 42)")
+    sim.add_argument(
+        "--requests",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="requests tables (token ids) for trace tables lacking prompt lengths / n-gram drafts",
+    )
+    sim.add_argument("--drafter", help="learned-drafter method standing for proposer eagle (default: eagle)")
+    sim.add_argument(
+        "--train-traces",
+        nargs="+",
+        metavar="PATH",
+        help="training traces of the learned policy (default: the other --traces)",
+    )
+    sim.add_argument(
+        "--compat-match-probability",
+        type=float,
+        help="compat n-gram match probability for datasets the published simulator does not know",
+    )
+    sim.set_defaults(func=lazy(COMMANDS, "_cmd_simulate"))
+    actions = sim.add_subparsers(dest="simulate_action", required=False, metavar="{compare,adaptive-report,figures}")
+
+    cmp_ = actions.add_parser("compare", help="compat vs exact: each correction alone, table + figure")
+    add_trace_options(cmp_)
+    cmp_.add_argument("--output-dir", required=True)
+    cmp_.add_argument("--no-continuous", action="store_true", help="skip the continuous-batching column")
+    cmp_.set_defaults(func=lazy(COMMANDS, "_cmd_compare"))
+
+    ada = actions.add_parser("adaptive-report", help="causal policies vs best fixed vs oracle-combine")
+    add_trace_options(ada)
+    ada.add_argument("--output-dir", required=True)
+    ada.add_argument("--policies", nargs="+", default=list(ADAPTIVE_SPECS), metavar="PROPOSER:POLICY")
+    ada.add_argument("--batching", choices=BATCHING, default="replicated")
+    ada.add_argument(
+        "--train-traces",
+        nargs="+",
+        metavar="PATH",
+        help="training traces of the learned policy (default: the other --traces)",
+    )
+    ada.add_argument(
+        "--requests",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="requests tables (token ids) for trace tables lacking prompt lengths / n-gram drafts",
+    )
+    ada.set_defaults(func=lazy(COMMANDS, "_cmd_adaptive"))
+
+    fig = actions.add_parser("figures", help="Fig. 9 and Fig. 11 from simulate results")
+    fig.add_argument("--results", nargs="+", required=True, metavar="CSV", help="sdbench simulate outputs")
+    fig.add_argument("--output-dir", required=True)
+    fig.set_defaults(func=lazy(COMMANDS, "_cmd_figures"))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the simulator stage's commands: ``costmodel``, ``validate-simulator``, ``simulate``."""
+    add_costmodel(subparsers)
+    add_validate_simulator(subparsers)
+    add_simulate(subparsers)

@@ -1,0 +1,104 @@
+"""Implementation of ``sdbench simulate`` and its sub-actions ``compare``, ``adaptive-report`` and
+``figures`` (parsed in :mod:`sdbench.simulator.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+from sdbench.io import write_text
+from sdbench.simulator.core import simulate, write_results
+from sdbench.simulator.costmodel import load_cost_model
+from sdbench.simulator.figures import figure_adaptive, figure_combining, figure_compare, figure_fixed_vs_oracle
+from sdbench.simulator.reports import adaptive_report, adaptive_summary, compare_modes
+from sdbench.simulator.tracesets import TraceSet, load_traces
+
+
+def _markdown(df: pd.DataFrame, digits: int = 2) -> str:
+    from sdbench.analysis.acceptance import markdown_table
+
+    return markdown_table(df, digits)
+
+
+def _load_sets(paths: Sequence[str], requests: Sequence[str] = ()) -> list[TraceSet]:
+    sets = [load_traces(p, requests) for p in paths]
+    seen: dict[str, str] = {}
+    for ts in sets:
+        if ts.dataset in seen:
+            raise ValueError(f"{ts.source}: dataset {ts.dataset!r} already read from {seen[ts.dataset]}")
+        seen[ts.dataset] = ts.source
+    return sets
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    missing = [f"--{k.replace('_', '-')}" for k in ("traces", "proposer", "output") if not getattr(args, k)]
+    if missing:
+        raise ValueError(
+            f"sdbench simulate: the following arguments are required: {', '.join(missing)} "
+            "(see sdbench simulate --help)"
+        )
+    cm = load_cost_model(args.cost_model)
+    train = _load_sets(args.train_traces, args.requests) if args.train_traces else None
+    df = simulate(
+        _load_sets(args.traces, args.requests),
+        args.proposer,
+        args.policy,
+        args.batch_sizes,
+        cm,
+        args.mode,
+        batching=args.batching,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        drafter=args.drafter,
+        train_sets=train,
+        match_probability=args.compat_match_probability,
+    )
+    write_results(df, args.output)
+    print(f"wrote {len(df)} rows to {args.output}")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    cm = load_cost_model(args.cost_model)
+    table = compare_modes(_load_sets(args.traces), cm, args.batch_sizes, continuous=not args.no_continuous)
+    out = Path(args.output_dir)
+    write_results(table, out / "compat_vs_exact.csv")
+    write_text(_markdown(table), out / "compat_vs_exact.md")
+    figure_compare(table, out / "compat_vs_exact.png")
+    print(_markdown(table))
+    print(f"wrote {out}/compat_vs_exact.{{csv,md,png}}")
+    return 0
+
+
+def _cmd_adaptive(args: argparse.Namespace) -> int:
+    cm = load_cost_model(args.cost_model)
+    train = _load_sets(args.train_traces, args.requests) if args.train_traces else None
+    report = adaptive_report(
+        _load_sets(args.traces, args.requests),
+        cm,
+        args.batch_sizes,
+        args.policies,
+        batching=args.batching,
+        train_sets=train,
+    )
+    summary = adaptive_summary(report)
+    out = Path(args.output_dir)
+    write_results(report, out / "adaptive_policies.csv")
+    write_text(_markdown(summary), out / "adaptive_gap_closed.md")
+    figure_adaptive(report, out / "adaptive_policies.png")
+    print(_markdown(summary))
+    print(f"wrote {out}/adaptive_policies.{{csv,png}} and {out}/adaptive_gap_closed.md")
+    return 0
+
+
+def _cmd_figures(args: argparse.Namespace) -> int:
+    results = pd.concat([pd.read_csv(p) for p in args.results], ignore_index=True)
+    out = Path(args.output_dir)
+    figure_fixed_vs_oracle(results, out / "fig9_fixed_vs_oracle.png")
+    figure_combining(results, out / "fig11_combining.png")
+    print(f"wrote {out}/fig9_fixed_vs_oracle.png and {out}/fig11_combining.png")
+    return 0

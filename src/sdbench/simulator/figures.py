@@ -1,0 +1,120 @@
+"""Figures of simulation results: Fig. 9 (fixed vs oracle), Fig. 11 (combining drafters),
+compat vs exact, and the causal policies against their bounds.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from sdbench.plotting import save_png, subplots
+from sdbench.simulator.core import DEFAULT_BATCH_SIZES
+from sdbench.simulator.reports import PAPER_GRID
+
+
+def _axes_grid(nrows: int, ncols: int) -> tuple[object, np.ndarray]:
+    fig, axes = subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False, sharex=True)
+    for ax in axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(DEFAULT_BATCH_SIZES, [str(b) for b in DEFAULT_BATCH_SIZES])
+        ax.axhline(1.0, color="0.7", lw=0.8)
+        ax.grid(alpha=0.3)
+    return fig, axes
+
+
+def figure_fixed_vs_oracle(results: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Fig. 9: speedup of fixed-k and oracle proposal lengths vs batch size, per dataset (rows)
+    and proposer (columns: EAGLE, n-gram)."""
+    datasets = sorted(results["dataset"].unique())
+    proposers = [p for p in ("eagle", "ngram") if p in set(results["proposer"])]
+    if not datasets or not proposers:
+        raise ValueError("Fig. 9 needs simulate results of proposer eagle or ngram")
+    fig, axes = _axes_grid(len(datasets), len(proposers))
+    for i, d in enumerate(datasets):
+        for j, p in enumerate(proposers):
+            ax = axes[i, j]
+            sub = results[(results["dataset"] == d) & (results["proposer"] == p)]
+            for policy, g in sub.groupby("policy", sort=True):
+                g = g.sort_values("batch_size")
+                style = dict(color="k", lw=2) if policy.startswith("oracle") else dict(marker="o", ms=3)
+                ax.plot(g["batch_size"], g["speedup"], label=policy, **style)
+            ax.set_title(f"{d} / {'EAGLE' if p == 'eagle' else 'n-gram'}")
+            if i == len(datasets) - 1:
+                ax.set_xlabel("batch size")
+            ax.set_ylabel("speedup")
+            ax.legend(fontsize=7)
+    save_png(fig, path, dpi=130, bbox_inches="tight")
+
+
+def figure_combining(results: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Fig. 11: oracle of EAGLE, of n-gram and of their per-position combination, with the best
+    fixed policy of each, vs batch size per dataset."""
+    datasets = sorted(results["dataset"].unique())
+    fig, axes = _axes_grid(1, len(datasets))
+    for j, d in enumerate(datasets):
+        ax = axes[0, j]
+        sub = results[results["dataset"] == d]
+        lines = {
+            "Oracle_Combine": sub[(sub["proposer"] == "combined") & sub["policy"].isin(["oracle", "oracle-combine"])],
+            "Oracle_EAGLE": sub[(sub["proposer"] == "eagle") & (sub["policy"] == "oracle")],
+            "Oracle_n-gram": sub[(sub["proposer"] == "ngram") & (sub["policy"] == "oracle")],
+        }
+        for p, label in (("eagle", "best fixed EAGLE"), ("ngram", "best fixed n-gram")):
+            fx = sub[(sub["proposer"] == p) & sub["policy"].str.startswith("fixed-")]
+            if len(fx):
+                lines[label] = fx.loc[fx.groupby("batch_size")["speedup"].idxmax()]
+        for label, g in lines.items():
+            if len(g):
+                g = g.sort_values("batch_size")
+                ls = "-" if label.startswith("Oracle") else "--"
+                ax.plot(g["batch_size"], g["speedup"], ls, marker="o", ms=3, label=label)
+        ax.set_title(d)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup")
+        ax.legend(fontsize=7)
+    save_png(fig, path, dpi=130, bbox_inches="tight")
+
+
+def figure_compare(table: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Compat (dashed) vs exact (solid) speedup per dataset (rows) and proposer (columns)."""
+    datasets = sorted(table["dataset"].unique())
+    proposers = [p for p, _ in PAPER_GRID if p in set(table["proposer"])]
+    fig, axes = _axes_grid(len(datasets), len(proposers))
+    for i, d in enumerate(datasets):
+        for j, p in enumerate(proposers):
+            ax = axes[i, j]
+            sub = table[(table["dataset"] == d) & (table["proposer"] == p)]
+            for n, (policy, g) in enumerate(sub.groupby("policy", sort=True)):
+                g = g.sort_values("batch_size")
+                color = f"C{n}"
+                ax.plot(g["batch_size"], g["compat"], "--", color=color, lw=1)
+                ax.plot(g["batch_size"], g["exact"], "-", marker="o", ms=3, color=color, label=policy)
+            ax.set_title(f"{d} / {p} (dashed: compat, solid: exact)", fontsize=9)
+            if i == len(datasets) - 1:
+                ax.set_xlabel("batch size")
+            ax.set_ylabel("speedup")
+            ax.legend(fontsize=7)
+    save_png(fig, path, dpi=130, bbox_inches="tight")
+
+
+def figure_adaptive(report: pd.DataFrame, path: str | os.PathLike[str]) -> None:
+    """Causal policies between the best fixed policy and oracle-combine, per dataset."""
+    datasets = sorted(report["dataset"].unique())
+    fig, axes = _axes_grid(1, len(datasets))
+    for j, d in enumerate(datasets):
+        ax = axes[0, j]
+        sub = report[report["dataset"] == d]
+        ref = sub.drop_duplicates("batch_size").sort_values("batch_size")
+        ax.fill_between(ref["batch_size"], ref["best_fixed"], ref["oracle_combine"], color="0.9", label="gap")
+        ax.plot(ref["batch_size"], ref["best_fixed"], "k-", lw=2, label="best fixed")
+        ax.plot(ref["batch_size"], ref["oracle_combine"], "k--", lw=2, label="oracle-combine")
+        for policy, g in sub.groupby("policy", sort=True):
+            g = g.sort_values("batch_size")
+            ax.plot(g["batch_size"], g["speedup"], marker="o", ms=3, label=policy)
+        ax.set_title(d)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("speedup")
+        ax.legend(fontsize=6)
+    save_png(fig, path, dpi=130, bbox_inches="tight")

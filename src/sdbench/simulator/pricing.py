@@ -1,0 +1,158 @@
+"""Pricing trajectories with a cost model: request latency of replicated batches, makespan of
+continuous batching.
+
+A replicated batch is simulated once (its copies are identical, or for the random n-gram model
+differ only in how many tokens they verify), and a request's latency is linear in the batch size
+for a batch-independent policy, so all batch sizes are priced from per-request sums at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+import numpy as np
+
+from sdbench.simulator.compat import compat_random_steps
+from sdbench.simulator.costmodel import CostModel
+from sdbench.simulator.policytypes import DRAFT, NGRAM, NONE, Fidelity, TraceArrays, Trajectories
+from sdbench.simulator.tracesets import NGRAM_METHOD
+
+
+def baseline_trajectories(arrays: TraceArrays) -> Trajectories:
+    """Plain decoding: after the prefill, one token per step until the output is complete."""
+    n = np.maximum(arrays.length - 1, 0)
+    req = np.repeat(np.arange(arrays.num_requests), n)
+    first = np.concatenate([[0], np.cumsum(n)[:-1]])
+    gen = np.arange(len(req)) - first[req] + 1
+    zeros = np.zeros(len(req), np.int64)
+    return Trajectories(req, gen, zeros.astype(np.int8), zeros, zeros + 1)
+
+
+def _charged_drafter(traj: Trajectories, proposer: str | None, fidelity: Fidelity) -> np.ndarray:
+    """Which drafter's cost each step pays (``proposer`` None: plain decoding, none)."""
+    if proposer is None:
+        return np.full(traj.num_steps, NONE, np.int8)
+    if fidelity.drafter_cost:
+        return np.where(traj.k > 0, traj.drafter, NONE)
+    n = traj.num_steps
+    if proposer == "combined":  # published: n-gram cost on every step of the combined oracle
+        return np.full(n, NGRAM, np.int8)
+    if proposer == "eagle":  # published: EAGLE cost on every step, even proposing nothing
+        return np.full(n, DRAFT, np.int8)
+    return np.where(traj.k > 0, NGRAM, NONE)
+
+
+def _step_coefficients(
+    traj: Trajectories, arrays: TraceArrays, proposer: str | None, cm: CostModel, fidelity: Fidelity, draft_method: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, ``(A, C)`` with step time = ``A + C * batch_size`` for a replicated batch."""
+    t = cm.target
+    kv = (arrays.prompt_len[traj.req] + traj.gen).astype(float)  # per copy
+    k = traj.k.astype(float)
+    v_c = t.c_kv * kv + t.c_compute * (1.0 + k)
+    a = np.full(traj.num_steps, t.c_fixed + cm.overhead_per_step)
+    c = v_c.copy()
+    charged = _charged_drafter(traj, proposer, fidelity)
+    for code, method in ((NGRAM, NGRAM_METHOD), (DRAFT, draft_method)):
+        m = charged == code
+        if not m.any():
+            continue
+        d = cm.drafter(method)
+        if d.kind == "fraction_of_verify":
+            a[m] += d.fraction * t.c_fixed
+            c[m] += d.fraction * v_c[m]
+        elif fidelity.batch_draft_cost:
+            a[m] += d.c_fixed
+            c[m] += d.c_kv * kv[m] + d.c_spec * k[m]
+        else:
+            # Published: each copy pays its own draft with k + 1 "spec tokens" and the KV count as
+            # it drifts while looping over the batch: + emitted per copy already processed, and at
+            # the last step - (prompt + generated) as copies finish (mean copy index (B-1)/2).
+            last = np.append(traj.req[1:] != traj.req[:-1], True)
+            drift = np.where(last, -kv, traj.emitted)[m]
+            a[m] += d.c_fixed + d.c_spec * (k[m] + 1) - d.c_kv * drift / 2
+            c[m] += d.c_kv * (kv[m] + drift / 2)
+    if cm.switching_overhead > 0:
+        used = traj.drafter
+        prev = np.concatenate([[NONE], used[:-1]])
+        same_req = np.concatenate([[False], traj.req[1:] == traj.req[:-1]])
+        a += cm.switching_overhead * (same_req & (used != NONE) & (prev != NONE) & (used != prev))
+    return a, c
+
+
+def replicated_latency(
+    traj: Trajectories,
+    arrays: TraceArrays,
+    proposer: str | None,
+    cm: CostModel,
+    fidelity: Fidelity,
+    draft_method: str,
+    batch_sizes: Sequence[int],
+    rng_state: tuple | None = None,
+    match_probability: float | None = None,
+) -> np.ndarray:
+    """Mean request latency (s) of each request's replicated batch: shape (requests, batch sizes).
+
+    ``proposer`` None prices plain decoding (no drafting).
+    """
+    b = np.asarray(batch_sizes, float)
+    n = arrays.num_requests
+    lin = np.ones(traj.num_steps, bool) if traj.rng is None else ~traj.rng
+    a, c = _step_coefficients(traj, arrays, proposer, cm, fidelity, draft_method)
+    a_sum = np.bincount(traj.req[lin], a[lin], minlength=n)
+    c_sum = np.bincount(traj.req[lin], c[lin], minlength=n)
+    prompt = arrays.prompt_len.astype(float)
+    # Prefill of the whole batch (empty KV cache), then its per-step overhead.
+    fixed = cm.target.c_fixed + cm.overhead_per_step + a_sum
+    lat = fixed[:, None] + (cm.target.c_compute * prompt + c_sum)[:, None] * b[None, :]
+    if traj.rng is not None and traj.rng.any():
+        if rng_state is None or match_probability is None:
+            raise ValueError("the random n-gram match model needs the sampling RNG state and a match probability")
+        for j, bs in enumerate(batch_sizes):
+            lat[:, j] += compat_random_steps(traj, arrays, cm, fidelity, int(bs), rng_state, match_probability)
+    return lat
+
+
+def continuous_makespan(
+    traj: Trajectories, arrays: TraceArrays, cm: CostModel, draft_method: str, batch_size: int
+) -> float:
+    """Seconds to serve all requests with at most ``batch_size`` running (continuous batching).
+
+    Requests start in order as slots free up; a request's prefill joins the step after a slot
+    frees (batched with the others' decode steps), then it takes one step per trajectory step.
+    Each step pays the target pass over the batch's KV and batched tokens, each drafter used in
+    it once (over its requests' KV and drafts), and the per-step overhead.
+    """
+    n = arrays.num_requests
+    steps = np.bincount(traj.req, minlength=n)
+    start = np.empty(n, np.int64)
+    free = [0] * min(batch_size, n)
+    for r in range(n):
+        t0 = heapq.heappop(free)
+        start[r] = t0
+        heapq.heappush(free, t0 + int(steps[r]) + 1)
+    horizon = int((start + steps + 1).max())
+    first = np.concatenate([[0], np.cumsum(steps)[:-1]])
+    when = start[traj.req] + 1 + (np.arange(traj.num_steps) - first[traj.req])
+    kv = (arrays.prompt_len[traj.req] + traj.gen).astype(float)
+    k = traj.k.astype(float)
+    batched = np.bincount(when, 1.0 + k, horizon) + np.bincount(start, arrays.prompt_len.astype(float), horizon)
+    kv_t = np.bincount(when, kv, horizon)
+    verify = cm.target.time(kv_t, batched)
+    total = verify + cm.overhead_per_step
+    charged = np.where(traj.k > 0, traj.drafter, NONE)
+    for code, method in ((NGRAM, NGRAM_METHOD), (DRAFT, draft_method)):
+        m = charged == code
+        if m.any():
+            used = np.bincount(when[m], minlength=horizon) > 0
+            draft = cm.drafter(method).time(
+                verify, np.bincount(when[m], kv[m], horizon), np.bincount(when[m], k[m], horizon)
+            )
+            total += np.where(used, draft, 0.0)
+    if cm.switching_overhead > 0:
+        prev = np.concatenate([[NONE], traj.drafter[:-1]])
+        same = np.concatenate([[False], traj.req[1:] == traj.req[:-1]])
+        sw = same & (traj.drafter != NONE) & (prev != NONE) & (traj.drafter != prev)
+        total += cm.switching_overhead * (np.bincount(when[sw], minlength=horizon) > 0)
+    return float(total.sum())

@@ -1,0 +1,79 @@
+"""Simulator validation: simulated vs measured speedup for the cells of a real run.
+
+The simulator replays a cell's own in-engine traces under the cost model fitted from
+the same machine's breakdown runs, with the cell's proposer and fixed draft length;
+the measured speedup comes from the run-cell throughput, with its 95% bootstrap
+interval; ``agrees`` says whether the simulated speedup lies inside that interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import pandas as pd
+
+from sdbench.io import write_parquet, write_text
+
+# vLLM method -> simulator proposer (any learned drafter stands in for "eagle").
+PROPOSER = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "eagle", "mtp": "eagle"}
+
+
+def simulated_policy(method: dict[str, Any]) -> tuple[str, str] | None:
+    """(proposer, policy) the simulator uses for a config method entry; ``None`` for no SD."""
+    name = method["method"]
+    if name == "none" or name not in PROPOSER:
+        return None
+    return PROPOSER[name], f"fixed-{int(method['num_speculative_tokens'])}"
+
+
+def compare(cells: pd.DataFrame, simulated: pd.DataFrame, methods: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """Join measured cells with simulated speedups of the same dataset x method x batch size."""
+    rows = []
+    for cell in cells.itertuples():
+        key = simulated_policy(methods[cell.method])
+        if key is None:
+            continue
+        match = simulated[
+            (simulated["dataset"] == cell.dataset)
+            & (simulated["proposer"] == key[0])
+            & (simulated["policy"] == key[1])
+            & (simulated["batch_size"] == cell.batch_size)
+        ]
+        if match.empty:
+            continue
+        rows.append(
+            {
+                "engine": cell.engine,
+                "model": cell.model,
+                "dataset": cell.dataset,
+                "method": cell.method,
+                "batch_size": cell.batch_size,
+                "measured_speedup": cell.speedup,
+                "measured_ci_low": getattr(cell, "speedup_ci_low", float("nan")),
+                "measured_ci_high": getattr(cell, "speedup_ci_high", float("nan")),
+                "simulated_speedup": float(match["speedup"].iloc[0]),
+                "contaminated": bool(getattr(cell, "contaminated", False)),
+            }
+        )
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out["ratio"] = out["simulated_speedup"] / out["measured_speedup"]
+        # Agreement: the simulated speedup lies inside the measured 95% interval; a cell
+        # without an interval (one trial) cannot be judged.
+        inside = (out["simulated_speedup"] >= out["measured_ci_low"]) & (
+            out["simulated_speedup"] <= out["measured_ci_high"]
+        )
+        out["agrees"] = inside.where(out["measured_ci_low"].notna())
+    return out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    cells = pd.read_parquet(args.cells)
+    simulated = pd.concat([pd.read_csv(p) for p in args.simulated], ignore_index=True)
+    table = compare(cells, simulated, json.loads(args.methods))
+    write_parquet(table, args.output)
+    write_text(table.to_markdown(index=False, floatfmt=".2f") + "\n", args.markdown)
+    return 0
+

@@ -1,0 +1,1 @@
+"""Trace stage: per-position acceptance trace tables, the offline n-gram tracer, published traces."""
