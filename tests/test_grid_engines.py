@@ -128,6 +128,11 @@ def test_simulated_vs_measured_join() -> None:
     table = compare(cells, simulated, methods)
     assert list(table["method"]) == ["dm3", "ng3"]
     assert list(table["ratio"].round(3)) == [1.25, 0.8]
+    # With two learned drafters, only the one whose trace was replayed is judged.
+    methods["eg3"] = {"method": "eagle", "num_speculative_tokens": 3}
+    both = pd.concat([cells, cells.iloc[[2]].assign(method="eg3", speedup=0.9)], ignore_index=True)
+    assert list(compare(both, simulated, methods)["method"]) == ["dm3", "eg3", "ng3"]
+    assert list(compare(both, simulated, methods, {"e/m/d": "eg3"})["method"]) == ["eg3", "ng3"]
 
 
 def test_a_null_engine_env_entry_unsets_the_variable() -> None:

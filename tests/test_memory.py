@@ -278,3 +278,26 @@ def test_default_lookup_reads_the_package_data() -> None:
     """Without a models dir, repo ids resolve through sdbench.packagedata (what an installed wheel uses)."""
     assert memory_report(L31_8B, EAGLE_8B, "eagle") == memory_report(L31_8B, EAGLE_8B, "eagle", MODELS)
     assert [s.repo_id for s in iter_model_specs()] == [s.repo_id for s in iter_model_specs(MODELS)]
+
+
+def test_eagle3_head_with_the_target_vocabulary_shares_its_lm_head(tmp_path) -> None:
+    """A built EAGLE-3 head (same vocabulary, 2 aux layers) is counted as the tensors it ships."""
+    import json
+    import math
+
+    from sdbench.analysis.memory import count_eagle3
+    from sdbench.models import eagle
+    from sdbench.models.spec import load_hf_config
+
+    target = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 3,
+        "vocab_size": 97, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    }
+    cfg = eagle.HeadConfig(kind="eagle3", aux_layers=(1, 3))
+    config = eagle.head_config("eagle3", target, cfg)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = load_hf_config(tmp_path)
+    assert spec.shares_lm_head and not spec.has_d2t and spec.num_aux_hidden_states == 2
+    shipped = sum(math.prod(s) for s in eagle.expected_tensors("eagle3", config).values())
+    assert sum(count_eagle3(spec).components.values()) == shipped

@@ -164,7 +164,8 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert len(breakdown) == 4 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
     assert (pipeline / "results/cost_models/measured.yaml").exists()
     validation = pd.read_parquet(pipeline / "results/tables/simulated_vs_measured.parquet")
-    assert len(validation) == 2 * 4 * 2  # datasets x SD methods x batch sizes
+    # datasets x batch sizes x (n-gram k=3, and EAGLE: the one learned drafter whose trace is replayed)
+    assert len(validation) == 2 * 2 * 2 and set(validation["method"]) == {"ngram-k3", "eagle-k3"}
     assert (validation["simulated_speedup"] > 0).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
     assert (memory["analytical_static_gib"] > 0).all() and (memory["measured_kv_cache_gib"] > 0).all()

@@ -280,6 +280,10 @@ def final_outputs():
             f"results/simulator/cells/{e}/{m}/adaptive"
             for (e, m) in adaptive_cell_targets()
         ]
+        outputs += [
+            f"results/simulator/cells/{e}/{m}/{d}/figures"
+            for (e, m, d) in validation_targets()
+        ]
     if PUBLISHED.get("datasets"):
         outputs += [
             "results/simulator/published/exact/figures",
@@ -439,6 +443,15 @@ def validation_targets():
     return {k: v for k, v in sorted(kinds.items()) if len(v) == 2}
 
 
+def traced_drafters_json():
+    """engine/model/dataset -> the drafter method whose trace the simulated learned proposer replays."""
+    traced = {
+        f"{engine}/{model}/{dataset}": v["drafter"]
+        for (engine, model, dataset), v in validation_targets().items()
+    }
+    return shlex.quote(json.dumps(traced, sort_keys=True))
+
+
 def sim_trace_inputs(wildcards):
     methods = validation_targets()[
         (wildcards.engine, wildcards.model, wildcards.dataset)
@@ -450,6 +463,13 @@ def sim_trace_inputs(wildcards):
         ],
         "requests": f"{base}/{methods['ngram']}/engine_requests.parquet",
     }
+
+
+def sim_cell_policies(wildcards):
+    """Fixed lengths and the per-position oracle; combining n-gram and EAGLE has only the oracle."""
+    if wildcards.proposer == "combined":
+        return "oracle"
+    return "fixed-1 fixed-3 fixed-5 oracle"
 
 
 def sim_cell_batch_sizes(wildcards):

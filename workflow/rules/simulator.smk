@@ -137,9 +137,10 @@ rule simulate_cells:
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
+        policies=sim_cell_policies,
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
-        "--proposer {wildcards.proposer} --policy fixed-1 fixed-3 fixed-5 oracle "
+        "--proposer {wildcards.proposer} --policy {params.policies} "
         "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
         "--output {output} > {log} 2>&1"
 
@@ -166,10 +167,33 @@ rule validate_simulator:
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.validation"),
         methods=methods_json(),
+        traced=traced_drafters_json(),
     shell:
         "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
-        "--methods {params.methods} --output {output.table} --markdown {output.markdown} "
-        "> {log} 2>&1"
+        "--methods {params.methods} --traced-drafters {params.traced} "
+        "--output {output.table} --markdown {output.markdown} > {log} 2>&1"
+
+
+rule simulate_cells_figures:
+    input:
+        expand(
+            "results/simulator/cells/{{engine}}/{{model}}/{{dataset}}/{proposer}.csv",
+            proposer=["ngram", "eagle", "combined"],
+        ),
+    output:
+        report(
+            directory("results/simulator/cells/{engine}/{model}/{dataset}/figures"),
+            caption="../report/simulator_figures.rst",
+            category="Sec. 8 Simulator",
+            subcategory="Validation on this run",
+            patterns=["{name}.png"],
+        ),
+    log:
+        "logs/simulate_cells_figures/{engine}/{model}/{dataset}.log",
+    params:
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
+    shell:
+        "sdbench simulate figures --results {input} --output-dir {output} > {log} 2>&1"
 
 
 rule simulate_adaptive_cells:

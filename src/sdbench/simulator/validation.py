@@ -28,13 +28,26 @@ def simulated_policy(method: dict[str, Any]) -> tuple[str, str] | None:
     return PROPOSER[name], f"fixed-{int(method['num_speculative_tokens'])}"
 
 
-def compare(cells: pd.DataFrame, simulated: pd.DataFrame, methods: dict[str, dict[str, Any]]) -> pd.DataFrame:
-    """Join measured cells with simulated speedups of the same dataset x method x batch size."""
+def compare(
+    cells: pd.DataFrame,
+    simulated: pd.DataFrame,
+    methods: dict[str, dict[str, Any]],
+    traced_drafters: dict[str, str] | None = None,
+) -> pd.DataFrame:
+    """Join measured cells with simulated speedups of the same dataset x method x batch size.
+
+    With ``traced_drafters`` ({"engine/model/dataset": method}), a learned-drafter cell is
+    compared only if it is the drafter whose trace the simulation replayed: another drafter
+    (e.g. EAGLE-3 beside a traced EAGLE) accepts differently and would be judged on the wrong trace.
+    """
     rows = []
     for cell in cells.itertuples():
         key = simulated_policy(methods[cell.method])
         if key is None:
             continue
+        if traced_drafters is not None and key[0] != "ngram":
+            if traced_drafters.get(f"{cell.engine}/{cell.model}/{cell.dataset}") != cell.method:
+                continue
         match = simulated[
             (simulated["dataset"] == cell.dataset)
             & (simulated["proposer"] == key[0])
@@ -72,7 +85,8 @@ def compare(cells: pd.DataFrame, simulated: pd.DataFrame, methods: dict[str, dic
 def _cmd_validate(args: argparse.Namespace) -> int:
     cells = pd.read_parquet(args.cells)
     simulated = pd.concat([pd.read_csv(p) for p in args.simulated], ignore_index=True)
-    table = compare(cells, simulated, json.loads(args.methods))
+    traced = json.loads(args.traced_drafters) if args.traced_drafters else None
+    table = compare(cells, simulated, json.loads(args.methods), traced)
     write_parquet(table, args.output)
     write_text(table.to_markdown(index=False, floatfmt=".2f") + "\n", args.markdown)
     return 0
