@@ -340,13 +340,6 @@ def _losses(head: _Head, feats: dict[str, Any], rows, lm_head, embed_w, cfg: Hea
     return total, agree
 
 
-def _lr_at(step: int, cfg: HeadConfig) -> float:
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def train_head(
     target_dir: str | Path,
     tokenizer_dir: str | Path,
@@ -369,6 +362,7 @@ def train_head(
     from sdbench.io import atomic_dir
     from sdbench.models.check import check_model_dir, read_config
     from sdbench.models.training import TrainingData
+    from sdbench.models.training import _lr_at as lr_at  # the target's schedule (same field names)
 
     hf_logging.set_verbosity_error()
     target_dir = Path(target_dir)
@@ -392,7 +386,7 @@ def train_head(
     t1, c1 = time.perf_counter(), time.process_time()
     for step in range(cfg.steps):
         for group in opt.param_groups:
-            group["lr"] = _lr_at(step, cfg)
+            group["lr"] = lr_at(step, cfg)
         rows = torch.from_numpy(data.batch(cfg.batch_size, cfg.edit_fraction))
         # bf16 matmuls halve a step's CPU time; parameters, norms and the loss stay float32.
         with torch.autocast("cpu", dtype=torch.bfloat16):
