@@ -50,6 +50,14 @@ def test_refuse_mode_raises(busy_process) -> None:
         guard.stop()
 
 
+def test_a_timed_part_shorter_than_the_window_is_still_judged(busy_process) -> None:
+    """Tiny cells time a few milliseconds: the guard observes for its window anyway."""
+    guard = QuietGuard("refuse")  # the default 5 s interval: only the start and stop samples
+    guard.start()
+    with pytest.raises(Contaminated, match="busy processes"):
+        guard.stop()
+
+
 def test_disabled_mode_checks_nothing(busy_process) -> None:
     guard = QuietGuard("disabled")
     guard.start()

@@ -170,6 +170,7 @@ class QuietGuard:
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._started = 0.0
         self._first: dict[int, tuple[float, float, str]] = {}  # pid -> (time, cpu s, cmd) first seen
         self._last: dict[int, tuple[float, float]] = {}
 
@@ -219,6 +220,7 @@ class QuietGuard:
         """Take the 'before' sample and start sampling in the background."""
         if self.report.mode == "disabled":
             return
+        self._started = time.monotonic()
         self._sample()
         self._thread = threading.Thread(target=self._loop, name="sdbench-quiet-guard", daemon=True)
         self._thread.start()
@@ -228,6 +230,11 @@ class QuietGuard:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
+            # A timed part shorter than the judging window (tiny cells) would leave every process
+            # unjudged: extend the observation to the window, after the timed part has ended.
+            short = MIN_WINDOW_S * 1.25 - (time.monotonic() - self._started)
+            if short > 0:
+                time.sleep(short)
             self._sample()
         r = self.report
         if r.mode == "disabled":
