@@ -430,10 +430,13 @@ def published_jsonl():
 def validation_targets():
     """Engine x model x dataset with in-engine traces of both an n-gram and a drafter method."""
     kinds = {}
-    # The simulator's learned proposer is the paper's EAGLE where it was traced.
+    # The simulator's learned proposer is the paper's EAGLE where it was traced: the most
+    # preferred drafter comes last, so it is the one kept.
     preference = {"eagle": 0, "eagle3": 1}
     ranked = sorted(
-        TRACES, key=lambda t: -preference.get(config["methods"][t.method]["method"], 2)
+        TRACES,
+        key=lambda t: preference.get(config["methods"][t.method]["method"], 2),
+        reverse=True,
     )
     for t in ranked:
         kind = (
