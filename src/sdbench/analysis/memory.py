@@ -8,8 +8,9 @@ Two numbers per (target, drafter, method) cell, both computed from architecture 
   layers, in KiB.
 
 Parameter counts follow what vLLM 0.10.1.1 loads, which is also what the paper counts: EAGLE-1 heads
-share the target's embedding and LM head; EAGLE-3 heads share the embedding but bring their own
-draft-vocabulary LM head and a ``d2t`` table (``t2d`` is skipped); n-gram adds nothing.
+share the target's embedding and LM head; EAGLE-3 heads share the embedding and, with a reduced
+draft vocabulary, bring their own LM head and a ``d2t`` table (``t2d`` is skipped), else share the
+target's LM head too; n-gram adds nothing.
 
 Architecture configs (shipped YAMLs or a local ``config.json``) are read by :mod:`sdbench.models.spec`.
 """

@@ -12,7 +12,7 @@ import argparse
 
 from sdbench.lazy import lazy
 from sdbench.models.check import ROLES
-from sdbench.models.eagle import KINDS, HeadConfig
+from sdbench.models.headconfig import KINDS, HeadConfig
 from sdbench.models.trainconfig import INDUCTION_INITS, OPTION_HELP, TrainConfig
 
 
@@ -82,7 +82,7 @@ _HEAD_HELP = {
 
 
 def add_train_head(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench train-head`` (one option per :class:`~sdbench.models.eagle.HeadConfig` field)."""
+    """Add ``sdbench train-head`` (one option per :class:`~sdbench.models.headconfig.HeadConfig` field)."""
     d = HeadConfig()
     p = subparsers.add_parser(
         "train-head", help="train an EAGLE / EAGLE-3 draft head for a built target from its activations"

@@ -18,8 +18,8 @@ builder refuses to write a head whose tensors differ from :func:`expected_tensor
 and runs :func:`sdbench.models.check.check_model_dir` (the check every engine run
 makes on its drafter) on the written files before the output directory appears.
 
-Module-level imports are the standard library only: ``sdbench.models.cli`` reads
-:class:`HeadConfig` to build ``sdbench train-head``'s options.
+Module-level imports are the standard library only (torch and transformers load inside the
+functions); the options live in :mod:`sdbench.models.headconfig`.
 """
 
 from __future__ import annotations
@@ -31,54 +31,13 @@ import math
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-KINDS = ("eagle", "eagle3")
+from sdbench.models.headconfig import KINDS, HeadConfig
+
 ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
-METHOD_OF_KIND = {"eagle": "eagle", "eagle3": "eagle3"}  # vLLM speculative_config method
-
-
-@dataclass(frozen=True)
-class HeadConfig:
-    """Hyper-parameters of one head training run (recorded in ``training.json``)."""
-
-    kind: str = "eagle"
-    steps: int = 550
-    batch_size: int = 4
-    seq_len: int = 256
-    lr: float = 6e-3
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    edit_fraction: float = 0.5
-    ttt_steps: int = 2  # chain depth trained on the head's own outputs
-    step_decay: float = 0.8  # loss weight of chain step j: step_decay ** (j - 1)
-    feature_weight: float = 1.0  # EAGLE-1 feature regression (token loss weight is 1)
-    aux_layers: tuple[int, ...] = (1, 2, 3)  # EAGLE-3: residual stream entering these target layers
-    seed: int = 0
-    threads: int = 1
-    eval_windows: int = 16
-
-    def validate(self, num_target_layers: int | None = None) -> None:
-        """Raise ``ValueError`` naming the first invalid option."""
-        if self.kind not in KINDS:
-            raise ValueError(f"--kind must be one of {KINDS}, got {self.kind!r}")
-        for name in ("steps", "batch_size", "seq_len", "ttt_steps", "threads", "eval_windows"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
-        if self.lr <= 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if self.kind == "eagle3":
-            ids = self.aux_layers
-            if len(ids) != len(set(ids)) or list(ids) != sorted(ids):
-                raise ValueError(f"--aux-layers must be distinct and ascending (vLLM sorts them), got {list(ids)}")
-            if num_target_layers is not None and not all(0 <= i <= num_target_layers for i in ids):
-                raise ValueError(
-                    f"--aux-layers {list(ids)}: ids must lie in 0..{num_target_layers} (the target has {num_target_layers} layers)"
-                )
 
 
 def expected_tensors(kind: str, config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -409,7 +368,7 @@ def train_head(
     info = {
         "config": {**asdict(cfg), "aux_layers": list(cfg.aux_layers)},
         "kind": cfg.kind,
-        "vllm_method": METHOD_OF_KIND[cfg.kind],
+        "vllm_method": cfg.kind,  # speculative_config method: the kind's own name
         "parameters": int(sum(t.numel() for t in state.values())),
         "shapes": {k: list(v.shape) for k, v in sorted(state.items())},
         "final_train_loss": round(float(np.mean(losses[-max(1, cfg.steps // 10) :])), 4),
