@@ -73,3 +73,18 @@ def test_cli_check_config_exit_code(tmp_path: Path, default_config: dict, capsys
     bad.write_text(yaml.safe_dump(default_config))
     assert main(["check-config", str(bad)]) == 2
     assert "grid[0].batch_sizes[1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["models"]["tiny-target-eagle"]["head"].update(kind="eagle3"), "is an eagle3 head, but the method is 'eagle'"),
+        (lambda c: c["models"]["tiny-target-eagle"]["head"].update(target="tiny-draft"), "was trained for 'tiny-draft'"),
+        (lambda c: c["models"]["tiny-target-eagle"]["head"].update(target="nowhere"), "models.tiny-target-eagle.head.target"),
+    ],
+)
+def test_a_head_must_match_its_method_and_target(default_config: dict, mutate, expected: str) -> None:
+    cfg = copy.deepcopy(default_config)
+    mutate(cfg)
+    with pytest.raises(ConfigError, match=expected):
+        validate_config(cfg, source="config")
