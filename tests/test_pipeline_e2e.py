@@ -96,6 +96,12 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     calls = pd.read_parquet(pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/calls.parquet")
     # 2 engine starts x 2 trials x 2 prompts
     assert sorted(set(calls["trial"])) == [0, 1] and sorted(set(calls["engine_start"])) == [0, 1] and len(calls) == 8
+    # Paired no-SD arm: every SD cell's calls were also timed on a no-SD engine in its process.
+    assert (sd["speedup_design"] == "paired").all() and sd["paired_baseline_tokens_per_s"].gt(0).all()
+    base_calls = pd.read_parquet(
+        pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/ngram-k3/bs1/baseline_calls.parquet"
+    )
+    assert len(base_calls) == 8 and set(base_calls["method"]) == {"none"}
     assert "±" in (pipeline / "results/tables/generation_lengths.md").read_text()
     requests = pd.read_parquet(
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/draft-k3/bs2/requests.parquet"
@@ -223,6 +229,16 @@ def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     assert all("/ngram-k3/" in o for o in planned_outputs(result, "run_cell"))
     assert not {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
     assert "params have changed" in result.stdout.lower()
+
+
+def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: Path) -> None:
+    """The no-SD entry is measured by its own group and, paired, inside every SD group."""
+    result = dry_run_with(pipeline, lambda c: c["methods"]["none"].update(label="baseline"))
+    jobs = planned_jobs(result)
+    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 20, jobs
+    # Traces and breakdown cells are not paired: only the no-SD breakdown cell reruns.
+    assert jobs.get("breakdown_cell") == 1, jobs
+    assert not {"trace_cell", "build_model", "build_head"} & set(jobs), jobs
 
 
 def test_code_change_in_one_analysis_step_reruns_that_step(pipeline: Path, tmp_path: Path) -> None:

@@ -169,7 +169,7 @@ def _start_tables(level: float, outputs: list[list[int]], contamination: str = "
         guard_load_max=0.5, guard_samples=3, startup_s=10.0 + level / 100, warmup_s=1.0,
         peak_rss_gib=level / 100, peak_device_gib=float("nan"),
     )  # fmt: skip
-    return {"requests": requests, "calls": calls, "summary": summary}
+    return {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
 
 
 def test_engine_starts_merge_into_one_cell() -> None:
@@ -188,3 +188,41 @@ def test_engine_starts_merge_into_one_cell() -> None:
     assert s["startup_s"] == pytest.approx(11.5) and s["peak_rss_gib"] == 2.0
     differ = merge_engine_starts([starts[0], _start_tables(100.0, [[1, 2], [4]])], spec)
     assert not differ["summary"].iloc[0]["outputs_stable"]
+
+
+def test_paired_starts_cancel_the_process_factor() -> None:
+    """Two engine processes, one twice as fast as the other; in each the SD arm runs 1.5x its
+    paired baseline. The merged paired speedup is 1.5 with a narrow interval, although each
+    arm's own throughput interval spans both processes."""
+    from sdbench.engine.groups import merge_engine_starts
+    from sdbench.engine.paired import PAIRED_COLUMNS
+
+    spec = {"seed": 1, "cell": {}, "method": {"method": "ngram"}, "run": {}, "paired_baseline": {"key": "none"}}
+    starts = []
+    for level in (100.0, 200.0):
+        sd = _start_tables(1.5 * level, [[1, 2], [3]])
+        base = _start_tables(level, [[1, 2], [3]])
+        sd["summary"] = sd["summary"].assign(**{c: float("nan") for c in PAIRED_COLUMNS})
+        starts.append({**sd, "baseline_calls": base["calls"]})
+    merged = merge_engine_starts(starts, spec)
+    s = merged["summary"].iloc[0]
+    assert s["tokens_per_s_ci_high"] / s["tokens_per_s_ci_low"] > 1.5
+    assert s["paired_speedup"] == pytest.approx(1.5, rel=0.01)
+    assert 1.45 < s["paired_speedup_ci_low"] <= s["paired_speedup_ci_high"] < 1.55
+    assert len(merged["baseline_calls"]) == 8 and sorted(merged["baseline_calls"]["engine_start"].unique()) == [0, 1]
+
+
+def test_paired_speedup_replaces_the_independent_one() -> None:
+    paired = _summary("ngram", 1, 150.0).assign(
+        paired_speedup=1.4, paired_speedup_ci_low=1.35, paired_speedup_ci_high=1.45, paired_baseline_tokens_per_s=107.0
+    )
+    unpaired = _summary("ngram", 4, 330.0).assign(
+        paired_speedup=float("nan"), paired_speedup_ci_low=float("nan"), paired_speedup_ci_high=float("nan"),
+        paired_baseline_tokens_per_s=float("nan"),
+    )  # fmt: skip
+    table = join_cells([_summary("none", 1, 100.0), paired, _summary("none", 4, 300.0), unpaired], baseline="none")
+    rows = table.set_index(["method", "batch_size"])
+    assert rows.loc[("ngram", 1), "speedup"] == 1.4 and rows.loc[("ngram", 1), "speedup_design"] == "paired"
+    assert rows.loc[("ngram", 1), "speedup_ci_low"] == 1.35 and rows.loc[("ngram", 1), "baseline_tokens_per_s"] == 100.0
+    assert rows.loc[("ngram", 4), "speedup"] == pytest.approx(1.1) and rows.loc[("ngram", 4), "speedup_design"] == "independent"
+    assert rows.loc[("none", 4), "speedup_design"] == ""

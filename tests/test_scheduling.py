@@ -46,3 +46,16 @@ def test_distinct_batches_need_fewer_steps() -> None:
     distinct["run"]["batch_mode"] = "distinct"
     cell = Cell("gpu", "small", "d", "none", 32)
     assert cell_runtime_minutes(distinct, cell) < cell_runtime_minutes(CONFIG, cell)
+
+
+def test_paired_sd_groups_get_twice_the_time() -> None:
+    from sdbench.scheduling import group_runtime_minutes
+
+    config = deepcopy(CONFIG)
+    config["methods"] = {"none": {"method": "none"}, "ng": {"method": "ngram"}}
+    sd = [Cell("gpu", "small", "d", "ng", bs) for bs in (1, 8)]
+    single = group_runtime_minutes(config, sd)
+    config["run"] = {**config["run"], "paired_baseline": True}
+    assert group_runtime_minutes(config, sd) == 2 * single
+    none = [Cell("gpu", "small", "d", "none", bs) for bs in (1, 8)]
+    assert group_runtime_minutes(config, none) == single

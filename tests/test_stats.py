@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import pandas as pd
 
 from sdbench.analysis import stats
@@ -66,3 +67,21 @@ def test_engine_starts_widen_the_interval_to_cover_process_differences() -> None
     assert lo <= stats.point_estimate(calls) <= hi
     assert hi - lo > 2 * (hi1 - lo1) and hi > 110
     assert np.array_equal(stats.bootstrap(calls, seed=2), stats.bootstrap(calls, seed=2))
+
+
+def test_paired_bootstrap_cancels_what_both_arms_share() -> None:
+    """Trial-to-trial swings hit both arms of a pair alike: the paired ratio stays tight,
+    the ratio of independent resamples does not."""
+    rng = np.random.default_rng(0)
+    swings = [list(100 * rng.uniform(0.7, 1.3, 6)) for _ in range(8)]
+    base = calls_frame(swings)
+    sd = calls_frame([[2 * v for v in trials] for trials in swings])
+    lo, hi = stats.interval(stats.paired_bootstrap(sd, base, seed=1))
+    assert lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    lo_i, hi_i = stats.ratio_interval(stats.bootstrap(sd, 1), stats.bootstrap(base, 2))
+    assert hi_i - lo_i > 0.2
+
+
+def test_paired_bootstrap_refuses_unpaired_arms() -> None:
+    with pytest.raises(ValueError, match="same calls and trials"):
+        stats.paired_bootstrap(calls_frame([[1.0, 2.0]]), calls_frame([[1.0, 2.0, 3.0]]), seed=0)

@@ -89,14 +89,15 @@ def models_used(config: dict[str, Any]) -> list[str]:
     return sorted(used)
 
 
-def resolve_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
+def resolve_cell(config: dict[str, Any], cell: Cell, pairing: bool = True) -> dict[str, Any]:
     """Everything a run-cell job needs, resolved from the config (JSON-serialisable).
 
     Snakemake passes this as a rule param, so editing any entry a cell uses
     (its engine, model, method, dataset or run settings) reruns exactly that cell.
-    Model directories are rule inputs, not part of the spec.
+    Model directories are rule inputs, not part of the spec. With ``pairing`` (and
+    ``run.paired_baseline``) an SD cell's spec names the no-SD entry it is timed against.
     """
-    return {
+    spec = {
         "cell": cell.as_dict(),
         "seed": config.get("seed", 42),
         "engine": config["engines"][cell.engine],
@@ -106,6 +107,23 @@ def resolve_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
         "dataset": {k: config["datasets"][cell.dataset][k] for k in ("max_tokens", "num_prompts")},
         "run": config.get("run", {}),
     }
+    base = baseline_method(config)
+    if pairing and config.get("run", {}).get("paired_baseline") and cell.method != base:
+        # Timed in pairs with a no-SD engine in the same process (sdbench.engine.paired).
+        spec["paired_baseline"] = {"key": base, "method": config["methods"][base]}
+    return spec
+
+
+def resolve_breakdown_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
+    """A breakdown cell's spec: the cell's, with ``breakdown.repeats`` trials and no pairing.
+
+    Its per-step stage timings are what it is for (the grid measures its throughput), so
+    it runs alone on its engine and the pairing and trial settings of ``run`` do not apply.
+    """
+    spec = resolve_cell(config, cell, pairing=False)
+    run = {k: v for k, v in spec["run"].items() if k not in ("paired_baseline", "engine_starts")}
+    spec["run"] = {**run, "repeats": config["breakdown"].get("repeats", 1), "min_measured_s": 0}
+    return spec
 
 
 @dataclass(frozen=True, order=True)

@@ -67,9 +67,12 @@ def cell_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1) -
 
 
 def group_runtime_minutes(config: dict[str, Any], cells: list[Cell], attempt: int = 1) -> int:
-    """Wall-time limit of an engine group: its cells' limits with one engine start-up, per engine start."""
+    """Wall-time limit of an engine group: its cells' limits with one engine start-up, per engine
+    start, twice that for an SD group timed in pairs with a no-SD engine."""
     device = config["engines"][cells[0].engine]["device"]
     startup = math.ceil(SAFETY * STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]))
     per_cell = [cell_runtime_minutes(config, c) for c in cells]
     total = (sum(per_cell) - startup * (len(cells) - 1)) * int(config.get("run", {}).get("engine_starts", 1))
+    if config.get("run", {}).get("paired_baseline") and config["methods"][cells[0].method]["method"] != "none":
+        total *= 2  # every call is also timed on the paired no-SD engine (sdbench.engine.paired)
     return int(min(MAX_MINUTES, max(MIN_MINUTES, total) * max(1, attempt)))

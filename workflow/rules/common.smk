@@ -20,6 +20,7 @@ from sdbench.grid import (
     engine_group_of,
     engine_groups,
     models_used,
+    resolve_breakdown_cell,
     resolve_cell,
     trace_targets,
 )
@@ -144,10 +145,8 @@ def group_dir_of_cell(wildcards):
 
 def breakdown_spec(wildcards):
     """A breakdown cell's resolved spec as a shell-quoted JSON param (a changed entry
-    reruns the cell); its trials are `breakdown.repeats`, not `run.repeats`."""
-    spec = resolve_cell(config, _cell(wildcards))
-    repeats = config["breakdown"].get("repeats", 1)
-    spec["run"] = {**spec["run"], "repeats": repeats, "min_measured_s": 0}
+    reruns the cell)."""
+    spec = resolve_breakdown_cell(config, _cell(wildcards))
     return shlex.quote(json.dumps(spec, sort_keys=True))
 
 
@@ -318,7 +317,8 @@ def trace_spec(wildcards):
         wildcards.method,
         TRACE_SETTINGS["max_num_seqs"],
     )
-    return shlex.quote(json.dumps(resolve_cell(config, cell), sort_keys=True))
+    spec = resolve_cell(config, cell, pairing=False)
+    return shlex.quote(json.dumps(spec, sort_keys=True))
 
 
 def baseline_requests(wildcards):

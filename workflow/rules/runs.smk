@@ -36,6 +36,7 @@ rule run_cell:
     output:
         requests=f"{CELL_DIR}/requests.parquet",
         calls=f"{CELL_DIR}/calls.parquet",
+        baseline_calls=f"{CELL_DIR}/baseline_calls.parquet",
         summary=f"{CELL_DIR}/summary.parquet",
     log:
         "logs/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",

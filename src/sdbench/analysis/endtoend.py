@@ -21,9 +21,13 @@ SORT = ["engine", "model", "dataset", "method", "batch_size"]
 def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     """Concatenate per-cell summaries and add ``speedup`` (and pooled speedup) over ``baseline``.
 
-    ``speedup_ci_low/high`` is the 95% interval of the ratio of the two cells'
-    bootstrap draws (sdbench.analysis.stats); ``contaminated`` is true when either cell's
-    quiet-machine guard flagged its timed part.
+    A cell measured in pairs with a no-SD engine in its own process
+    (``run.paired_baseline``, sdbench.engine.paired) takes its ``speedup`` and interval from
+    the pairs (``speedup_design`` = ``paired``); otherwise ``speedup`` is the ratio over the
+    separately measured no-SD cell and ``speedup_ci_low/high`` the interval of the ratio of
+    the two cells' bootstrap draws (``independent``; sdbench.analysis.stats).
+    ``baseline_tokens_per_s`` is always the no-SD cell's. ``contaminated`` is true when
+    either cell's quiet-machine guard flagged its timed part.
     """
     from sdbench.analysis.stats import ratio_interval
 
@@ -52,6 +56,13 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     ]
     out["speedup_ci_low"] = [lo for lo, _ in bounds]
     out["speedup_ci_high"] = [hi for _, hi in bounds]
+    out["speedup_design"] = "independent"
+    if "paired_speedup" in out:
+        paired = out["paired_speedup"].notna()
+        for column in ("speedup", "speedup_ci_low", "speedup_ci_high"):
+            out.loc[paired, column] = out.loc[paired, f"paired_{column}"]
+        out.loc[paired, "speedup_design"] = "paired"
+    out.loc[out["method"] == baseline, "speedup_design"] = ""
     out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
         False
     ).astype(bool)

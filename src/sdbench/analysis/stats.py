@@ -13,9 +13,12 @@ engine starts with replacement, then each drawn start's trials within each promp
 so the interval covers the process-to-process differences (thread placement,
 memory layout) that trials within one process never see.
 
-A speedup pairs the resamples of the SD cell and of its no-SD baseline by index
-(independent runs, independent resamples), so the ratio's percentiles are its
-interval. The draws are seeded: the same calls give the same interval.
+A speedup measured in pairs (``run.paired_baseline``: the SD cell's calls interleaved
+with the same calls on a no-SD engine in the same process) resamples both arms with
+the same indices (:func:`paired_bootstrap`), so the process-to-process factor cancels.
+Without pairing, the resamples of the SD cell and of its separately measured no-SD cell
+are paired by index (independent runs, independent resamples) and the ratio's
+percentiles are its interval. The draws are seeded: the same calls give the same interval.
 """
 
 from __future__ import annotations
@@ -41,34 +44,66 @@ def point_estimate(calls: pd.DataFrame) -> float:
 
 def bootstrap(calls: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES) -> np.ndarray:
     """Bootstrap draws of :func:`point_estimate`: engine starts (if several), then trials within each prompt."""
-    if "engine_start" in calls and calls["engine_start"].nunique() > 1:
-        return _bootstrap_starts(calls, seed, resamples)
-    groups = _per_prompt_trials(calls)
-    if not groups:
+    if calls.empty:
         return np.full(resamples, np.nan)
-    rng = np.random.default_rng(seed)
-    per_prompt = np.empty((len(groups), resamples))
-    for i, trials in enumerate(groups):
-        picks = rng.integers(0, len(trials), size=(resamples, len(trials)))
-        per_prompt[i] = np.median(trials[picks], axis=1)
-    return per_prompt.mean(axis=0)
+    return _draws([_start_trials(calls)], seed, resamples)[0]
 
 
-def _bootstrap_starts(calls: pd.DataFrame, seed: int, resamples: int) -> np.ndarray:
-    """Two-level draws: starts with replacement, then each start's trials within each prompt."""
-    starts = [_per_prompt_trials(g) for _, g in calls.groupby("engine_start", sort=True)]
-    n_starts, n_prompts = len(starts), len(starts[0])
-    if any(len(s) != n_prompts for s in starts):
+def paired_bootstrap(
+    numerator: pd.DataFrame, denominator: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES
+) -> np.ndarray:
+    """Bootstrap draws of the ratio of two arms measured in pairs (a paired speedup).
+
+    Both arms timed the same calls, interleaved in the same process(es)
+    (sdbench.engine.paired): each resample draws engine starts and then trials once and
+    applies the same draw to both arms, so what the two arms shared (the process's speed,
+    a slow minute) cancels in the ratio instead of widening it.
+    """
+    keys = [c for c in ("engine_start", "call_index", "trial") if c in numerator]
+    if not set(keys) <= set(denominator):
+        raise ValueError(f"paired bootstrap: the baseline arm lacks columns {sorted(set(keys) - set(denominator))}")
+    numerator = numerator.sort_values(keys, kind="stable")
+    denominator = denominator.sort_values(keys, kind="stable")
+    if not numerator[keys].reset_index(drop=True).equals(denominator[keys].reset_index(drop=True)):
+        raise ValueError("paired bootstrap: the two arms did not time the same calls and trials")
+    num, den = _draws([_start_trials(numerator), _start_trials(denominator)], seed, resamples)
+    return num / den
+
+
+def _start_trials(calls: pd.DataFrame) -> list[list[np.ndarray]]:
+    """Per engine start (one if there is no ``engine_start`` column), each prompt's trials."""
+    if "engine_start" not in calls:
+        return [_per_prompt_trials(calls)]
+    return [_per_prompt_trials(g) for _, g in calls.groupby("engine_start", sort=True)]
+
+
+def _draws(arms: list[list[list[np.ndarray]]], seed: int, resamples: int) -> np.ndarray:
+    """Draws of :func:`point_estimate` per arm (rows), every arm resampled with the same indices.
+
+    One engine start: per prompt, its trials with replacement. Several: first the starts
+    with replacement, then each drawn start's trials within each prompt, pooled.
+    """
+    n_starts, n_prompts = len(arms[0]), len(arms[0][0])
+    if any(len(s) != n_prompts for arm in arms for s in arm):
         raise ValueError("engine starts measured different prompt sets")
     rng = np.random.default_rng(seed)
-    draws = np.empty(resamples)
+    if n_starts == 1:
+        per_prompt = np.empty((len(arms), n_prompts, resamples))
+        for p in range(n_prompts):
+            n = len(arms[0][0][p])
+            picks = rng.integers(0, n, size=(resamples, n))
+            for a, arm in enumerate(arms):
+                per_prompt[a, p] = np.median(arm[0][p][picks], axis=1)
+        return per_prompt.mean(axis=1)
+    draws = np.empty((len(arms), resamples))
     for b in range(resamples):
         chosen = rng.integers(0, n_starts, size=n_starts)
-        medians = []
+        medians = np.empty((len(arms), n_prompts))
         for p in range(n_prompts):
-            pooled = [starts[s][p][rng.integers(0, len(starts[s][p]), size=len(starts[s][p]))] for s in chosen]
-            medians.append(np.median(np.concatenate(pooled)))
-        draws[b] = np.mean(medians)
+            picks = [rng.integers(0, len(arms[0][s][p]), size=len(arms[0][s][p])) for s in chosen]
+            for a, arm in enumerate(arms):
+                medians[a, p] = np.median(np.concatenate([arm[s][p][i] for s, i in zip(chosen, picks)]))
+        draws[:, b] = medians.mean(axis=1)
     return draws
 
 

