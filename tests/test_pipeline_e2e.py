@@ -167,11 +167,15 @@ def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
 def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     breakdown = pd.read_parquet(pipeline / "results/tables/breakdown.parquet")
     fractions = breakdown[["propose_frac", "verify_frac", "sample_frac", "other_frac"]].sum(axis=1)
-    assert len(breakdown) == 4 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
+    assert len(breakdown) == 5 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
     assert (pipeline / "results/cost_models/measured.yaml").exists()
     validation = pd.read_parquet(pipeline / "results/tables/simulated_vs_measured.parquet")
-    # datasets x batch sizes x (n-gram k=3, and EAGLE: the one learned drafter whose trace is replayed)
-    assert len(validation) == 2 * 2 * 2 and set(validation["method"]) == {"ngram-k3", "eagle-k3"}
+    # datasets x batch sizes x (n-gram k=3 and each traced drafter, judged on its own trace)
+    traced = {"ngram-k3", "draft-k3", "eagle-k3", "eagle3-k3"}
+    assert len(validation) == 2 * 2 * 4 and set(validation["method"]) == traced
+    assert dict(zip(validation["method"], validation["drafter"])) == {
+        "ngram-k3": "", "draft-k3": "draft_model", "eagle-k3": "eagle", "eagle3-k3": "eagle3"
+    }
     assert (validation["simulated_speedup"] > 0).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
     assert (memory["analytical_static_gib"] > 0).all() and (memory["measured_kv_cache_gib"] > 0).all()

@@ -304,3 +304,38 @@ def test_fidelity_variants_are_single_corrections() -> None:
         replace(COMPAT, true_ngram_proposals=True, aligned_positions=True, drafter_cost=True, batch_draft_cost=True)
         == EXACT
     )
+
+
+def test_validation_judges_each_drafter_on_its_own_trace() -> None:
+    from sdbench.simulator.validation import compare
+
+    methods = {
+        "ng": {"method": "ngram", "num_speculative_tokens": 3},
+        "e1": {"method": "eagle", "num_speculative_tokens": 3},
+        "e3": {"method": "eagle3", "num_speculative_tokens": 3},
+        "dm": {"method": "draft_model", "num_speculative_tokens": 3},
+    }
+    cells = pd.DataFrame(
+        [{"engine": "e", "model": "m", "dataset": "d", "method": m, "batch_size": 1, "speedup": 1.0,
+          "speedup_ci_low": 0.9, "speedup_ci_high": 1.1} for m in methods]
+    )  # fmt: skip
+    simulated = pd.DataFrame(
+        [{"dataset": "d", "proposer": p, "drafter": x, "policy": "fixed-3", "batch_size": 1, "speedup": s}
+         for p, x, s in (("ngram", "", 1.05), ("eagle", "eagle", 0.5), ("eagle", "eagle3", 1.5))]
+    )  # fmt: skip
+    table = compare(cells, simulated, methods).set_index("method")
+    assert set(table.index) == {"ng", "e1", "e3"}  # the draft model was not traced: not judged
+    assert table.loc["e1", "simulated_speedup"] == 0.5 and table.loc["e3", "simulated_speedup"] == 1.5
+    assert list(table["agrees"]) == [False, False, True]
+
+
+def test_policy_choices_come_from_the_config() -> None:
+    from sdbench.config import load_config
+    from sdbench.simulator import choices
+
+    config = load_config(str(Path(__file__).parents[1] / "config" / "config.yaml"))
+    assert choices.published_policies(config, "combined", "exact") == ["oracle", "adaptive"]
+    assert choices.published_policies(config, "combined", "compat") == ["oracle"]
+    assert choices.cell_policies(config, "combined") == ["oracle"]
+    assert "combined:learned" in choices.adaptive_policies(config, 2)
+    assert "combined:learned" not in choices.adaptive_policies(config, 1)

@@ -25,6 +25,7 @@ from sdbench.grid import (
     trace_targets,
 )
 from sdbench import scheduling
+from sdbench.simulator import choices as simulator_choices
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
 # visible even when the virtualenv is not activated.
@@ -407,17 +408,12 @@ def breakdown_steps():
 
 
 SIMULATOR = config.get("simulator", {})
-SIM_POLICIES = {
-    "ngram": "fixed-1 fixed-3 fixed-5 oracle",
-    "eagle": "fixed-1 fixed-3 fixed-5 oracle",
-    "combined": "oracle adaptive",
-}
 
 
 def sim_policies(wildcards):
-    """Policies per proposer; the compat (published simulator) mode has no adaptive policy."""
-    policies = SIM_POLICIES[wildcards.proposer]
-    return policies.replace(" adaptive", "") if wildcards.mode == "compat" else policies
+    return " ".join(
+        simulator_choices.published_policies(config, wildcards.proposer, wildcards.mode)
+    )
 
 
 def published_jsonl():
@@ -428,51 +424,55 @@ def published_jsonl():
 
 
 def validation_targets():
-    """Engine x model x dataset with in-engine traces of both an n-gram and a drafter method."""
+    """Engine x model x dataset with in-engine traces of an n-gram method and of learned
+    drafters: {"ngram": method, "drafters": [methods], "drafter": the preferred one}."""
     kinds = {}
-    # The simulator's learned proposer is the paper's EAGLE where it was traced: the most
-    # preferred drafter comes last, so it is the one kept.
+    for t in TRACES:
+        entry = kinds.setdefault((t.engine, t.model, t.dataset), {"drafters": []})
+        if config["methods"][t.method]["method"] == "ngram":
+            entry["ngram"] = t.method
+        else:
+            entry["drafters"].append(t.method)
+    # The simulator's learned proposer is the paper's EAGLE where it was traced.
     preference = {"eagle": 0, "eagle3": 1}
-    ranked = sorted(
-        TRACES,
-        key=lambda t: preference.get(config["methods"][t.method]["method"], 2),
-        reverse=True,
-    )
-    for t in ranked:
-        kind = (
-            "ngram" if config["methods"][t.method]["method"] == "ngram" else "drafter"
+    for entry in kinds.values():
+        entry["drafters"].sort(
+            key=lambda m: (preference.get(config["methods"][m]["method"], 2), m)
         )
-        kinds.setdefault((t.engine, t.model, t.dataset), {})[kind] = t.method
-    return {k: v for k, v in sorted(kinds.items()) if len(v) == 2}
-
-
-def traced_drafters_json():
-    """engine/model/dataset -> the drafter method whose trace the simulated learned proposer replays."""
-    traced = {
-        f"{engine}/{model}/{dataset}": v["drafter"]
-        for (engine, model, dataset), v in validation_targets().items()
-    }
-    return shlex.quote(json.dumps(traced, sort_keys=True))
+        if entry["drafters"]:
+            entry["drafter"] = entry["drafters"][0]
+    return {k: v for k, v in sorted(kinds.items()) if "ngram" in v and "drafter" in v}
 
 
 def sim_trace_inputs(wildcards):
-    methods = validation_targets()[
+    target = validation_targets()[
         (wildcards.engine, wildcards.model, wildcards.dataset)
     ]
     base = f"results/traces/{wildcards.engine}/{wildcards.model}/{wildcards.dataset}"
+    methods = sorted([target["ngram"], *target["drafters"]])
     return {
-        "traces": [
-            f"{base}/{m}/engine_trace.parquet" for m in sorted(methods.values())
-        ],
-        "requests": f"{base}/{methods['ngram']}/engine_requests.parquet",
+        "traces": [f"{base}/{m}/engine_trace.parquet" for m in methods],
+        "requests": f"{base}/{target['ngram']}/engine_requests.parquet",
     }
 
 
+def sim_preferred_drafter(wildcards):
+    """The vLLM method of the drafter the learned proposer replays on this dataset."""
+    key = (wildcards.engine, wildcards.model, wildcards.dataset)
+    return config["methods"][validation_targets()[key]["drafter"]]["method"]
+
+
+def sim_drafter(wildcards):
+    """The vLLM method of a traced drafter (what its trace rows are named)."""
+    return config["methods"][wildcards.method]["method"]
+
+
 def sim_cell_policies(wildcards):
-    """Fixed lengths and the per-position oracle; combining n-gram and EAGLE has only the oracle."""
-    if wildcards.proposer == "combined":
-        return "oracle"
-    return "fixed-1 fixed-3 fixed-5 oracle"
+    return " ".join(simulator_choices.cell_policies(config, wildcards.proposer))
+
+
+def sim_drafter_policies(wildcards):
+    return " ".join(simulator_choices.cell_policies(config, "eagle"))
 
 
 def sim_cell_batch_sizes(wildcards):
@@ -486,11 +486,18 @@ def sim_cell_batch_sizes(wildcards):
 
 
 def sim_cell_files():
-    return [
-        f"results/simulator/cells/{e}/{m}/{d}/{p}.csv"
-        for (e, m, d) in validation_targets()
-        for p in ("ngram", "eagle")
-    ]
+    """Simulations validated against the measured cells: n-gram, and every traced drafter
+    that the fitted cost model prices (its method ran in breakdown mode)."""
+    priced = {config["methods"][m]["method"] for m in config["breakdown"]["methods"]}
+    files = []
+    for (e, m, d), target in validation_targets().items():
+        files.append(f"results/simulator/cells/{e}/{m}/{d}/ngram.csv")
+        files += [
+            f"results/simulator/cells/{e}/{m}/{d}/drafters/{x}.csv"
+            for x in target["drafters"]
+            if config["methods"][x]["method"] in priced
+        ]
+    return files
 
 
 def adaptive_cell_targets():
@@ -519,10 +526,9 @@ def adaptive_cell_args(wildcards):
     """Batch sizes of the grid and the policies (the learned one needs another dataset)."""
     key = (wildcards.engine, wildcards.model)
     sizes = sorted({c.batch_size for c in CELLS if (c.engine, c.model) == key})
-    specs = ["combined:adaptive", "combined:trust", "combined:ngram-else-eagle"]
-    specs += ["eagle:adaptive", "eagle:dynamic-k"]
-    if len(adaptive_cell_targets()[key]) > 1:
-        specs.append("combined:learned")
+    specs = simulator_choices.adaptive_policies(
+        config, len(adaptive_cell_targets()[key])
+    )
     return f"--batch-sizes {' '.join(map(str, sizes))} --policies {' '.join(specs)}"
 
 

@@ -138,9 +138,31 @@ rule simulate_cells:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
         policies=sim_cell_policies,
+        drafter=sim_preferred_drafter,
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
-        "--proposer {wildcards.proposer} --policy {params.policies} "
+        "--proposer {wildcards.proposer} --drafter {params.drafter} --policy {params.policies} "
+        "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
+        "--output {output} > {log} 2>&1"
+
+
+rule simulate_drafter_cells:
+    input:
+        unpack(sim_trace_inputs),
+        stacked="results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
+        cost_model="results/cost_models/measured.yaml",
+    output:
+        "results/simulator/cells/{engine}/{model}/{dataset}/drafters/{method}.csv",
+    log:
+        "logs/simulate_drafter_cells/{engine}/{model}/{dataset}/{method}.log",
+    params:
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
+        batch_sizes=sim_cell_batch_sizes,
+        drafter=sim_drafter,
+        policies=sim_drafter_policies,
+    shell:
+        "sdbench simulate --traces {input.stacked} --requests {input.requests} "
+        "--proposer eagle --drafter {params.drafter} --policy {params.policies} "
         "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
         "--output {output} > {log} 2>&1"
 
@@ -167,10 +189,9 @@ rule validate_simulator:
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.validation"),
         methods=methods_json(),
-        traced=traced_drafters_json(),
     shell:
         "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
-        "--methods {params.methods} --traced-drafters {params.traced} "
+        "--methods {params.methods} "
         "--output {output.table} --markdown {output.markdown} > {log} 2>&1"
 
 

@@ -466,7 +466,9 @@ def cells_memory_table(cells: Any, model_names: Mapping[str, str], dtype: str | 
     ``cells`` has the run-cell summary columns (``model``, ``drafter``, ``sd_method``,
     ``peak_rss_gib``, ``peak_device_gib``, ``measured_*``); ``model_names`` maps config
     model keys to what :func:`load_model_spec` accepts (a repo id or a model directory).
-    ``peak_memory_gib`` is device memory on GPU, resident memory on CPU.
+    ``peak_memory_gib`` is device memory on GPU, the process's resident memory on CPU (with
+    ``run.paired_baseline`` an SD cell's process also holds the paired no-SD engine, so compare
+    ``measured_*``, which are per engine, across methods, not this peak).
     """
     import numpy as np
     import pandas as pd

@@ -20,17 +20,13 @@ import copy
 import logging
 from typing import Any
 
-import numpy as np
 import pandas as pd
+
+from sdbench.engine.runner import PAIRED_COLUMNS, CellRun, _trial_plan, cell_seed
 
 log = logging.getLogger(__name__)
 
-PAIRED_COLUMNS = (
-    "paired_baseline_tokens_per_s",
-    "paired_speedup",
-    "paired_speedup_ci_low",
-    "paired_speedup_ci_high",
-)
+__all__ = ["PAIRED_COLUMNS", "baseline_spec", "is_paired", "measure_paired", "paired_columns"]
 
 
 def is_paired(spec: dict[str, Any]) -> bool:
@@ -64,11 +60,6 @@ def paired_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int)
     }
 
 
-def unpaired_columns() -> dict[str, float]:
-    """The ``paired_*`` summary columns of a cell measured without a paired baseline."""
-    return {c: np.nan for c in PAIRED_COLUMNS}
-
-
 def measure_paired(
     engine: Any,
     baseline_engine: Any,
@@ -82,7 +73,6 @@ def measure_paired(
     decides). One quiet-machine guard watches both arms; its verdict applies to both.
     """
     from sdbench.engine.quietguard import QuietGuard
-    from sdbench.engine.runner import CellRun, _trial_plan, cell_seed
 
     sd = CellRun(engine, spec, prompts)
     base = CellRun(baseline_engine, baseline_spec(spec), prompts)

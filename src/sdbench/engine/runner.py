@@ -24,7 +24,6 @@ import numpy as np
 import pandas as pd
 
 from sdbench.engine.hardware import peak_device_gib, peak_rss_gib, provenance
-from sdbench.engine.paired import unpaired_columns
 from sdbench.engine.versions import apply_env, engine_env, engine_memory, quirks_for, speculative_config
 
 log = logging.getLogger(__name__)
@@ -35,6 +34,13 @@ SD_COUNTERS = {
     "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 SD_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# Summary columns of a cell timed in pairs with a no-SD engine (sdbench.engine.paired).
+PAIRED_COLUMNS = (
+    "paired_baseline_tokens_per_s",
+    "paired_speedup",
+    "paired_speedup_ci_low",
+    "paired_speedup_ci_high",
+)
 
 
 @dataclass
@@ -377,7 +383,7 @@ class CellRun:
             **engine_memory(engine.llm),
             speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
             **provenance(),
-            **unpaired_columns(),
+            **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.paired when paired
         )
         return requests, calls, summary, steps
 

@@ -90,12 +90,6 @@ def add_validate_simulator(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
     p.add_argument("--simulated", nargs="+", required=True, help="sdbench simulate CSVs")
     p.add_argument("--methods", required=True, help="JSON: the config's methods section")
-    p.add_argument(
-        "--traced-drafters",
-        default=None,
-        help='JSON {"<engine>/<model>/<dataset>": method}: the drafter whose trace the simulated '
-        '"eagle" proposer replays; only that method is compared (default: every learned drafter)',
-    )
     p.add_argument("--output", required=True, help="parquet")
     p.add_argument("--markdown", required=True, help="Markdown rendering")
     p.set_defaults(func=lazy("sdbench.simulator.validation", "_cmd_validate"))

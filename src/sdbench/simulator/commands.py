@@ -15,7 +15,7 @@ from sdbench.simulator.core import simulate, write_results
 from sdbench.simulator.costmodel import load_cost_model
 from sdbench.simulator.figures import figure_adaptive, figure_combining, figure_compare, figure_fixed_vs_oracle
 from sdbench.simulator.reports import adaptive_report, adaptive_summary, compare_modes
-from sdbench.simulator.tracesets import TraceSet, load_traces
+from sdbench.simulator.tracesets import TraceSet, draft_method_of, load_traces
 
 
 def _markdown(df: pd.DataFrame, digits: int = 2) -> str:
@@ -43,8 +43,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         )
     cm = load_cost_model(args.cost_model)
     train = _load_sets(args.train_traces, args.requests) if args.train_traces else None
+    sets = _load_sets(args.traces, args.requests)
     df = simulate(
-        _load_sets(args.traces, args.requests),
+        sets,
         args.proposer,
         args.policy,
         args.batch_sizes,
@@ -57,6 +58,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         train_sets=train,
         match_probability=args.compat_match_probability,
     )
+    # Which traced drafter the learned proposer replayed (validation matches cells by it).
+    drafter = "" if args.proposer == "ngram" else draft_method_of(sets[0], args.drafter)
+    df.insert(list(df.columns).index("proposer") + 1, "drafter", drafter)
     write_results(df, args.output)
     print(f"wrote {len(df)} rows to {args.output}")
     return 0

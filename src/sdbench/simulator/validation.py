@@ -32,28 +32,28 @@ def compare(
     cells: pd.DataFrame,
     simulated: pd.DataFrame,
     methods: dict[str, dict[str, Any]],
-    traced_drafters: dict[str, str] | None = None,
 ) -> pd.DataFrame:
     """Join measured cells with simulated speedups of the same dataset x method x batch size.
 
-    With ``traced_drafters`` ({"engine/model/dataset": method}), a learned-drafter cell is
-    compared only if it is the drafter whose trace the simulation replayed: another drafter
-    (e.g. EAGLE-3 beside a traced EAGLE) accepts differently and would be judged on the wrong trace.
+    A learned-drafter cell is compared only with the simulation that replayed its own
+    drafter's trace (the ``drafter`` column of ``sdbench simulate`` output, a vLLM method):
+    another drafter (EAGLE-3 beside EAGLE) accepts differently and would be judged on the
+    wrong trace. Cells whose drafter was not traced are not judged.
     """
     rows = []
     for cell in cells.itertuples():
         key = simulated_policy(methods[cell.method])
         if key is None:
             continue
-        if traced_drafters is not None and key[0] != "ngram":
-            if traced_drafters.get(f"{cell.engine}/{cell.model}/{cell.dataset}") != cell.method:
-                continue
         match = simulated[
             (simulated["dataset"] == cell.dataset)
             & (simulated["proposer"] == key[0])
             & (simulated["policy"] == key[1])
             & (simulated["batch_size"] == cell.batch_size)
         ]
+        if key[0] != "ngram":
+            drafters = match["drafter"] if "drafter" in match else pd.Series("", index=match.index)
+            match = match[drafters == methods[cell.method]["method"]]
         if match.empty:
             continue
         rows.append(
@@ -63,6 +63,7 @@ def compare(
                 "dataset": cell.dataset,
                 "method": cell.method,
                 "batch_size": cell.batch_size,
+                "drafter": "" if key[0] == "ngram" else methods[cell.method]["method"],
                 "measured_speedup": cell.speedup,
                 "measured_ci_low": getattr(cell, "speedup_ci_low", float("nan")),
                 "measured_ci_high": getattr(cell, "speedup_ci_high", float("nan")),
@@ -85,8 +86,7 @@ def compare(
 def _cmd_validate(args: argparse.Namespace) -> int:
     cells = pd.read_parquet(args.cells)
     simulated = pd.concat([pd.read_csv(p) for p in args.simulated], ignore_index=True)
-    traced = json.loads(args.traced_drafters) if args.traced_drafters else None
-    table = compare(cells, simulated, json.loads(args.methods), traced)
+    table = compare(cells, simulated, json.loads(args.methods))
     write_parquet(table, args.output)
     write_text(table.to_markdown(index=False, floatfmt=".2f") + "\n", args.markdown)
     return 0
