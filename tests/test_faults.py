@@ -77,7 +77,8 @@ def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         # A random moment while engine cells run (after the first one started).
-        wait_for(lambda: engine_processes(tmp_path), 900, "the first engine cell")
+        wait_for(lambda: engine_processes(tmp_path) or proc.poll() is not None, 900, "the first engine cell")
+        assert proc.poll() is None, "the workflow ended before its first engine cell"
         time.sleep(rng.uniform(0.0, 20.0))
         wait_for(lambda: engine_processes(tmp_path) or proc.poll() is not None, 300, "an engine cell")
         assert proc.poll() is None, "the workflow ended before the fault"

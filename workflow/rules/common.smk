@@ -488,7 +488,8 @@ def sim_cell_batch_sizes(wildcards):
 def sim_cell_files():
     """Simulations validated against the measured cells: n-gram, and every traced drafter
     that the fitted cost model prices (its method ran in breakdown mode)."""
-    priced = {config["methods"][m]["method"] for m in config["breakdown"]["methods"]}
+    breakdown = config.get("breakdown", {}).get("methods", [])
+    priced = {config["methods"][m]["method"] for m in breakdown}
     files = []
     for (e, m, d), target in validation_targets().items():
         files.append(f"results/simulator/cells/{e}/{m}/{d}/ngram.csv")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.engine.runner import PAIRED_COLUMNS, CellRun, _trial_plan, cell_seed
+from sdbench.engine.runner import PAIRED_COLUMNS, CellRun, cell_seed, timed_part
 
 log = logging.getLogger(__name__)
 
@@ -69,27 +69,14 @@ def measure_paired(
 ) -> dict[str, pd.DataFrame]:
     """Measure an SD cell and its no-SD arm call by call; returns the cell's tables.
 
-    Trials follow ``run.repeats`` / ``run.min_measured_s`` for both arms (the slower arm
-    decides). One quiet-machine guard watches both arms; its verdict applies to both.
+    Both arms time each call in turn (:func:`sdbench.engine.runner.timed_part`); one
+    quiet-machine guard watches both, and its verdict applies to both.
     """
-    from sdbench.engine.quietguard import QuietGuard
-
     sd = CellRun(engine, spec, prompts)
     base = CellRun(baseline_engine, baseline_spec(spec), prompts)
     base.warm_up()
     sd.warm_up()
-    min_trials, min_seconds, max_trials = _trial_plan(spec["run"])
-    guard = QuietGuard(guard_mode)
-    guard.start()
-    log.info("paired timed part: %d to %d trial(s), at least %.1f s per arm", min_trials, max_trials, min_seconds)
-    for trial in range(max_trials):
-        for call_index in range(sd.num_calls):
-            arms = (base, sd) if (trial + call_index) % 2 == 0 else (sd, base)
-            for arm in arms:
-                arm.time_call(trial, call_index)
-        if trial + 1 >= min_trials and min(sd.timed_s, base.timed_s) >= min_seconds:
-            break
-    report = guard.stop()  # raises Contaminated in refuse mode
+    report = timed_part([base, sd], spec["run"], guard_mode)
     requests, calls, summary, _ = sd.tables(report)
     _, baseline_calls, _, _ = base.tables(report)
     summary = summary.assign(**paired_columns(calls, baseline_calls, cell_seed(spec)))

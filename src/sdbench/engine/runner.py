@@ -238,21 +238,34 @@ def measure_cell(
     trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
     outside the timed part.
     """
-    from sdbench.engine.quietguard import QuietGuard
-
     run = CellRun(engine, spec, prompts, steps_dir)
     run.warm_up()
-    min_trials, min_seconds, max_trials = _trial_plan(spec["run"])
+    return run.tables(timed_part([run], spec["run"], guard_mode))
+
+
+def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any:
+    """Time the arms' calls in trials under one quiet-machine guard; returns the guard's report.
+
+    Several arms (an SD cell and its paired no-SD arm, sdbench.engine.paired) time each call
+    one after the other, the order alternating call by call so that no arm always goes
+    second. Trials follow ``run.repeats`` / ``run.min_measured_s``; the slowest arm decides.
+    """
+    from sdbench.engine.quietguard import QuietGuard
+
+    min_trials, min_seconds, max_trials = _trial_plan(run)
     guard = QuietGuard(guard_mode)
     guard.start()
-    log.info("timed part: %d to %d trial(s), at least %.1f s", min_trials, max_trials, min_seconds)
+    log.info(
+        "timed part (%d arm(s)): %d to %d trial(s), at least %.1f s", len(arms), min_trials, max_trials, min_seconds
+    )
     for trial in range(max_trials):
-        for call_index in range(run.num_calls):
-            run.time_call(trial, call_index)
-        if trial + 1 >= min_trials and run.timed_s >= min_seconds:
+        for call_index in range(arms[0].num_calls):
+            order = arms if (trial + call_index) % 2 == 0 else arms[::-1]
+            for arm in order:
+                arm.time_call(trial, call_index)
+        if trial + 1 >= min_trials and min(arm.timed_s for arm in arms) >= min_seconds:
             break
-    guard_report = guard.stop()  # raises Contaminated in refuse mode
-    return run.tables(guard_report)
+    return guard.stop()  # raises Contaminated in refuse mode
 
 
 class CellRun:
