@@ -256,7 +256,7 @@ def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any
     guard = QuietGuard(guard_mode)
     guard.start()
     log.info(
-        "timed part (%d arm(s)): %d to %d trial(s), at least %.1f s", len(arms), min_trials, max_trials, min_seconds
+        "timed part: %d to %d trial(s), at least %.1f s, %d arm(s)", min_trials, max_trials, min_seconds, len(arms)
     )
     for trial in range(max_trials):
         for call_index in range(arms[0].num_calls):
