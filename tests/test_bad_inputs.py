@@ -397,7 +397,7 @@ def test_help_lists_every_command_and_the_command_table_is_complete() -> None:
         for command in sub.choices:
             registered.setdefault(command, set()).add(stage.__name__)
     assert all(len(stages) == 1 for stages in registered.values()), registered
-    top = {"check-config", "bundle", "containers"}  # commands of the top-level modules (sdbench.cli)
+    top = {"check-config", "figure-index", "bundle", "containers"}  # commands of the top-level modules (sdbench.cli)
     assert set(cli.COMMANDS) == set(registered) | top, "sdbench.cli.COMMANDS must list every stage's commands"
     proc = subprocess.run([str(SDBENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0

@@ -85,7 +85,7 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     # Real SD counters from the engine: drafts happened and acceptance is a sane length.
     assert (sd.loc[sd.method.isin(["draft-k3", "eagle-k3", "eagle3-k3"]), "num_drafts"] > 0).all()
     assert sd["mean_acceptance_length"].dropna().between(1.0, 4.0).all()
-    assert (pipeline / "results/figures/throughput.png").stat().st_size > 10_000
+    assert (pipeline / "results/paper/fig01_end_to_end.png").stat().st_size > 10_000
     # Two trials per cell: every throughput and speedup has a 95% interval around it.
     assert (cells["num_trials"] == 4).all() and (cells["num_engine_starts"] == 2).all()
     assert cells["outputs_stable"].all()
@@ -102,7 +102,8 @@ def test_outputs_are_complete(pipeline: Path) -> None:
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/ngram-k3/bs1/baseline_calls.parquet"
     )
     assert len(base_calls) == 8 and set(base_calls["method"]) == {"none"}
-    assert "±" in (pipeline / "results/tables/generation_lengths.md").read_text()
+    assert "±" in (pipeline / "results/paper/tab01_generation_length.md").read_text()
+    assert "paired" in (pipeline / "results/paper/ext01_speedups.md").read_text()
     requests = pd.read_parquet(
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/draft-k3/bs2/requests.parquet"
     )
@@ -161,7 +162,14 @@ def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
     learned = pd.read_parquet(base / "code-edit" / "eagle-k3" / "engine_trace.parquet")
     assert set(learned.method) == {"eagle"} and learned.acc_len.between(1, 21).all()
     assert draft.acc_len.between(1, 21).all() and (draft.proposed_len.dropna() <= 20).all()
-    assert (pipeline / "results/acceptance/grid/table4.md").exists()
+    # The figure index: every acceptance item of the grid's traces, one file each.
+    paper = pipeline / "results/paper"
+    assert (paper / "tab04_generated_length/grid.md").exists()
+    assert (paper / "fig06_request_acceptance/grid.png").exists()
+    for dataset in ("code-edit", "code-write"):
+        scope = f"vllm-cpu/tiny-target/{dataset}.png"
+        for item in ("fig04_acceptance_heatmap", "fig05_position_deciles", "fig10_ngram_minus_eagle"):
+            assert (paper / item / scope).stat().st_size > 1000, (item, scope)
 
 
 def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
@@ -179,10 +187,13 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert (validation["simulated_speedup"] > 0).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
     assert (memory["analytical_static_gib"] > 0).all() and (memory["measured_kv_cache_gib"] > 0).all()
-    assert (pipeline / "results/bleu/vllm-cpu/tiny-target/code-edit/fig8_measured.png").exists()
+    assert (pipeline / "results/paper/fig08_bleu_measured/vllm-cpu/tiny-target/code-edit.png").exists()
+    for item in ("fig09_fixed_vs_oracle", "fig11_oracle_combine"):
+        assert (pipeline / "results/paper" / item / "vllm-cpu/tiny-target/code-write.png").exists()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
     assert len(divergence) == 20 and divergence["share_differs"].between(0, 1).all()
-    adaptive = pd.read_csv(pipeline / "results/simulator/cells/vllm-cpu/tiny-target/adaptive/adaptive_policies.csv")
+    adaptive = pd.read_csv(pipeline / "results/simulator/adaptive/vllm-cpu/tiny-target.csv")
+    assert (pipeline / "results/paper/ext04_adaptive_policies/vllm-cpu/tiny-target.md").exists()
     assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
     # No bound against oracle-combine here: it picks the drafter accepting more tokens, which is
     # not the faster one when the drafter costs more than the target's own step (tiny CPU models).
@@ -253,7 +264,7 @@ def test_code_change_in_one_analysis_step_reruns_that_step(pipeline: Path, tmp_p
     module.write_text(module.read_text() + "\n_CODE_CHANGE_PROBE = 1\n")
     result = snakemake(pipeline, "-n", env={"PYTHONPATH": str(src)})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert planned_jobs(result) == {"memory_table": 1, "all": 1}, result.stdout[-3000:]
+    assert planned_jobs(result) == {"tab02_memory": 1, "all": 1}, result.stdout[-3000:]
 
 
 def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from vllm.v1.metrics.reader import Counter, Vector
 
-from sdbench.analysis.endtoend import generation_length_table, join_cells, render_length_table
+from sdbench.analysis.endtoend import generation_length_table, join_cells, render_length_table, speedup_markdown
 from sdbench.engine.runner import SDCounters, acceptance_stats, build_llm_kwargs, read_counters
 
 
@@ -226,3 +226,7 @@ def test_paired_speedup_replaces_the_independent_one() -> None:
     assert rows.loc[("ngram", 1), "speedup_ci_low"] == 1.35 and rows.loc[("ngram", 1), "baseline_tokens_per_s"] == 100.0
     assert rows.loc[("ngram", 4), "speedup"] == pytest.approx(1.1) and rows.loc[("ngram", 4), "speedup_design"] == "independent"
     assert rows.loc[("none", 4), "speedup_design"] == ""
+    # The Markdown speedup table: SD cells only, with their intervals and both designs named.
+    text = speedup_markdown(table)
+    assert "| ngram    | 1.40 [1.35," in text and "none" not in text.split("\n", 1)[1]
+    assert text.startswith("### e / m / d (independent, paired)")

@@ -254,9 +254,12 @@ def test_cli_figures(tmp_path: Path, paths: list[Path]) -> None:
             )
             == 0
         )
-    assert main(["simulate", "figures", "--results", *map(str, csvs), "--output-dir", str(tmp_path / "fig")]) == 0
-    for name in ("fig9_fixed_vs_oracle.png", "fig11_combining.png"):
-        assert (tmp_path / "fig" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    fig9, fig11 = tmp_path / "fig" / "fig9.png", tmp_path / "fig" / "fig11.png"
+    args = ["simulate", "figures", "--results", *map(str, csvs)]
+    assert main([*args, "--fixed-vs-oracle", str(fig9), "--combining", str(fig11)]) == 0
+    for path in (fig9, fig11):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(args) == 2  # neither figure asked for
 
 
 def test_cli_errors_name_the_problem(tmp_path: Path, paths: list[Path], capsys: pytest.CaptureFixture[str]) -> None:

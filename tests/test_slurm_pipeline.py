@@ -82,7 +82,7 @@ def test_outputs_are_complete(slurm_run) -> None:
     cells = pd.read_parquet(workdir / "results" / "tables" / "cells.parquet")
     assert sorted(cells["method"]) == ["ngram-k3", "none"]
     assert (cells["tokens_per_s"] > 0).all()
-    for name in ("figures/throughput.png", "tables/memory.parquet", "tables/output_divergence.parquet"):
+    for name in ("paper/fig01_end_to_end.png", "tables/memory.parquet", "tables/output_divergence.parquet"):
         assert (workdir / "results" / name).stat().st_size > 0, name
     assert not list(workdir.rglob("*.tmp")), "a temporary file was left behind"
 

@@ -42,6 +42,12 @@ def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.grid", "_cmd_check"))
 
 
+def _add_figure_index(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench figure-index`` (:mod:`sdbench.figureindex`)."""
+    p = subparsers.add_parser("figure-index", help="print the figure index: item -> rule -> output -> function")
+    p.set_defaults(func=lazy("sdbench.figureindex", "_cmd_index"))
+
+
 def _environment(spec: str) -> tuple[str, Path]:
     """``bundle create --environment NAME=FREEZE.txt`` as ``(name, path)``."""
     name, sep, path = spec.partition("=")
@@ -131,6 +137,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "acceptance": analysis_cli.add_acceptance,
     "fetch": traces_cli.add_fetch,
     "check-config": _add_check_config,
+    "figure-index": _add_figure_index,
     "prepare-dataset": datasets_cli.add_prepare_dataset,
     "run-cell": engine_cli.add_run_cell,
     "run-group": engine_cli.add_run_group,

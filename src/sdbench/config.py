@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from sdbench.errors import ConfigError  # re-exported: callers import it from here
+from sdbench.figureindex import PUBLISHED_SCOPE
 from sdbench.packagedata import read_text
 
 # Methods whose speculative_config needs a drafter model (``method.drafter``).
@@ -94,6 +95,9 @@ def validate_config(config: dict[str, Any], source: str = "config") -> dict[str,
 def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
     """Checks JSON schema cannot express: grid names exist, drafters resolve."""
     problems: list[str] = []
+    if PUBLISHED_SCOPE in config["engines"]:
+        # Figure-index scopes <engine>/<model>/<dataset> would collide with published/<dataset>.
+        problems.append(f"engines.{PUBLISHED_SCOPE}: reserved name (the published traces' scope); rename the engine")
     catalogues = {"engine": "engines", "models": "models", "methods": "methods", "datasets": "datasets"}
     for i, block in enumerate(config["grid"]):
         for key, section in catalogues.items():

@@ -9,8 +9,8 @@ rule trace_cell:
         prompts="results/prompts/{model}/{dataset}.parquet",
         model=target_dir,
     output:
-        trace=f"{TRACE_DIR}/{{method}}/engine_trace.parquet",
-        requests=f"{TRACE_DIR}/{{method}}/engine_requests.parquet",
+        trace=ENGINE_TRACE,
+        requests=ENGINE_REQUESTS,
     log:
         "logs/trace_cell/{engine}/{model}/{dataset}/{method}.log",
     benchmark:
@@ -40,7 +40,7 @@ rule trace_ngram_offline:
     input:
         baseline_requests,
     output:
-        f"{TRACE_DIR}/offline_ngram.parquet",
+        OFFLINE_NGRAM,
     log:
         "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
     params:
@@ -51,44 +51,9 @@ rule trace_ngram_offline:
         "--num-speculative-tokens {params.k} > {log} 2>&1"
 
 
-rule acceptance_grid:
-    input:
-        engine_trace_files(),
-    output:
-        table=report(
-            "results/acceptance/grid/table4.parquet",
-            caption="../report/table4_grid.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="In-engine traces of this run",
-        ),
-        markdown=report(
-            "results/acceptance/grid/table4.md",
-            caption="../report/table4_grid.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="In-engine traces of this run",
-        ),
-        figures=report(
-            directory("results/acceptance/grid/figures"),
-            caption="../report/acceptance_figures_grid.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="In-engine traces of this run",
-            patterns=["{name}.png"],
-        ),
-    log:
-        "logs/acceptance_grid.log",
-    params:
-        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
-        labels=engine_trace_labels(),
-    shell:
-        "(sdbench acceptance table4 --traces {input} --labels {params.labels} "
-        "--output {output.table} --markdown {output.markdown} && "
-        "sdbench acceptance figures --traces {input} --labels {params.labels} "
-        "--outdir {output.figures}) > {log} 2>&1"
-
-
 rule fetch_published_traces:
     output:
-        "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+        PUBLISHED_JSONL,
     log:
         "logs/fetch_published_traces/{published}.log",
     params:
@@ -101,9 +66,9 @@ rule fetch_published_traces:
 
 rule published_trace_table:
     input:
-        "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+        PUBLISHED_JSONL,
     output:
-        "results/traces/published/{published}.parquet",
+        PUBLISHED_TRACE,
     log:
         "logs/published_trace_table/{published}.log",
     params:
@@ -112,34 +77,85 @@ rule published_trace_table:
         "sdbench trace published --input {input} --output {output} > {log} 2>&1"
 
 
-rule acceptance_published:
+# The acceptance items of the figure index (sdbench.figureindex), each over a
+# {source} (grid | published) or a per-dataset {scope} (<engine>/<model>/<dataset> |
+# published/<dataset>).
+
+
+rule tab04_generated_length:
     input:
-        published_trace_files(),
+        acceptance_traces,
     output:
-        table=report(
-            "results/acceptance/published/table4.parquet",
-            caption="../report/table4_published.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="Published Llama-3.1-8B traces",
-        ),
-        markdown=report(
-            "results/acceptance/published/table4.md",
-            caption="../report/table4_published.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="Published Llama-3.1-8B traces",
-        ),
-        figures=report(
-            directory("results/acceptance/published/figures"),
-            caption="../report/acceptance_figures_published.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="Published Llama-3.1-8B traces",
-            patterns=["{name}.png"],
-        ),
+        table="results/acceptance/{source}/table4.parquet",
+        markdown=paper_report("tab04_generated_length"),
     log:
-        "logs/acceptance_published.log",
+        "logs/tab04_generated_length/{source}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
+        labels=acceptance_labels,
     shell:
-        "(sdbench acceptance table4 --traces {input} --output {output.table} "
-        "--markdown {output.markdown} && "
-        "sdbench acceptance figures --traces {input} --outdir {output.figures}) > {log} 2>&1"
+        "sdbench acceptance table4 --traces {input} {params.labels} "
+        "--output {output.table} --markdown {output.markdown} > {log} 2>&1"
+
+
+rule fig04_acceptance_heatmap:
+    input:
+        acceptance_traces,
+    output:
+        paper_report("fig04_acceptance_heatmap"),
+    log:
+        "logs/fig04_acceptance_heatmap/{scope}.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
+        labels=acceptance_labels,
+    shell:
+        "sdbench acceptance figure heatmap --traces {input} {params.labels} "
+        "--output {output} > {log} 2>&1"
+
+
+rule fig05_position_deciles:
+    input:
+        acceptance_traces,
+    output:
+        figure=paper_report("fig05_position_deciles"),
+        data="results/acceptance/{scope}/position_deciles.parquet",
+    log:
+        "logs/fig05_position_deciles/{scope}.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
+        labels=acceptance_labels,
+    shell:
+        "sdbench acceptance figure deciles --traces {input} {params.labels} "
+        "--output {output.figure} --data {output.data} > {log} 2>&1"
+
+
+rule fig06_request_acceptance:
+    input:
+        acceptance_traces,
+    output:
+        figure=paper_report("fig06_request_acceptance"),
+        data="results/acceptance/{source}/request_box.parquet",
+    log:
+        "logs/fig06_request_acceptance/{source}.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
+        labels=acceptance_labels,
+    shell:
+        "sdbench acceptance figure requests --traces {input} {params.labels} "
+        "--output {output.figure} --data {output.data} > {log} 2>&1"
+
+
+rule fig10_ngram_minus_eagle:
+    input:
+        acceptance_traces,
+    output:
+        figure=paper_report("fig10_ngram_minus_eagle"),
+        data="results/acceptance/{scope}/difference_summary.parquet",
+    log:
+        "logs/fig10_ngram_minus_eagle/{scope}.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
+        labels=acceptance_labels,
+    shell:
+        "sdbench acceptance figure difference --traces {input} {params.labels} "
+        "--output {output.figure} --data {output.data} > {log} 2>&1"

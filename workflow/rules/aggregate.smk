@@ -1,4 +1,4 @@
-# Join every cell; speedups over no-SD; Tab. 1 and Fig. 1/2.
+# Join every cell; speedups over no-SD; Tab. 1, Fig. 1/2, memory (Tab. 2/3).
 
 
 rule aggregate:
@@ -6,30 +6,12 @@ rule aggregate:
         summaries=cell_outputs("summary"),
         requests=cell_outputs("requests"),
     output:
-        cells=report(
-            "results/tables/cells.parquet",
-            caption="../report/cells.rst",
-            category="Sec. 3 End-to-end throughput",
-            subcategory="Tables",
-        ),
-        lengths=report(
-            "results/tables/generation_lengths.parquet",
-            caption="../report/generation_lengths.rst",
-            category="Sec. 3 End-to-end throughput",
-            subcategory="Tables",
-        ),
-        lengths_md=report(
-            "results/tables/generation_lengths.md",
-            caption="../report/generation_lengths.rst",
-            category="Sec. 3 End-to-end throughput",
-            subcategory="Tables",
-        ),
-        divergence=report(
-            "results/tables/output_divergence.parquet",
-            caption="../report/output_divergence.rst",
-            category="Sec. 3 End-to-end throughput",
-            subcategory="Tables",
-        ),
+        cells="results/tables/cells.parquet",
+        speedups=paper_report("ext01_speedups"),
+        lengths="results/tables/generation_lengths.parquet",
+        lengths_md=paper_report("tab01_generation_length"),
+        divergence="results/tables/output_divergence.parquet",
+        divergence_md=paper_report("ext06_output_divergence"),
     log:
         "logs/aggregate.log",
     params:
@@ -37,54 +19,47 @@ rule aggregate:
         baseline=BASELINE,
     shell:
         "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
-        "--baseline {params.baseline} --cells {output.cells} --lengths {output.lengths} "
-        "--lengths-md {output.lengths_md} --divergence {output.divergence} > {log} 2>&1"
+        "--baseline {params.baseline} --cells {output.cells} "
+        "--speedups-md {output.speedups} --lengths {output.lengths} "
+        "--lengths-md {output.lengths_md} --divergence {output.divergence} "
+        "--divergence-md {output.divergence_md} > {log} 2>&1"
 
 
-rule plot_throughput:
+rule fig01_end_to_end:
     input:
         cells="results/tables/cells.parquet",
     output:
-        throughput=report(
-            "results/figures/throughput.png",
-            caption="../report/throughput.rst",
-            category="Sec. 3 End-to-end throughput",
-            subcategory="Figures",
-        ),
-        acceptance=report(
-            "results/figures/acceptance_per_position.png",
-            caption="../report/acceptance_per_position.rst",
-            category="Sec. 6 Acceptance",
-            subcategory="Run-cell counters",
-        ),
+        paper_report("fig01_end_to_end"),
     log:
-        "logs/plot_throughput.log",
+        "logs/fig01_end_to_end.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
     shell:
-        "sdbench plot-throughput --cells {input.cells} --output {output.throughput} "
-        "--acceptance {output.acceptance} > {log} 2>&1"
+        "sdbench plot-throughput --cells {input.cells} --output {output} > {log} 2>&1"
 
 
-rule memory_table:
+rule ext02_acceptance_per_position:
+    input:
+        cells="results/tables/cells.parquet",
+    output:
+        paper_report("ext02_acceptance_per_position"),
+    log:
+        "logs/ext02_acceptance_per_position.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
+    shell:
+        "sdbench plot-throughput --cells {input.cells} --acceptance {output} > {log} 2>&1"
+
+
+rule tab02_memory:
     input:
         cells="results/tables/cells.parquet",
         models=built_model_dirs(),
     output:
-        table=report(
-            "results/tables/memory.parquet",
-            caption="../report/memory.rst",
-            category="Sec. 5 Memory and runtime breakdown",
-            subcategory="Memory (Sec. 5.2)",
-        ),
-        figure=report(
-            "results/figures/memory.png",
-            caption="../report/memory.rst",
-            category="Sec. 5 Memory and runtime breakdown",
-            subcategory="Memory (Sec. 5.2)",
-        ),
+        table="results/tables/memory.parquet",
+        figure=paper_report("tab02_memory"),
     log:
-        "logs/memory_table.log",
+        "logs/tab02_memory.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.memory"),
         models=memory_model_names(),

@@ -6,12 +6,7 @@ rule bleu_buckets:
     input:
         baseline_requests,
     output:
-        report(
-            "results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
-            caption="../report/bleu_buckets.rst",
-            category="Sec. 7 BLEU",
-            subcategory="BLEU buckets",
-        ),
+        "results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
     log:
         "logs/bleu_buckets/{engine}/{model}/{dataset}.log",
     params:
@@ -21,25 +16,15 @@ rule bleu_buckets:
         "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
 
 
-rule bleu_measured:
+rule fig08_bleu_measured:
     input:
         calls=bleu_calls,
         buckets="results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
     output:
-        table=report(
-            "results/bleu/{engine}/{model}/{dataset}/fig8_measured.parquet",
-            caption="../report/bleu_measured.rst",
-            category="Sec. 7 BLEU",
-            subcategory="Fig. 8 measured on the engine",
-        ),
-        figure=report(
-            "results/bleu/{engine}/{model}/{dataset}/fig8_measured.png",
-            caption="../report/bleu_measured.rst",
-            category="Sec. 7 BLEU",
-            subcategory="Fig. 8 measured on the engine",
-        ),
+        table="results/bleu/{engine}/{model}/{dataset}/fig8_measured.parquet",
+        figure=paper_report("fig08_bleu_measured"),
     log:
-        "logs/bleu_measured/{engine}/{model}/{dataset}.log",
+        "logs/fig08_bleu_measured/{engine}/{model}/{dataset}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         baseline=BASELINE,
@@ -53,14 +38,9 @@ rule bleu_measured:
 
 rule bleu_buckets_published:
     input:
-        "resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+        PUBLISHED_JSONL,
     output:
-        report(
-            "results/bleu/published/{published}/buckets.parquet",
-            caption="../report/bleu_buckets.rst",
-            category="Sec. 7 BLEU",
-            subcategory="BLEU buckets",
-        ),
+        "results/bleu/published/{published}/buckets.parquet",
     log:
         "logs/bleu_buckets_published/{published}.log",
     params:
@@ -70,25 +50,15 @@ rule bleu_buckets_published:
         "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
 
 
-rule bleu_simulated:
+rule fig08_bleu_simulated:
     input:
-        traces="resources/published-traces/llama3.1-8B/combined_{published}.jsonl",
+        traces=PUBLISHED_JSONL,
         buckets="results/bleu/published/{published}/buckets.parquet",
     output:
-        table=report(
-            "results/bleu/published/{published}/fig8_ngram-{ngram_policy}.parquet",
-            caption="../report/bleu_simulated.rst",
-            category="Sec. 7 BLEU",
-            subcategory="Fig. 8 simulated on published traces",
-        ),
-        figure=report(
-            "results/bleu/published/{published}/fig8_ngram-{ngram_policy}.png",
-            caption="../report/bleu_simulated.rst",
-            category="Sec. 7 BLEU",
-            subcategory="Fig. 8 simulated on published traces",
-        ),
+        table="results/bleu/published/{published}/fig8_ngram-{ngram_policy}.parquet",
+        figure=paper_report("fig08_bleu_simulated"),
     log:
-        "logs/bleu_simulated/{published}/{ngram_policy}.log",
+        "logs/fig08_bleu_simulated/{published}/{ngram_policy}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         versus=BLEU.get("published_versus_policy", "fixed-3") if BLEU else "fixed-3",

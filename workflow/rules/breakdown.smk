@@ -8,8 +8,8 @@ rule breakdown_cell:
         prompts="results/prompts/{model}/{dataset}.parquet",
         model=target_dir,
     output:
-        steps=f"{BREAKDOWN_DIR}/steps.parquet",
-        summary=f"{BREAKDOWN_DIR}/summary.parquet",
+        steps=os.path.join(BREAKDOWN_DIR, "steps.parquet"),
+        summary=os.path.join(BREAKDOWN_DIR, "summary.parquet"),
     log:
         "logs/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
     benchmark:
@@ -33,24 +33,14 @@ rule breakdown_cell:
         "--steps-output {output.steps} > {log} 2>&1"
 
 
-rule breakdown_plot:
+rule fig03_runtime_breakdown:
     input:
         breakdown_steps(),
     output:
-        figure=report(
-            "results/figures/breakdown.png",
-            caption="../report/breakdown.rst",
-            category="Sec. 5 Memory and runtime breakdown",
-            subcategory="Runtime breakdown (Sec. 5.1)",
-        ),
-        table=report(
-            "results/tables/breakdown.parquet",
-            caption="../report/breakdown.rst",
-            category="Sec. 5 Memory and runtime breakdown",
-            subcategory="Runtime breakdown (Sec. 5.1)",
-        ),
+        figure=paper_report("fig03_runtime_breakdown"),
+        table="results/tables/breakdown.parquet",
     log:
-        "logs/breakdown_plot.log",
+        "logs/fig03_runtime_breakdown.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.breakdown"),
     shell:

@@ -4,6 +4,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from sdbench.codedigest import code_digest
@@ -25,6 +26,8 @@ from sdbench.grid import (
     trace_targets,
 )
 from sdbench import scheduling
+from sdbench.figureindex import BY_NAME as PAPER_ITEMS
+from sdbench.figureindex import paper_path, published_scope
 from sdbench.simulator import choices as simulator_choices
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
@@ -63,6 +66,19 @@ wildcard_constraints:
     mode="compat|exact",
     proposer="ngram|eagle|combined",
     ngram_policy=r"fixed-\d+|oracle",
+    source="grid|published",
+
+
+def paper_report(name, suffix=None, subcategory=None):
+    """An item of the figure index (sdbench.figureindex) as a report() output: its path,
+    its caption workflow/report/<name>.rst and its paper section."""
+    item = PAPER_ITEMS[name]
+    return report(
+        paper_path(name, suffix),
+        caption=f"../report/{name}.rst",
+        category=item.section,
+        subcategory=subcategory or item.paper or "Beyond the paper",
+    )
 
 
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
@@ -251,51 +267,71 @@ def hub_id(wildcards):
     return config["models"][wildcards.hub_model]["hf_id"]
 
 
+def cell_file(cell, name):
+    """A per-cell table (requests, calls, summary, ...) of one cell."""
+    return os.path.join(CELL_DIR.format(**asdict(cell)), f"{name}.parquet")
+
+
 def cell_outputs(name):
     """Paths of one per-cell table for every cell of the grid."""
-    return [
-        f"results/runs/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/{name}.parquet"
-        for c in CELLS
-    ]
+    return [cell_file(c, name) for c in CELLS]
 
 
 def final_outputs():
+    """Every item of the figure index this config draws (and the offline n-gram traces)."""
     outputs = [
-        "results/tables/cells.parquet",
-        "results/tables/generation_lengths.md",
-        "results/figures/throughput.png",
-        "results/tables/memory.parquet",
-        "results/tables/output_divergence.parquet",
+        paper_path(name)
+        for name in (
+            "fig01_end_to_end",
+            "tab01_generation_length",
+            "ext01_speedups",
+            "ext02_acceptance_per_position",
+            "ext06_output_divergence",
+            "tab02_memory",
+        )
     ]
-    if TRACES:
-        outputs += ["results/acceptance/grid/table4.md", *offline_ngram_files()]
+    sources = (["grid"] if TRACES else []) + (
+        ["published"] if PUBLISHED.get("datasets") else []
+    )
+    for source in sources:
+        outputs.append(paper_path("tab04_generated_length", source=source))
+        outputs.append(paper_path("fig06_request_acceptance", source=source))
+    for scope in acceptance_scopes():
+        outputs.append(paper_path("fig04_acceptance_heatmap", scope=scope))
+        outputs.append(paper_path("fig05_position_deciles", scope=scope))
     outputs += [
-        f"results/bleu/{e}/{m}/{d}/fig8_measured.png" for (e, m, d) in bleu_targets()
+        paper_path("fig10_ngram_minus_eagle", scope=s) for s in difference_scopes()
+    ]
+    outputs += offline_ngram_files()
+    outputs += [
+        paper_path("fig08_bleu_measured", engine=e, model=m, dataset=d)
+        for (e, m, d) in bleu_targets()
     ]
     if BREAKDOWN:
-        outputs.append("results/figures/breakdown.png")
+        outputs.append(paper_path("fig03_runtime_breakdown"))
+    sim_scopes, adaptive_scopes = [], []
     if BREAKDOWN and validation_targets():
-        outputs.append("results/tables/simulated_vs_measured.md")
-        outputs += [
-            f"results/simulator/cells/{e}/{m}/adaptive"
-            for (e, m) in adaptive_cell_targets()
-        ]
-        outputs += [
-            f"results/simulator/cells/{e}/{m}/{d}/figures"
-            for (e, m, d) in validation_targets()
-        ]
+        outputs.append(paper_path("ext05_simulated_vs_measured"))
+        sim_scopes += [f"{e}/{m}/{d}" for (e, m, d) in validation_targets()]
+        adaptive_scopes += [f"{e}/{m}" for (e, m) in adaptive_cell_targets()]
     if PUBLISHED.get("datasets"):
+        sim_scopes += ["published/exact", "published/compat"]
+        adaptive_scopes.append("published")
         outputs += [
-            "results/simulator/published/exact/figures",
-            "results/simulator/published/compat/figures",
-            "results/simulator/published/compare",
-            "results/simulator/published/adaptive",
+            paper_path("ext03_compat_vs_exact", suffix)
+            for suffix in PAPER_ITEMS["ext03_compat_vs_exact"].suffixes
         ]
-    if PUBLISHED.get("datasets"):
-        outputs.append("results/acceptance/published/table4.md")
+    for scope in sim_scopes:
+        outputs.append(paper_path("fig09_fixed_vs_oracle", scope=scope))
+        outputs.append(paper_path("fig11_oracle_combine", scope=scope))
+    for scope in adaptive_scopes:
+        outputs += [
+            paper_path("ext04_adaptive_policies", suffix, scope=scope)
+            for suffix in PAPER_ITEMS["ext04_adaptive_policies"].suffixes
+        ]
     if PUBLISHED.get("datasets") and BLEU:
         outputs += [
-            f"results/bleu/published/{d}/fig8_ngram-{p}.png"
+            paper_path("fig08_bleu_simulated", published=d, ngram_policy=p)
             for d in PUBLISHED["datasets"]
             for p in BLEU.get("published_ngram_policies", [])
         ]
@@ -328,28 +364,77 @@ def baseline_requests(wildcards):
     return f"results/runs/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/requests.parquet"
 
 
-def engine_trace_files():
-    return [
-        f"results/traces/{t.engine}/{t.model}/{t.dataset}/{t.method}/engine_trace.parquet"
-        for t in TRACES
-    ]
-
-
-def engine_trace_labels():
-    return " ".join(shlex.quote(f"{t.model}/{t.dataset}") for t in TRACES)
+ENGINE_TRACE = os.path.join(TRACE_DIR, "{method}", "engine_trace.parquet")
+ENGINE_REQUESTS = os.path.join(TRACE_DIR, "{method}", "engine_requests.parquet")
+OFFLINE_NGRAM = os.path.join(TRACE_DIR, "offline_ngram.parquet")
+PUBLISHED_TRACE = "results/traces/published/{published}.parquet"
 
 
 def offline_ngram_files():
     return [
-        f"results/traces/{e}/{m}/{d}/offline_ngram.parquet"
+        OFFLINE_NGRAM.format(engine=e, model=m, dataset=d)
         for (e, m, d) in sorted(BASELINE_CELLS)
     ]
 
 
-def published_trace_files():
+def acceptance_scopes():
+    """Per-dataset scopes of Fig. 4/5: <engine>/<model>/<dataset> of the grid's traces, and
+    published/<dataset> (sdbench.figureindex)."""
+    grid = sorted({f"{t.engine}/{t.model}/{t.dataset}" for t in TRACES})
+    return grid + [f"published/{d}" for d in PUBLISHED.get("datasets", [])]
+
+
+def difference_scopes():
+    """Scopes of Fig. 10: traces of both n-gram and EAGLE (every published dataset)."""
+    kinds = {}
+    for t in TRACES:
+        kinds.setdefault(f"{t.engine}/{t.model}/{t.dataset}", set()).add(
+            config["methods"][t.method]["method"]
+        )
     return [
-        f"results/traces/published/{d}.parquet" for d in PUBLISHED.get("datasets", [])
+        s
+        for s in acceptance_scopes()
+        if kinds.get(s, {"ngram", "eagle"}) >= {"ngram", "eagle"}
     ]
+
+
+def _scope_traces(key):
+    """(trace targets, published datasets) behind a {source} or {scope} of the index."""
+    if key == "grid":
+        return TRACES, []
+    rest = published_scope(key)
+    if rest is not None:
+        return [], [rest] if rest else PUBLISHED.get("datasets", [])
+    engine, model, dataset = key.split("/")
+    return [
+        t for t in TRACES if (t.engine, t.model, t.dataset) == (engine, model, dataset)
+    ], []
+
+
+def _scope_key(wildcards):
+    return wildcards.get("scope", wildcards.get("source"))
+
+
+def acceptance_traces(wildcards):
+    """Trace tables behind an acceptance item of the index."""
+    targets, published = _scope_traces(_scope_key(wildcards))
+    return [ENGINE_TRACE.format(**asdict(t)) for t in targets] + [
+        PUBLISHED_TRACE.format(published=d) for d in published
+    ]
+
+
+def acceptance_labels(wildcards):
+    """`--labels` naming the grid's traces <model>/<dataset> (published files name themselves)."""
+    targets, _ = _scope_traces(_scope_key(wildcards))
+    if not targets:
+        return ""
+    return "--labels " + " ".join(
+        shlex.quote(f"{t.model}/{t.dataset}") for t in targets
+    )
+
+
+def published_trace_files():
+    return [PUBLISHED_TRACE.format(published=d) for d in PUBLISHED.get("datasets", [])]
 
 
 def published_local_arg(wildcards):
@@ -388,7 +473,7 @@ def bleu_targets():
 def bleu_calls(wildcards):
     methods = {BASELINE, BLEU["ngram"], BLEU["versus"]}
     return [
-        f"results/runs/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/calls.parquet"
+        cell_file(c, "calls")
         for c in CELLS
         if (c.engine, c.model, c.dataset)
         == (wildcards.engine, wildcards.model, wildcards.dataset)
@@ -402,7 +487,7 @@ BREAKDOWN_DIR = "results/breakdown/{engine}/{model}/{dataset}/{method}/bs{batch_
 
 def breakdown_steps():
     return [
-        f"results/breakdown/{c.engine}/{c.model}/{c.dataset}/{c.method}/bs{c.batch_size}/steps.parquet"
+        os.path.join(BREAKDOWN_DIR.format(**asdict(c)), "steps.parquet")
         for c in BREAKDOWN
     ]
 
@@ -416,44 +501,50 @@ def sim_policies(wildcards):
     )
 
 
+PUBLISHED_JSONL = "resources/published-traces/llama3.1-8B/combined_{published}.jsonl"
+
+
 def published_jsonl():
-    return [
-        f"resources/published-traces/llama3.1-8B/combined_{d}.jsonl"
-        for d in PUBLISHED.get("datasets", [])
-    ]
+    return [PUBLISHED_JSONL.format(published=d) for d in PUBLISHED.get("datasets", [])]
 
 
 def validation_targets():
-    """Engine x model x dataset with in-engine traces of an n-gram method and of learned
-    drafters: {"ngram": method, "drafters": [methods], "drafter": the preferred one}."""
-    kinds = {}
-    for t in TRACES:
-        entry = kinds.setdefault((t.engine, t.model, t.dataset), {"drafters": []})
-        if config["methods"][t.method]["method"] == "ngram":
-            entry["ngram"] = t.method
-        else:
-            entry["drafters"].append(t.method)
-    # The simulator's learned proposer is the paper's EAGLE where it was traced.
-    preference = {"eagle": 0, "eagle3": 1}
-    for entry in kinds.values():
-        entry["drafters"].sort(
-            key=lambda m: (preference.get(config["methods"][m]["method"], 2), m)
-        )
-        if entry["drafters"]:
-            entry["drafter"] = entry["drafters"][0]
-    return {k: v for k, v in sorted(kinds.items()) if "ngram" in v and "drafter" in v}
+    return simulator_choices.validation_targets(config, TRACES)
+
+
+SIM_PUBLISHED = "results/simulator/published/{mode}/{proposer}.csv"
+SIM_CELL_DIR = "results/simulator/cells/{engine}/{model}/{dataset}"
+SIM_CELL = os.path.join(SIM_CELL_DIR, "{proposer}.csv")
+SIM_DRAFTER = os.path.join(SIM_CELL_DIR, "drafters", "{method}.csv")
+# Named <dataset>.parquet: the simulator takes a trace file's dataset from its name.
+SIM_STACKED = "results/simulator/traces/{engine}/{model}/{dataset}.parquet"
+SIM_PROPOSERS = ("ngram", "eagle", "combined")
+MEASURED_COST_MODEL = "results/cost_models/measured.yaml"
 
 
 def sim_trace_inputs(wildcards):
-    target = validation_targets()[
-        (wildcards.engine, wildcards.model, wildcards.dataset)
-    ]
-    base = f"results/traces/{wildcards.engine}/{wildcards.model}/{wildcards.dataset}"
-    methods = sorted([target["ngram"], *target["drafters"]])
+    key = (wildcards.engine, wildcards.model, wildcards.dataset)
+    target = validation_targets()[key]
+    cell = dict(zip(("engine", "model", "dataset"), key))
     return {
-        "traces": [f"{base}/{m}/engine_trace.parquet" for m in methods],
-        "requests": f"{base}/{target['ngram']}/engine_requests.parquet",
+        "traces": [
+            ENGINE_TRACE.format(**cell, method=m)
+            for m in sorted([target["ngram"], *target["drafters"]])
+        ],
+        "requests": ENGINE_REQUESTS.format(**cell, method=target["ngram"]),
     }
+
+
+def sim_figure_inputs(wildcards):
+    """Simulation results behind Fig. 9/11 of a scope: published/<mode> or E/M/D."""
+    mode = published_scope(wildcards.scope)
+    if mode is not None:
+        return [SIM_PUBLISHED.format(mode=mode, proposer=p) for p in SIM_PROPOSERS]
+    engine, model, dataset = wildcards.scope.split("/")
+    return [
+        SIM_CELL.format(engine=engine, model=model, dataset=dataset, proposer=p)
+        for p in SIM_PROPOSERS
+    ]
 
 
 def sim_preferred_drafter(wildcards):
@@ -492,9 +583,9 @@ def sim_cell_files():
     priced = {config["methods"][m]["method"] for m in breakdown}
     files = []
     for (e, m, d), target in validation_targets().items():
-        files.append(f"results/simulator/cells/{e}/{m}/{d}/ngram.csv")
+        files.append(SIM_CELL.format(engine=e, model=m, dataset=d, proposer="ngram"))
         files += [
-            f"results/simulator/cells/{e}/{m}/{d}/drafters/{x}.csv"
+            SIM_DRAFTER.format(engine=e, model=m, dataset=d, method=x)
             for x in target["drafters"]
             if config["methods"][x]["method"] in priced
         ]
@@ -509,28 +600,46 @@ def adaptive_cell_targets():
     return out
 
 
-def adaptive_cell_inputs(wildcards):
-    datasets = adaptive_cell_targets()[(wildcards.engine, wildcards.model)]
-    base = f"results/simulator/cells/{wildcards.engine}/{wildcards.model}"
-    ngram = {k: v["ngram"] for k, v in validation_targets().items()}
+def adaptive_inputs(wildcards):
+    """Traces of the adaptive-policy report of a scope: `published`, or <engine>/<model>
+    (this run's traces of every validated dataset, their requests, the fitted cost model).
+    """
+    if published_scope(wildcards.scope) is not None:
+        return {"traces": published_jsonl()}
+    engine, model = wildcards.scope.split("/")
+    targets = validation_targets()
+    datasets = adaptive_cell_targets()[(engine, model)]
     return {
-        "stacked": [f"{base}/{d}/{d}.parquet" for d in datasets],
+        "traces": [
+            SIM_STACKED.format(engine=engine, model=model, dataset=d) for d in datasets
+        ],
         "requests": [
-            f"results/traces/{wildcards.engine}/{wildcards.model}/{d}/"
-            f"{ngram[(wildcards.engine, wildcards.model, d)]}/engine_requests.parquet"
+            ENGINE_REQUESTS.format(
+                engine=engine,
+                model=model,
+                dataset=d,
+                method=targets[(engine, model, d)]["ngram"],
+            )
             for d in datasets
         ],
+        "cost_model": MEASURED_COST_MODEL,
     }
 
 
-def adaptive_cell_args(wildcards):
-    """Batch sizes of the grid and the policies (the learned one needs another dataset)."""
-    key = (wildcards.engine, wildcards.model)
+def adaptive_args(wildcards, input):
+    """On the grid: requests, fitted cost model, the grid's batch sizes and the policies
+    (the learned one needs another dataset); published traces take the defaults."""
+    if published_scope(wildcards.scope) is not None:
+        return ""
+    key = tuple(wildcards.scope.split("/"))
     sizes = sorted({c.batch_size for c in CELLS if (c.engine, c.model) == key})
     specs = simulator_choices.adaptive_policies(
         config, len(adaptive_cell_targets()[key])
     )
-    return f"--batch-sizes {' '.join(map(str, sizes))} --policies {' '.join(specs)}"
+    return (
+        f"--requests {' '.join(input.requests)} --cost-model {input.cost_model} "
+        f"--batch-sizes {' '.join(map(str, sizes))} --policies {' '.join(specs)}"
+    )
 
 
 def methods_json():

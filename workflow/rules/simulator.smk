@@ -7,12 +7,7 @@ rule simulate_published:
     input:
         published_jsonl(),
     output:
-        report(
-            "results/simulator/published/{mode}/{proposer}.csv",
-            caption="../report/simulate_published.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Published traces, {mode} mode",
-        ),
+        SIM_PUBLISHED,
     log:
         "logs/simulate_published/{mode}/{proposer}.log",
     params:
@@ -26,78 +21,29 @@ rule simulate_published:
         "--cost-model {params.cost_model} --mode {wildcards.mode} --output {output} > {log} 2>&1"
 
 
-rule simulate_published_figures:
-    input:
-        expand(
-            "results/simulator/published/{{mode}}/{proposer}.csv",
-            proposer=["ngram", "eagle", "combined"],
-        ),
-    output:
-        report(
-            directory("results/simulator/published/{mode}/figures"),
-            caption="../report/simulator_figures.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Published traces, {mode} mode",
-            patterns=["{name}.png"],
-        ),
-    log:
-        "logs/simulate_published_figures/{mode}.log",
-    params:
-        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
-    shell:
-        "sdbench simulate figures --results {input} --output-dir {output} > {log} 2>&1"
-
-
-rule simulate_compare:
+rule ext03_compat_vs_exact:
     input:
         published_jsonl(),
     output:
-        report(
-            directory("results/simulator/published/compare"),
-            caption="../report/simulate_compare.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Published traces, compat vs exact",
-            patterns=["{name}.png", "{name}.md", "{name}.csv"],
-        ),
+        table="results/simulator/compat_vs_exact.csv",
+        markdown=paper_report("ext03_compat_vs_exact", ".md"),
+        figure=paper_report("ext03_compat_vs_exact", ".png"),
     log:
-        "logs/simulate_compare.log",
+        "logs/ext03_compat_vs_exact.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
     shell:
         "sdbench simulate compare --traces {input} --cost-model {params.cost_model} "
-        "--output-dir {output} > {log} 2>&1"
-
-
-rule simulate_adaptive:
-    input:
-        published_jsonl(),
-    output:
-        report(
-            directory("results/simulator/published/adaptive"),
-            caption="../report/simulate_adaptive.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Published traces, adaptive policies",
-            patterns=["{name}.png", "{name}.md", "{name}.csv"],
-        ),
-    log:
-        "logs/simulate_adaptive.log",
-    params:
-        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
-    shell:
-        "sdbench simulate adaptive-report --traces {input} --output-dir {output} > {log} 2>&1"
+        "--table {output.table} --markdown {output.markdown} --figure {output.figure} "
+        "> {log} 2>&1"
 
 
 rule fit_cost_model:
     input:
         breakdown_steps(),
     output:
-        report(
-            "results/cost_models/measured.yaml",
-            caption="../report/cost_model.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Validation on this run",
-        ),
+        MEASURED_COST_MODEL,
     log:
         "logs/fit_cost_model.log",
     params:
@@ -111,7 +57,7 @@ rule simulation_traces:
     input:
         unpack(sim_trace_inputs),
     output:
-        "results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
+        SIM_STACKED,
     log:
         "logs/simulation_traces/{engine}/{model}/{dataset}.log",
     params:
@@ -123,15 +69,10 @@ rule simulation_traces:
 rule simulate_cells:
     input:
         unpack(sim_trace_inputs),
-        stacked="results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
-        cost_model="results/cost_models/measured.yaml",
+        stacked=SIM_STACKED,
+        cost_model=MEASURED_COST_MODEL,
     output:
-        report(
-            "results/simulator/cells/{engine}/{model}/{dataset}/{proposer}.csv",
-            caption="../report/simulate_cells.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Validation on this run",
-        ),
+        SIM_CELL,
     log:
         "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
     params:
@@ -149,10 +90,10 @@ rule simulate_cells:
 rule simulate_drafter_cells:
     input:
         unpack(sim_trace_inputs),
-        stacked="results/simulator/cells/{engine}/{model}/{dataset}/{dataset}.parquet",
-        cost_model="results/cost_models/measured.yaml",
+        stacked=SIM_STACKED,
+        cost_model=MEASURED_COST_MODEL,
     output:
-        "results/simulator/cells/{engine}/{model}/{dataset}/drafters/{method}.csv",
+        SIM_DRAFTER,
     log:
         "logs/simulate_drafter_cells/{engine}/{model}/{dataset}/{method}.log",
     params:
@@ -167,25 +108,15 @@ rule simulate_drafter_cells:
         "--output {output} > {log} 2>&1"
 
 
-rule validate_simulator:
+rule ext05_simulated_vs_measured:
     input:
         cells="results/tables/cells.parquet",
         simulated=sim_cell_files(),
     output:
-        table=report(
-            "results/tables/simulated_vs_measured.parquet",
-            caption="../report/simulated_vs_measured.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Validation on this run",
-        ),
-        markdown=report(
-            "results/tables/simulated_vs_measured.md",
-            caption="../report/simulated_vs_measured.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Validation on this run",
-        ),
+        table="results/tables/simulated_vs_measured.parquet",
+        markdown=paper_report("ext05_simulated_vs_measured"),
     log:
-        "logs/validate_simulator.log",
+        "logs/ext05_simulated_vs_measured.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.validation"),
         methods=methods_json(),
@@ -195,45 +126,50 @@ rule validate_simulator:
         "--output {output.table} --markdown {output.markdown} > {log} 2>&1"
 
 
-rule simulate_cells_figures:
+# Fig. 9/11 and the adaptive-policy report of a {scope}: the published traces
+# (published/<mode>, resp. published) or this run's (<engine>/<model>/<dataset>,
+# resp. <engine>/<model>).
+
+
+rule fig09_fixed_vs_oracle:
     input:
-        expand(
-            "results/simulator/cells/{{engine}}/{{model}}/{{dataset}}/{proposer}.csv",
-            proposer=["ngram", "eagle", "combined"],
-        ),
+        sim_figure_inputs,
     output:
-        report(
-            directory("results/simulator/cells/{engine}/{model}/{dataset}/figures"),
-            caption="../report/simulator_figures.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Validation on this run",
-            patterns=["{name}.png"],
-        ),
+        paper_report("fig09_fixed_vs_oracle"),
     log:
-        "logs/simulate_cells_figures/{engine}/{model}/{dataset}.log",
+        "logs/fig09_fixed_vs_oracle/{scope}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
-        "sdbench simulate figures --results {input} --output-dir {output} > {log} 2>&1"
+        "sdbench simulate figures --results {input} --fixed-vs-oracle {output} > {log} 2>&1"
 
 
-rule simulate_adaptive_cells:
+rule fig11_oracle_combine:
     input:
-        unpack(adaptive_cell_inputs),
-        cost_model="results/cost_models/measured.yaml",
+        sim_figure_inputs,
     output:
-        report(
-            directory("results/simulator/cells/{engine}/{model}/adaptive"),
-            caption="../report/adaptive_cells.rst",
-            category="Sec. 8 Simulator",
-            subcategory="Validation on this run",
-            patterns=["{name}.png", "{name}.md", "{name}.csv"],
-        ),
+        paper_report("fig11_oracle_combine"),
     log:
-        "logs/simulate_adaptive_cells/{engine}/{model}.log",
+        "logs/fig11_oracle_combine/{scope}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
-        args=adaptive_cell_args,
     shell:
-        "sdbench simulate adaptive-report --traces {input.stacked} --requests {input.requests} "
-        "--cost-model {input.cost_model} {params.args} --output-dir {output} > {log} 2>&1"
+        "sdbench simulate figures --results {input} --combining {output} > {log} 2>&1"
+
+
+rule ext04_adaptive_policies:
+    input:
+        unpack(adaptive_inputs),
+    output:
+        table="results/simulator/adaptive/{scope}.csv",
+        markdown=paper_report("ext04_adaptive_policies", ".md"),
+        figure=paper_report("ext04_adaptive_policies", ".png"),
+    log:
+        "logs/ext04_adaptive_policies/{scope}.log",
+    params:
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
+        args=adaptive_args,
+    shell:
+        "sdbench simulate adaptive-report --traces {input.traces} {params.args} "
+        "--table {output.table} --markdown {output.markdown} --figure {output.figure} "
+        "> {log} 2>&1"

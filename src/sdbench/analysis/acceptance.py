@@ -287,12 +287,66 @@ def write_figures(
     return written
 
 
+FIGURES = ("heatmap", "deciles", "requests", "difference")
+
+
+def write_figure(
+    kind: str,
+    traces: pd.DataFrame,
+    output: str | os.PathLike[str],
+    data: str | os.PathLike[str] | None = None,
+    max_position: int | None = 512,
+    per_class: int | None = 50,
+    seed: int = 0,
+) -> None:
+    """Write one figure of the index (Fig. 4 ``heatmap``, 5 ``deciles``, 6 ``requests``, 10
+    ``difference``) and, for Fig. 5, 6 and 10, the table behind it to ``data``.
+
+    Fig. 4, 5 and 10 are drawn for one dataset: ``traces`` must hold exactly one.
+    """
+    datasets = _ordered(traces["dataset"])
+    if kind != "requests" and len(datasets) != 1:
+        raise ValueError(f"acceptance figure {kind}: traces hold {len(datasets)} datasets {datasets}, expected one")
+    dataset = datasets[0]
+    if kind == "heatmap":
+        figure, table = plot_heatmaps(traces, dataset, max_position), None
+    elif kind == "deciles":
+        table = position_deciles(traces, per_class=per_class, seed=seed)
+        figure = plot_position_deciles(table, dataset)
+    elif kind == "requests":
+        table = request_box_stats(traces)
+        figure = plot_request_boxes(table)
+    elif kind == "difference":
+        diff = ngram_minus_eagle(traces)
+        if diff.empty:
+            raise ValueError(f"acceptance figure difference: dataset {dataset!r} lacks {NGRAM!r} or {EAGLE!r} traces")
+        figure, table = plot_difference(diff, dataset, max_position), difference_summary(diff)
+    else:
+        raise ValueError(f"unknown acceptance figure {kind!r}; expected one of {FIGURES}")
+    if data is not None and table is not None:
+        write_parquet(table, data)
+    save_png(figure, output, dpi=120)
+
+
 # ----------------------------------------------------------------------------- CLI
 def _cmd_table4(args: argparse.Namespace) -> int:
     tab = table4(load_traces(args.traces, args.labels))
     write_parquet(tab, args.output)
     if args.markdown:
         write_text(markdown_table(tab), args.markdown)
+    return 0
+
+
+def _cmd_figure(args: argparse.Namespace) -> int:
+    write_figure(
+        args.figure,
+        load_traces(args.traces, args.labels),
+        args.output,
+        args.data,
+        None if args.max_position <= 0 else args.max_position,
+        None if args.per_class <= 0 else args.per_class,
+        args.seed,
+    )
     return 0
 
 

@@ -29,9 +29,11 @@ def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", nargs="+", required=True, help="requests.parquet of every cell")
     p.add_argument("--baseline", required=True, help="method key of the no-SD baseline")
     p.add_argument("--cells", required=True, help="output: joined cell table (parquet)")
+    p.add_argument("--speedups-md", required=True, help="output: speedups with intervals (Markdown)")
     p.add_argument("--lengths", required=True, help="output: Tab. 1 generation lengths (parquet)")
     p.add_argument("--lengths-md", required=True, help="output: Tab. 1 rendered as Markdown")
     p.add_argument("--divergence", required=True, help="output: share of outputs differing from no-SD")
+    p.add_argument("--divergence-md", required=True, help="output: the same, rendered as Markdown")
     p.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_aggregate"))
 
 
@@ -39,7 +41,7 @@ def add_plot_throughput(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench plot-throughput``."""
     q = subparsers.add_parser("plot-throughput", help="Fig. 1/2: throughput and speedup vs batch size")
     q.add_argument("--cells", required=True)
-    q.add_argument("--output", required=True, help="PNG path")
+    q.add_argument("--output", default=None, help="PNG path: Fig. 1/2")
     q.add_argument("--acceptance", default=None, help="PNG path: acceptance rate by draft position")
     q.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_plot"))
 
@@ -134,7 +136,7 @@ def _add_trace_table_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_acceptance(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``acceptance {table4,figures}``."""
+    """Add ``acceptance {table4,figures,figure}``."""
     acc = subparsers.add_parser("acceptance", help="acceptance analyses of trace tables (Sec. 6)")
     sub = acc.add_subparsers(dest="acceptance_command", required=True)
 
@@ -144,20 +146,33 @@ def add_acceptance(subparsers: argparse._SubParsersAction) -> None:
     t4.add_argument("--markdown", default=None, help="also write a markdown rendering here")
     t4.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_table4"))
 
-    figs = sub.add_parser("figures", help="Fig. 4, 5, 6/13, 10 PNGs (+ their data as parquet)")
+    figs = sub.add_parser("figures", help="Fig. 4, 5, 6/13, 10 PNGs (+ their data as parquet) into one directory")
     _add_trace_table_args(figs)
     figs.add_argument("--outdir", required=True)
-    figs.add_argument(
+    _add_figure_options(figs)
+    figs.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_figures"))
+
+    one = sub.add_parser("figure", help="one figure of the index: Fig. 4 heatmap, 5 deciles, 6 requests, 10 difference")
+    one.add_argument("figure", choices=("heatmap", "deciles", "requests", "difference"))
+    _add_trace_table_args(one)
+    one.add_argument("--output", required=True, help="PNG to write")
+    one.add_argument("--data", default=None, help="also write the table behind Fig. 5/6/10 (.parquet) here")
+    _add_figure_options(one)
+    one.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_figure"))
+
+
+def _add_figure_options(parser: argparse.ArgumentParser) -> None:
+    """Drawing options shared by ``acceptance figures`` and ``acceptance figure``."""
+    parser.add_argument(
         "--max-position", type=int, default=512, help="positions shown in heatmaps (paper: 512; <=0: all)"
     )
-    figs.add_argument(
+    parser.add_argument(
         "--per-class",
         type=int,
         default=50,
         help="requests sampled per output-length class in Fig. 5 (paper: 50; <=0: all)",
     )
-    figs.add_argument("--seed", type=int, default=0, help="seed of the Fig. 5 sampling")
-    figs.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_figures"))
+    parser.add_argument("--seed", type=int, default=0, help="seed of the Fig. 5 sampling")
 
 
 def add_breakdown(subparsers: argparse._SubParsersAction) -> None:

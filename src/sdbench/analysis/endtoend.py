@@ -117,6 +117,26 @@ def render_length_table(table: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def speedup_markdown(cells: pd.DataFrame) -> str:
+    """Speedups as Markdown: per engine / model / dataset, rows = SD method, columns = batch size,
+    cells = ``speedup [95% interval]`` (``*`` marks a cell timed beside other work)."""
+    parts: list[str] = []
+    # SD cells only: the no-SD cells have no design (their speedup is 1 by definition).
+    design = cells["speedup_design"].fillna("").astype(str) if "speedup_design" in cells else None
+    sd = cells[cells["speedup"].notna() & (design != "" if design is not None else True)]
+    for keys, sub in sd.groupby(["engine", "model", "dataset"], sort=True):
+        flags = sub["contaminated"].astype(bool) if "contaminated" in sub else [False] * len(sub)
+        text = [
+            f"{s:.2f} [{lo:.2f}, {hi:.2f}]{'*' if flag else ''}"
+            for s, lo, hi, flag in zip(sub.speedup, sub.speedup_ci_low, sub.speedup_ci_high, flags)
+        ]
+        wide = sub.assign(cell=text).pivot(index="method", columns="batch_size", values="cell")
+        wide.columns = [f"bs {b}" for b in wide.columns]
+        designs = ", ".join(sorted(sub["speedup_design"].unique())) if design is not None else "independent"
+        parts.append(f"### {' / '.join(map(str, keys))} ({designs})\n\n{wide.to_markdown()}\n")
+    return "\n".join(parts)
+
+
 def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
     """Fig. 1/2: throughput and speedup vs batch size per method, one column per model x dataset."""
     panels = list(cells.groupby(["engine", "model", "dataset"], sort=True))
@@ -178,15 +198,21 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     requests = pd.concat([pd.read_parquet(p) for p in args.requests], ignore_index=True)
     lengths = generation_length_table(requests)
     write_parquet(cells, args.cells)
+    write_text(speedup_markdown(cells), args.speedups_md)
     write_parquet(lengths, args.lengths)
     write_text(render_length_table(lengths), args.lengths_md)
-    write_parquet(output_divergence(requests, args.baseline), args.divergence)
+    divergence = output_divergence(requests, args.baseline)
+    write_parquet(divergence, args.divergence)
+    write_text(divergence.to_markdown(index=False, floatfmt=".3f") + "\n", args.divergence_md)
     return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
+    if not (args.output or args.acceptance):
+        raise ValueError("plot-throughput: give --output (Fig. 1/2) and/or --acceptance")
     cells = pd.read_parquet(args.cells)
-    plot_throughput(cells, args.output)
+    if args.output:
+        plot_throughput(cells, args.output)
     if args.acceptance:
         plot_acceptance_per_position(cells, args.acceptance)
     return 0

@@ -5,6 +5,7 @@ Standard library only: the Snakefile reads these while it builds the DAG.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 # Fitted on other datasets' traces: needs at least two traced datasets.
@@ -32,3 +33,26 @@ def adaptive_policies(config: dict[str, Any], num_datasets: int) -> list[str]:
     if num_datasets < 2:
         specs = [s for s in specs if s not in CROSS_DATASET_POLICIES]
     return specs
+
+
+# The simulator's learned proposer replays the paper's EAGLE where it was traced.
+DRAFTER_PREFERENCE = {"eagle": 0, "eagle3": 1}
+
+
+def validation_targets(config: dict[str, Any], traces: Iterable[Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Engine x model x dataset whose in-engine traces (``traces``: items with ``engine``,
+    ``model``, ``dataset``, ``method``) hold an n-gram method and at least one learned or
+    draft-model drafter: ``{"ngram": method, "drafters": [methods, preferred first],
+    "drafter": the preferred one}``, sorted by key."""
+    kinds: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for t in traces:
+        entry = kinds.setdefault((t.engine, t.model, t.dataset), {"drafters": []})
+        if config["methods"][t.method]["method"] == "ngram":
+            entry["ngram"] = t.method
+        else:
+            entry["drafters"].append(t.method)
+    for entry in kinds.values():
+        entry["drafters"].sort(key=lambda m: (DRAFTER_PREFERENCE.get(config["methods"][m]["method"], 2), m))
+        if entry["drafters"]:
+            entry["drafter"] = entry["drafters"][0]
+    return {k: v for k, v in sorted(kinds.items()) if "ngram" in v and "drafter" in v}

@@ -9,6 +9,7 @@ same as the implementation's (tests/test_cli.py checks that they match).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from sdbench.lazy import lazy
 
@@ -146,13 +147,13 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
 
     cmp_ = actions.add_parser("compare", help="compat vs exact: each correction alone, table + figure")
     add_trace_options(cmp_)
-    cmp_.add_argument("--output-dir", required=True)
+    _add_report_outputs(cmp_)
     cmp_.add_argument("--no-continuous", action="store_true", help="skip the continuous-batching column")
     cmp_.set_defaults(func=lazy(COMMANDS, "_cmd_compare"))
 
     ada = actions.add_parser("adaptive-report", help="causal policies vs best fixed vs oracle-combine")
     add_trace_options(ada)
-    ada.add_argument("--output-dir", required=True)
+    _add_report_outputs(ada)
     ada.add_argument("--policies", nargs="+", default=list(ADAPTIVE_SPECS), metavar="PROPOSER:POLICY")
     ada.add_argument("--batching", choices=BATCHING, default="replicated")
     ada.add_argument(
@@ -172,8 +173,16 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
 
     fig = actions.add_parser("figures", help="Fig. 9 and Fig. 11 from simulate results")
     fig.add_argument("--results", nargs="+", required=True, metavar="CSV", help="sdbench simulate outputs")
-    fig.add_argument("--output-dir", required=True)
+    fig.add_argument("--fixed-vs-oracle", type=Path, metavar="PNG", help="write Fig. 9 here")
+    fig.add_argument("--combining", type=Path, metavar="PNG", help="write Fig. 11 here")
     fig.set_defaults(func=lazy(COMMANDS, "_cmd_figures"))
+
+
+def _add_report_outputs(parser: argparse.ArgumentParser) -> None:
+    """The three files of a simulator report: its table, Markdown summary and figure."""
+    parser.add_argument("--table", required=True, type=Path, metavar="CSV")
+    parser.add_argument("--markdown", required=True, type=Path, metavar="MD")
+    parser.add_argument("--figure", required=True, type=Path, metavar="PNG")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -69,12 +69,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     cm = load_cost_model(args.cost_model)
     table = compare_modes(_load_sets(args.traces), cm, args.batch_sizes, continuous=not args.no_continuous)
-    out = Path(args.output_dir)
-    write_results(table, out / "compat_vs_exact.csv")
-    write_text(_markdown(table), out / "compat_vs_exact.md")
-    figure_compare(table, out / "compat_vs_exact.png")
+    write_results(table, args.table)
+    write_text(_markdown(table), args.markdown)
+    figure_compare(table, args.figure)
     print(_markdown(table))
-    print(f"wrote {out}/compat_vs_exact.{{csv,md,png}}")
+    print(f"wrote {args.table}, {args.markdown} and {args.figure}")
     return 0
 
 
@@ -90,19 +89,22 @@ def _cmd_adaptive(args: argparse.Namespace) -> int:
         train_sets=train,
     )
     summary = adaptive_summary(report)
-    out = Path(args.output_dir)
-    write_results(report, out / "adaptive_policies.csv")
-    write_text(_markdown(summary), out / "adaptive_gap_closed.md")
-    figure_adaptive(report, out / "adaptive_policies.png")
+    write_results(report, args.table)
+    write_text(_markdown(summary), args.markdown)
+    figure_adaptive(report, args.figure)
     print(_markdown(summary))
-    print(f"wrote {out}/adaptive_policies.{{csv,png}} and {out}/adaptive_gap_closed.md")
+    print(f"wrote {args.table}, {args.markdown} (gap closed) and {args.figure}")
     return 0
 
 
 def _cmd_figures(args: argparse.Namespace) -> int:
+    if not (args.fixed_vs_oracle or args.combining):
+        raise ValueError("simulate figures: give --fixed-vs-oracle (Fig. 9) and/or --combining (Fig. 11)")
     results = pd.concat([pd.read_csv(p) for p in args.results], ignore_index=True)
-    out = Path(args.output_dir)
-    figure_fixed_vs_oracle(results, out / "fig9_fixed_vs_oracle.png")
-    figure_combining(results, out / "fig11_combining.png")
-    print(f"wrote {out}/fig9_fixed_vs_oracle.png and {out}/fig11_combining.png")
+    if args.fixed_vs_oracle:
+        figure_fixed_vs_oracle(results, args.fixed_vs_oracle)
+        print(f"wrote {args.fixed_vs_oracle}")
+    if args.combining:
+        figure_combining(results, args.combining)
+        print(f"wrote {args.combining}")
     return 0
