@@ -21,7 +21,7 @@ def default_config() -> dict:
 
 
 def test_shipped_configs_are_valid() -> None:
-    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 36
+    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 48  # 36 + MTP model (none, mtp-k3)
     assert len(cells(load_config(REPO / "config" / "paper.yaml"))) >= 400
 
 
@@ -81,6 +81,15 @@ def test_cli_check_config_exit_code(tmp_path: Path, default_config: dict, capsys
         (lambda c: c["models"]["tiny-target-eagle"]["head"].update(kind="eagle3"), "is an eagle3 head, but the method is 'eagle'"),
         (lambda c: c["models"]["tiny-target-eagle"]["head"].update(target="tiny-draft"), "was trained for 'tiny-draft'"),
         (lambda c: c["models"]["tiny-target-eagle"]["head"].update(target="nowhere"), "models.tiny-target-eagle.head.target"),
+        (lambda c: c["methods"]["mtp-k3"].update(drafter={"tiny-target-mtp": "tiny-target-eagle"}), "is an eagle head, but the method is 'mtp'"),
+        (lambda c: c["grid"][1].update(models=["tiny-target-mtp", "tiny-target"]), "no drafter for target model 'tiny-target'"),
+        (
+            lambda c: (
+                c["grid"][1].update(models=["tiny-target-mtp", "tiny-target"]),
+                c["methods"]["mtp-k3"]["drafter"].update({"tiny-target": "tiny-target-mtp"}),
+            ),
+            "'tiny-target-mtp' is an MTP model; its MTP layer ships inside it",
+        ),
     ],
 )
 def test_a_head_must_match_its_method_and_target(default_config: dict, mutate, expected: str) -> None:

@@ -301,3 +301,30 @@ def test_eagle3_head_with_the_target_vocabulary_shares_its_lm_head(tmp_path) -> 
     assert spec.shares_lm_head and not spec.has_d2t and spec.num_aux_hidden_states == 2
     shipped = sum(math.prod(s) for s in eagle.expected_tensors("eagle3", config).values())
     assert sum(count_eagle3(spec).components.values()) == shipped
+
+
+def test_a_built_mtp_model_counts_its_mimo_layer_and_the_qwen2_target(tmp_path) -> None:
+    """train-head --kind mtp writes the target as MiMo: the MTP count equals the layer's tensors, and
+    the target's count has q/k/v biases but no o_proj bias (Qwen2)."""
+    import json
+    import math
+
+    from sdbench.analysis.memory import count_full_model, count_mtp
+    from sdbench.models import eagle
+    from sdbench.models.spec import load_hf_config
+
+    target = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 3,
+        "vocab_size": 97, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "attention_bias": True,
+    }
+    config = eagle.head_config("mtp", target, eagle.HeadConfig(kind="mtp"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = load_hf_config(tmp_path)
+    assert spec.architecture == "mimo" and spec.num_nextn_predict_layers == 1
+    shipped = sum(math.prod(s) for s in eagle.expected_tensors("mtp", config).values())
+    mtp = count_mtp(spec)
+    assert sum(mtp.components.values()) == shipped and set(mtp.shared_with_target) == {"embed_tokens", "lm_head"}
+    h, layers = 32, 3
+    llama_layer = 4 * h * h + 4 * h + 3 * h * 64 + 2 * h  # q/k/v/o with biases, MLP, two norms
+    assert sum(count_full_model(spec).components.values()) == 97 * h + layers * (llama_layer - h) + h

@@ -76,14 +76,14 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_outputs_are_complete(pipeline: Path) -> None:
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
-    assert len(cells) == 20
-    assert set(cells["method"]) == {"none", "ngram-k3", "draft-k3", "eagle-k3", "eagle3-k3"}
+    assert len(cells) == 22
+    assert set(cells["method"]) == {"none", "ngram-k3", "draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"}
     assert (cells["tokens_per_s"] > 0).all()
     assert (cells.loc[cells.method == "none", "speedup"] == 1.0).all()
     sd = cells[cells.method != "none"]
     assert sd["speedup"].notna().all()
     # Real SD counters from the engine: drafts happened and acceptance is a sane length.
-    assert (sd.loc[sd.method.isin(["draft-k3", "eagle-k3", "eagle3-k3"]), "num_drafts"] > 0).all()
+    assert (sd.loc[sd.method.isin(["draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"]), "num_drafts"] > 0).all()
     assert sd["mean_acceptance_length"].dropna().between(1.0, 4.0).all()
     assert (pipeline / "results/paper/fig01_end_to_end.png").stat().st_size > 10_000
     # Two trials per cell: every throughput and speedup has a 95% interval around it.
@@ -131,6 +131,26 @@ def test_learned_drafters_keep_greedy_outputs_and_report_per_request_counters(pi
     head = pipeline / "results/models/built/tiny-target-eagle3"
     info = json.loads((head / "training.json").read_text())
     assert info["kind"] == "eagle3" and len(info["heldout_top1_agreement_per_step"]) == 2
+
+
+def test_mtp_runs_on_the_targets_mimo_form_with_greedy_outputs_unchanged(pipeline: Path) -> None:
+    """The MTP cell decodes exactly as its model's no-SD cell, which decodes as the Llama target does."""
+    runs = pipeline / "results/runs/vllm-cpu"
+    llama = pd.read_parquet(runs / "tiny-target/code-edit/none/bs1/requests.parquet")
+    mimo = pd.read_parquet(runs / "tiny-target-mtp/code-edit/none/bs1/requests.parquet")
+    mtp = pd.read_parquet(runs / "tiny-target-mtp/code-edit/mtp-k3/bs1/requests.parquet")
+    outputs = [list(x) for x in llama.output_token_ids]
+    assert [list(x) for x in mimo.output_token_ids] == outputs
+    assert [list(x) for x in mtp.output_token_ids] == outputs
+    assert (mtp["sd_num_steps"] > 0).all() and mtp["sd_mean_acceptance_length"].between(1.0, 4.0).all()
+    info = json.loads((pipeline / "results/models/built/tiny-target-mtp/training.json").read_text())
+    assert info["kind"] == "mtp" and info["vllm_method"] == "mtp"
+    assert info["mimo_max_logit_difference"] < 1e-3
+    trace = pd.read_parquet(pipeline / "results/traces/vllm-cpu/tiny-target-mtp/code-edit/mtp-k3/engine_trace.parquet")
+    assert set(trace.method) == {"mtp"} and trace.acc_len.between(1, 21).all()
+    memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
+    row = memory[(memory.model == "tiny-target-mtp") & (memory.method == "mtp-k3")]
+    assert len(row) == 1 and (row["analytical_static_gib"] > 0).all()
 
 
 def test_in_engine_ngram_trace_equals_offline_trace(pipeline: Path) -> None:
@@ -191,7 +211,7 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     for item in ("fig09_fixed_vs_oracle", "fig11_oracle_combine"):
         assert (pipeline / "results/paper" / item / "vllm-cpu/tiny-target/code-write.png").exists()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
-    assert len(divergence) == 20 and divergence["share_differs"].between(0, 1).all()
+    assert len(divergence) == 22 and divergence["share_differs"].between(0, 1).all()
     adaptive = pd.read_csv(pipeline / "results/simulator/adaptive/vllm-cpu/tiny-target.csv")
     assert (pipeline / "results/paper/ext04_adaptive_policies/vllm-cpu/tiny-target.md").exists()
     assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
@@ -250,7 +270,8 @@ def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: P
     """The no-SD entry is measured by its own group and, paired, inside every SD group."""
     result = dry_run_with(pipeline, lambda c: c["methods"]["none"].update(label="baseline"))
     jobs = planned_jobs(result)
-    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 20, jobs
+    # 5 groups of the Llama target (4 paired) + the MTP model's no-SD and (paired) MTP groups.
+    assert jobs["run_engine"] == 7 and jobs["run_cell"] == 22, jobs
     # Traces and breakdown cells are not paired: only the no-SD breakdown cell reruns.
     assert jobs.get("breakdown_cell") == 1, jobs
     assert not {"trace_cell", "build_model", "build_head"} & set(jobs), jobs

@@ -104,7 +104,21 @@ def test_invalid_options_are_named(tokenizer_dir, tmp_path):
         training.train_model(tokenizer_dir, tmp_path / "m", bad, log=lambda _m: None)
     with pytest.raises(FileNotFoundError, match="--tokenizer"):
         training.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
+    with pytest.raises(ValueError, match="--precision"):
+        training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, precision="fp8"), log=lambda _m: None)
     assert not (tmp_path / "m").exists()
+
+
+def test_precision_auto_uses_bf16_only_where_the_cpu_has_it(model_dirs, tokenizer_dir, tmp_path):
+    """Emulated bf16 is slower than float32: auto picks bf16 only on native bf16 CPUs, and says which."""
+    native = training.native_bf16()
+    assert training.resolve_precision("auto") == ("bfloat16" if native else "float32")
+    assert training.resolve_precision("float32") == "float32"
+    info = json.loads((model_dirs[0] / "training.json").read_text())
+    assert info["precision"] == training.resolve_precision("auto") and info["config"]["precision"] == "auto"
+    forced = "float32" if native else "bfloat16"
+    other = training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, precision=forced), log=lambda _m: None)
+    assert other["precision"] == forced and other["heldout_cross_entropy"] > 0
 
 
 def test_cli_registers_both_commands():

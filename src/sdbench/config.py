@@ -126,7 +126,13 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
                             f"methods.{method_name}.drafter.{model_name}: {drafter!r} is an {head['kind']} head, "
                             f"but the method is {method['method']!r}"
                         )
-                    if head["target"] != model_name:
+                    if head["kind"] == "mtp":
+                        if drafter != model_name:
+                            problems.append(
+                                f"methods.{method_name}.drafter.{model_name}: {drafter!r} is an MTP model; its MTP "
+                                f"layer ships inside it, so it drafts only for itself (drafter must be {model_name!r})"
+                            )
+                    elif head["target"] != model_name:
                         problems.append(
                             f"methods.{method_name}.drafter.{model_name}: head {drafter!r} was trained for "
                             f"{head['target']!r}, not {model_name!r}"
@@ -140,7 +146,7 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
             problems.append(f"traces.methods[{i}]: unknown method {name!r}")
         elif config["methods"][name]["method"] == "none":
             problems.append(f"traces.methods[{i}]: {name!r} is the no-SD baseline; nothing to trace")
-    for key, section in (("methods", "methods"), ("datasets", "datasets")):
+    for key, section in (("methods", "methods"), ("datasets", "datasets"), ("models", "models")):
         for i, name in enumerate(config.get("breakdown", {}).get(key, [])):
             if name not in config[section]:
                 problems.append(f"breakdown.{key}[{i}]: unknown {section[:-1]} {name!r}")

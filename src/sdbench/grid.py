@@ -70,6 +70,14 @@ def drafter_of(config: dict[str, Any], method: str, model: str) -> str | None:
     return entry["drafter"][model]
 
 
+def tokenizer_model(config: dict[str, Any], model: str) -> str:
+    """The model whose tokenizer tokenizes ``model``'s prompts: an MTP model's target (its MiMo
+    config says model type qwen2, for which transformers substitutes its own Qwen2 tokenizer
+    class, which splits text differently), else the model itself."""
+    head = config["models"][model].get("head", {})
+    return head["target"] if head.get("kind") == "mtp" else model
+
+
 def baseline_method(config: dict[str, Any]) -> str:
     """The key of the no-SD method entry (``method: none``)."""
     names = [k for k, v in config["methods"].items() if v["method"] == "none"]
@@ -192,14 +200,18 @@ def baseline_cells(config: dict[str, Any]) -> list[Cell]:
 
 
 def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
-    """Grid cells re-run in breakdown mode: those matching ``breakdown`` methods, datasets, batch sizes."""
+    """Grid cells re-run in breakdown mode: those matching ``breakdown`` methods, datasets, batch
+    sizes and (when given) models."""
     spec = config.get("breakdown")
     if not spec:
         return []
     return [
         c
         for c in cells(config)
-        if c.method in spec["methods"] and c.dataset in spec["datasets"] and c.batch_size in spec["batch_sizes"]
+        if c.method in spec["methods"]
+        and c.dataset in spec["datasets"]
+        and c.batch_size in spec["batch_sizes"]
+        and c.model in spec.get("models", [c.model])
     ]
 
 

@@ -23,6 +23,7 @@ from sdbench.grid import (
     models_used,
     resolve_breakdown_cell,
     resolve_cell,
+    tokenizer_model,
     trace_targets,
 )
 from sdbench import scheduling
@@ -105,6 +106,10 @@ def model_dir(key):
 
 def target_dir(wildcards):
     return model_dir(wildcards.model)
+
+
+def prompt_tokenizer_dir(wildcards):
+    return model_dir(tokenizer_model(config, wildcards.model))
 
 
 def drafter_inputs(wildcards):

@@ -3,7 +3,7 @@
 
 rule prepare_dataset:
     input:
-        tokenizer=target_dir,
+        tokenizer=prompt_tokenizer_dir,
     output:
         "results/prompts/{model}/{dataset}.parquet",
     log:

@@ -72,8 +72,8 @@ def _attention(spec: ModelSpec, n_in: int) -> int:
     """q, k, v, o projections (GQA: k/v have n_kv heads); q/k/v read ``n_in`` features."""
     q_out = spec.num_attention_heads * spec.head_dim
     kv_out = spec.num_key_value_heads * spec.head_dim
-    # GLM-4.5 puts a bias on q/k/v only; Llama/Qwen3 `attention_bias` covers o_proj too.
-    o_bias = spec.attention_bias and spec.architecture != "glm4_moe"
+    # GLM-4.5 and Qwen2 (MiMo) put a bias on q/k/v only; Llama/Qwen3 `attention_bias` covers o_proj too.
+    o_bias = spec.attention_bias and spec.architecture not in ("glm4_moe", "mimo")
     return (
         _linear(n_in, q_out, spec.attention_bias)
         + 2 * _linear(n_in, kv_out, spec.attention_bias)
@@ -200,12 +200,25 @@ def count_eagle3(spec: ModelSpec) -> ParamBreakdown:
 
 
 def count_mtp(spec: ModelSpec) -> ParamBreakdown:
-    """GLM-4.5 MTP layers as vLLM loads them: per layer enorm, hnorm, eh_proj (2h -> h), one MoE decoder
-    layer, shared_head norm and its own LM head; the embedding is the target's."""
+    """MTP layers as vLLM loads them. GLM-4.5: per layer enorm, hnorm, eh_proj (2h -> h), one MoE
+    decoder layer, shared_head norm and its own LM head; the embedding is the target's. MiMo
+    (``mimo_mtp.py``): per layer token/hidden/final norms, input_proj (2h -> h) and one dense Qwen2
+    decoder layer; embedding and LM head are the target's."""
     n = spec.num_nextn_predict_layers
-    if spec.architecture != "glm4_moe" or n < 1:
+    if spec.architecture not in ("glm4_moe", "mimo") or n < 1:
         raise ValueError(f"{spec.source}: {spec.repo_id} has no MTP layers (num_nextn_predict_layers = {n})")
     h = spec.hidden_size
+    if spec.architecture == "mimo":
+        mimo: dict[str, int] = {
+            "attention": _attention(spec, h),
+            "mlp": _gated_mlp(h, spec.intermediate_size, spec.mlp_bias),
+            "layer_norms": 2 * h,
+            "input_proj": 2 * h * h,
+            "mtp_norms": 3 * h,
+        }
+        comps_mimo: dict[str, int] = {}
+        _add(comps_mimo, mimo, n)
+        return ParamBreakdown(components=comps_mimo, shared_with_target=("embed_tokens", "lm_head"), kv_layers=n)
     layer: dict[str, int] = {"attention": _attention(spec, h), "layer_norms": 2 * h}
     if _qk_norm(spec):
         layer["qk_norm"] = _qk_norm(spec)

@@ -532,7 +532,7 @@ def trace_cell(
     return make_trace_table(traces), pd.DataFrame(request_rows)
 
 
-DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft"}
+DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft", "mtp": "mtp"}
 
 
 def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_dir: str | None) -> pd.DataFrame:

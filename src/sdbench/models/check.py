@@ -23,6 +23,9 @@ tensor data). Roles and the tensors each needs:
   attention and MLP projections; ``norm.weight``; ``lm_head.weight`` and ``d2t`` when
   ``draft_vocab_size`` differs from ``vocab_size`` (else the target's lm_head is shared and no
   ``d2t`` may be shipped).
+- ``mtp`` (a target that carries its MTP layers; named for vLLM ``MiMoForCausalLM``): the ``target`` tensors
+  plus, per layer up to ``num_nextn_predict_layers``, ``model.mtp_layers.<i>.{token_layernorm,
+  hidden_layernorm, input_proj, final_layernorm}`` and a Qwen2 decoder layer (q/k/v biases).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from typing import Any
 
 from sdbench.errors import ConfigError
 
-ROLES = ("target", "draft", "eagle", "eagle3")
+ROLES = ("target", "draft", "eagle", "eagle3", "mtp")
 LLAMA_LIKE = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+MIMO = "MiMoForCausalLM"  # the MTP layout checked by name (model.mtp_layers.<i>.*)
 CONFIG_FILE = "config.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 2**20  # safetensors caps its JSON header at 100 MB
@@ -158,6 +162,19 @@ def required_tensors(config: dict[str, Any], role: str, names: set[str], cfg_pat
         if not config.get("tie_word_embeddings", False):
             need.append("lm_head.weight")
         return need, []
+    if role == "mtp":
+        need, _ = required_tensors(config, "target", names, cfg_path)
+        if MIMO not in (config.get("architectures") or []):
+            return need, []  # other MTP layouts (DeepSeek, GLM): the target's tensors only
+        layers = config.get("num_nextn_predict_layers")
+        if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+            raise ConfigError(f"{cfg_path}: num_nextn_predict_layers: expected an integer >= 1 for an MTP model, got {layers!r}")
+        for i in range(layers):
+            p = f"model.mtp_layers.{i}."
+            need += [f"{p}{n}.weight" for n in ("token_layernorm", "hidden_layernorm", "input_proj", "final_layernorm")]
+            need += [f"{p}input_layernorm.weight", f"{p}post_attention_layernorm.weight"]
+            need += _attention_mlp(p, config, "qwen2", names)
+        return need, []
     prefixed = sorted(k for k in names if k.startswith("model."))
     if role == "eagle":
         need = ["fc.weight"]
@@ -221,7 +238,7 @@ def check_model_dir(path: str | os.PathLike[str], role: str = "target") -> None:
         return  # tensor layout of this architecture unknown here: file checks only
     need, forbidden = required_tensors(config, role, names, cfg_path)
     missing = [k for k in dict.fromkeys(need) if k not in names]
-    what = {"target": "a target model", "draft": "a draft model", "eagle": "an EAGLE-1 head"}.get(
+    what = {"target": "a target model", "draft": "a draft model", "eagle": "an EAGLE-1 head", "mtp": "an MTP model"}.get(
         role, "an EAGLE-3 head"
     )
     if missing:
@@ -247,6 +264,8 @@ def check_model_dir(path: str | os.PathLike[str], role: str = "target") -> None:
 
 def checks_tensor_names(config: dict[str, Any], role: str) -> bool:
     """Whether :func:`check_model_dir` knows the tensor layout of ``config`` in ``role``."""
+    if role == "mtp" and MIMO in (config.get("architectures") or []):
+        return True
     return role.startswith("eagle") or str(config.get("model_type", "")) in LLAMA_LIKE
 
 

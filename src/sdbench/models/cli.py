@@ -13,7 +13,7 @@ import argparse
 from sdbench.lazy import lazy
 from sdbench.models.check import ROLES
 from sdbench.models.headconfig import KINDS, HeadConfig
-from sdbench.models.trainconfig import INDUCTION_INITS, OPTION_HELP, TrainConfig
+from sdbench.models.trainconfig import INDUCTION_INITS, OPTION_HELP, PRECISIONS, TrainConfig
 
 
 def add_download_model(subparsers: argparse._SubParsersAction) -> None:
@@ -63,14 +63,15 @@ def add_train_model(subparsers: argparse._SubParsersAction) -> None:
             dest=name,
             type=type(default),
             default=default,
-            choices=INDUCTION_INITS if name == "induction_init" else None,
+            choices={"induction_init": INDUCTION_INITS, "precision": PRECISIONS}.get(name),
             help=f"{OPTION_HELP.get(name, '')} (default {default})".lstrip(),
         )
     p.set_defaults(func=lazy("sdbench.models.training", "_cmd_train_model"))
 
 
 _HEAD_HELP = {
-    "kind": "eagle (EAGLE-1: fc over [embedding ; final hidden]) or eagle3 (fc over aux residual streams)",
+    "kind": "eagle (EAGLE-1: fc over [embedding ; final hidden]), eagle3 (fc over aux residual streams) "
+    "or mtp (a MiMo MTP layer; the output is the target as MiMo with the layer)",
     "ttt_steps": "chain steps trained on the head's own outputs (EAGLE-3's training-time test; 1 = EAGLE-1's recipe)",
     "step_decay": "loss weight of chain step j is step_decay ** (j - 1)",
     "feature_weight": "EAGLE-1 only: weight of the next-hidden-state regression (the token loss has weight 1)",
@@ -85,14 +86,14 @@ def add_train_head(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench train-head`` (one option per :class:`~sdbench.models.headconfig.HeadConfig` field)."""
     d = HeadConfig()
     p = subparsers.add_parser(
-        "train-head", help="train an EAGLE / EAGLE-3 draft head for a built target from its activations"
+        "train-head", help="train an EAGLE / EAGLE-3 draft head or an MTP layer for a built target from its activations"
     )
     p.add_argument("--target", required=True, help="the target's model directory (written by train-model)")
     p.add_argument("--tokenizer", required=True, help="directory written by build-tokenizer (training data)")
     p.add_argument("--output", required=True, help="head directory to write (config.json + model.safetensors)")
     for name in HeadConfig.__dataclass_fields__:
         default = getattr(d, name)
-        extra: dict = {"choices": KINDS} if name == "kind" else {}
+        extra: dict = {"choices": {"kind": KINDS, "precision": PRECISIONS}[name]} if name in ("kind", "precision") else {}
         if isinstance(default, tuple):
             extra.update(nargs="+", type=int)
         else:

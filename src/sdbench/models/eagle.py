@@ -1,4 +1,4 @@
-"""EAGLE-1 and EAGLE-3 draft heads trained for a small target, in the layout vLLM loads.
+"""EAGLE-1 and EAGLE-3 draft heads and a MiMo MTP layer trained for a small target, in the layout vLLM loads.
 
 A head reads the frozen target's activations: EAGLE-1 ``fc([token embedding ;
 final hidden state])`` then one decoder layer whose first norm is the identity
@@ -6,7 +6,10 @@ and no final norm, trained to regress the target's next hidden state and to
 match the target's next-token distribution through the target's LM head;
 EAGLE-3 ``fc`` over the residual stream entering three target layers, one
 decoder layer over ``[norm(embedding) ; norm(fc)]`` and a final norm, trained
-on the target's next-token distribution. Both are trained with *training-time
+on the target's next-token distribution; the MTP layer (``mimo_mtp.py``) reads the
+target's hidden state before its final norm and the next token's embedding, normed and
+projected by ``input_proj``, then one Qwen2 layer and a final norm (written inside the
+target's MiMo form, :mod:`sdbench.models.mimo`). All are trained with *training-time
 test* (EAGLE-3's recipe): step ``j`` of a chain feeds the head its own output
 of step ``j-1`` and attends, as in vLLM's drafting loop, to the keys of the
 true-feature rows before the chain plus the chain's own earlier steps. The
@@ -28,6 +31,7 @@ import argparse
 import hashlib
 import json
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -37,7 +41,13 @@ from typing import Any
 
 from sdbench.models.headconfig import KINDS, HeadConfig
 
-ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
+ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3", "mtp": "MiMoForCausalLM"}
+# Files besides the weights that make an MTP output a loadable model (copied from the target).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# Largest logit difference accepted between the target and its MiMo form (float32 rounding).
+MIMO_LOGIT_TOLERANCE = 1e-3
+# Where each kind's one layer sits in its checkpoint.
+PREFIX = {"eagle": "layers.0.", "eagle3": "midlayer.", "mtp": "model.mtp_layers.0."}
 
 
 def expected_tensors(kind: str, config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -47,11 +57,22 @@ def expected_tensors(kind: str, config: Mapping[str, Any]) -> dict[str, tuple[in
     nh = int(config["num_attention_heads"])
     nkv = int(config.get("num_key_value_heads", nh))
     hd = int(config.get("head_dim") or h // nh)
+    prefix = PREFIX.get(kind, "")
     if kind == "eagle":
-        prefix, attn_in = "layers.0.", h
+        attn_in = h
         shapes: dict[str, tuple[int, ...]] = {"fc.weight": (h, 2 * h)}
+    elif kind == "mtp":
+        # mimo_mtp.py: input_proj over [hidden_layernorm(h) ; token_layernorm(e)], one Qwen2 layer
+        # (q/k/v biases), final_layernorm; the LM head is the target's.
+        attn_in = h
+        shapes = {
+            f"{prefix}{name}.weight": (h,)
+            for name in ("token_layernorm", "hidden_layernorm", "final_layernorm", "input_layernorm")
+        }
+        shapes[f"{prefix}input_proj.weight"] = (h, 2 * h)
+        shapes.update({f"{prefix}self_attn.{p}_proj.bias": (n * hd,) for p, n in (("q", nh), ("k", nkv), ("v", nkv))})
     elif kind == "eagle3":
-        prefix, attn_in = "midlayer.", 2 * h
+        attn_in = 2 * h
         n_aux = int(config["num_aux_hidden_states"])
         target_h = int(config.get("target_hidden_size", h))
         shapes = {
@@ -95,7 +116,14 @@ def check_head_tensors(kind: str, config: Mapping[str, Any], shapes: Mapping[str
 
 
 def head_config(kind: str, target_config: Mapping[str, Any], cfg: HeadConfig) -> dict[str, Any]:
-    """The head's ``config.json``: the target's, one layer, no biases, the head's architecture."""
+    """The head's ``config.json``: the target's, one layer, no biases, the head's architecture.
+
+    An MTP layer ships inside its target: its config is the target's as MiMo (:mod:`sdbench.models.mimo`).
+    """
+    if kind == "mtp":
+        from sdbench.models.mimo import mimo_config
+
+        return mimo_config(target_config)
     out = {k: v for k, v in target_config.items() if k not in ("architectures", "transformers_version")}
     out.update(
         architectures=[ARCHITECTURES[kind]],
@@ -146,12 +174,14 @@ class _Head:
         gen = torch.Generator().manual_seed(seed)
         self.params: dict[str, torch.Tensor] = {}
         for name, shape in shapes.items():
-            if len(shape) == 1:
+            if name.endswith(".bias"):
+                t = torch.zeros(shape)
+            elif len(shape) == 1:
                 t = torch.ones(shape)
             else:
                 t = torch.randn(shape, generator=gen) * (1.0 / math.sqrt(shape[1]))
             self.params[name] = t.requires_grad_(True)
-        self.prefix = "layers.0." if kind == "eagle" else "midlayer."
+        self.prefix = PREFIX[kind]
 
     def p(self, name: str):
         return self.params[self.prefix + name]
@@ -163,6 +193,10 @@ class _Head:
         if self.kind == "eagle":
             x = torch.nn.functional.linear(torch.cat((emb, hidden), dim=-1), self.params["fc.weight"])
             return x, x  # layer 0's input_layernorm is the identity
+        if self.kind == "mtp":
+            h = _rms(hidden, self.p("hidden_layernorm.weight"), self.eps)
+            x = torch.nn.functional.linear(torch.cat((h, _rms(emb, self.p("token_layernorm.weight"), self.eps)), dim=-1), self.p("input_proj.weight"))
+            return _rms(x, self.p("input_layernorm.weight"), self.eps), x
         e = _rms(emb, self.p("input_layernorm.weight"), self.eps)
         return torch.cat((e, _rms(hidden, self.p("hidden_norm.weight"), self.eps)), dim=-1), hidden
 
@@ -170,9 +204,13 @@ class _Head:
         import torch.nn.functional as F
 
         b, t, _ = x.shape
-        q = F.linear(x, self.p("self_attn.q_proj.weight")).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = F.linear(x, self.p("self_attn.k_proj.weight")).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = F.linear(x, self.p("self_attn.v_proj.weight")).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        bias = self.params.get  # Qwen2 (MTP) layers have q/k/v biases, Llama heads none
+        q = F.linear(x, self.p("self_attn.q_proj.weight"), bias(self.prefix + "self_attn.q_proj.bias"))
+        k = F.linear(x, self.p("self_attn.k_proj.weight"), bias(self.prefix + "self_attn.k_proj.bias"))
+        v = F.linear(x, self.p("self_attn.v_proj.weight"), bias(self.prefix + "self_attn.v_proj.bias"))
+        q = q.view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = k.view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = v.view(b, t, self.nkv, self.hd).transpose(1, 2)
         cos, sin = self._rope(positions)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if self.nkv != self.nh:
@@ -200,6 +238,9 @@ class _Head:
         out = m + r
         if self.kind == "eagle":
             return out, out  # no final norm: the same tensor goes to the logits and the next step
+        if self.kind == "mtp":
+            final = _rms(out, self.p("final_layernorm.weight"), self.eps)
+            return final, final  # mimo_mtp.py returns the normed state for both
         return _rms(out, self.params["norm.weight"], self.eps), out
 
 
@@ -265,6 +306,7 @@ class _TargetFeatures:
             streams = {i: (states[i] if i < n else self._pre_norm) for i in self.aux_layers}
             return {
                 "final": out.hidden_states[-1].float(),  # after the final norm (vLLM's EAGLE-1 input)
+                "pre_norm": self._pre_norm.float(),  # before it (MiMo's MTP input)
                 "aux": torch.cat([streams[i].float() for i in self.aux_layers], dim=-1),
                 "logprobs": torch.log_softmax(out.logits.float(), dim=-1),
             }
@@ -281,6 +323,9 @@ def _losses(head: _Head, feats: dict[str, Any], rows, lm_head, embed_w, cfg: Hea
     embed = F.embedding(rows[:, 1 : t + j_max], embed_w)
     if head.kind == "eagle":
         first = feats["final"][:, :t]
+    elif head.kind == "mtp":
+        first = feats["pre_norm"][:, :t]
+        embed = torch.cat((torch.zeros_like(embed[:, :1]), embed[:, 1:]), dim=1)  # mimo_mtp.py masks position 0
     else:
         first = F.linear(feats["aux"][:, :t], head.params["fc.weight"])
     outs = unrolled_forward(head, embed, first, j_max)
@@ -320,7 +365,9 @@ def train_head(
 
     from sdbench.io import atomic_dir
     from sdbench.models.check import check_model_dir, read_config
+    from sdbench.models.mimo import max_logit_difference
     from sdbench.models.training import TrainingData
+    from sdbench.models.training import _autocast, resolve_precision
     from sdbench.models.training import _lr_at as lr_at  # the target's schedule (same field names)
 
     hf_logging.set_verbosity_error()
@@ -330,6 +377,7 @@ def train_head(
     cfg.validate(int(target_config["num_hidden_layers"]))
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
+    precision = resolve_precision(cfg.precision)
     torch.manual_seed(cfg.seed)
     t0, c0 = time.perf_counter(), time.process_time()
     target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -347,8 +395,9 @@ def train_head(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         rows = torch.from_numpy(data.batch(cfg.batch_size, cfg.edit_fraction))
-        # bf16 matmuls halve a step's CPU time; parameters, norms and the loss stay float32.
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        # bf16 matmuls halve a step's CPU time where the CPU has native bf16 (else float32:
+        # emulated bf16 costs more); parameters, norms and the loss stay float32.
+        with _autocast(precision):
             feats = features(rows)
             loss, _ = _losses(head, feats, rows, lm_head, embed_w, cfg)
         loss.backward()
@@ -368,6 +417,7 @@ def train_head(
     info = {
         "config": {**asdict(cfg), "aux_layers": list(cfg.aux_layers)},
         "kind": cfg.kind,
+        "precision": precision,
         "vllm_method": cfg.kind,  # speculative_config method: the kind's own name
         "parameters": int(sum(t.numel() for t in state.values())),
         "shapes": {k: list(v.shape) for k, v in sorted(state.items())},
@@ -378,12 +428,33 @@ def train_head(
         "wall_seconds": {"train": round(train_s, 2), "total": round(time.perf_counter() - t0, 2)},
         "cpu_seconds": {"train": round(train_cpu, 2), "process": round(time.process_time(), 2), "this_build": round(time.process_time() - c0, 2)},
     }
+    if cfg.kind == "mtp":
+        state = {**_mimo_target_state(target_dir, target_config), **state}
+        rows = torch.from_numpy(np.stack([data.heldout_stream[: cfg.seq_len]]))
+        diff = max_logit_difference(target, config, state, rows)
+        log(f"train-head mtp: MiMo form of the target, largest logit difference {diff:.2e} on a held-out window")
+        if diff > MIMO_LOGIT_TOLERANCE:
+            raise ValueError(f"MTP target: the MiMo form's logits differ from the target's by {diff:.2e} (> {MIMO_LOGIT_TOLERANCE:g})")
+        info["mimo_max_logit_difference"] = float(f"{diff:.3g}")
     with atomic_dir(output) as tmp:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        if cfg.kind == "mtp":  # a full model: the engine tokenizes with it
+            for name in TOKENIZER_FILES:
+                if (target_dir / name).is_file():
+                    shutil.copyfile(target_dir / name, tmp / name)
         (tmp / "training.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         check_model_dir(tmp, role=cfg.kind)  # the engine's own pre-flight check, on the files written
     return info
+
+
+def _mimo_target_state(target_dir: Path, target_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The target's weights as MiMo's (an MTP layer ships inside its model)."""
+    from safetensors.torch import load_file
+
+    from sdbench.models.mimo import mimo_state
+
+    return mimo_state(load_file(str(target_dir / "model.safetensors")), target_config)
 
 
 def _heldout_agreement(head: _Head, features, data, lm_head, embed_w, cfg: HeadConfig) -> list[float]:

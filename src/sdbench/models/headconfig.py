@@ -1,4 +1,4 @@
-"""Options of an EAGLE / EAGLE-3 head training run (``sdbench train-head``).
+"""Options of an EAGLE / EAGLE-3 head or MTP layer training run (``sdbench train-head``).
 
 Standard library only: the command's parser (:mod:`sdbench.models.cli`) reads these fields,
 while the training itself (:mod:`sdbench.models.eagle`) imports torch. Keeping them apart also
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KINDS = ("eagle", "eagle3")
+from sdbench.models.trainconfig import PRECISIONS
+
+KINDS = ("eagle", "eagle3", "mtp")
 
 
 @dataclass(frozen=True)
@@ -29,14 +31,17 @@ class HeadConfig:
     edit_fraction: float = 0.5
     ttt_steps: int = 2  # chain depth trained on the head's own outputs
     step_decay: float = 0.8  # loss weight of chain step j: step_decay ** (j - 1)
-    feature_weight: float = 1.0  # EAGLE-1 feature regression (token loss weight is 1)
+    feature_weight: float = 1.0  # EAGLE-1 feature regression (token loss weight is 1; unused by eagle3/mtp)
     aux_layers: tuple[int, ...] = (1, 2, 3)  # EAGLE-3: residual stream entering these target layers
     seed: int = 0
     threads: int = 1
     eval_windows: int = 16
+    precision: str = "auto"  # as train-model's (sdbench.models.trainconfig.PRECISIONS)
 
     def validate(self, num_target_layers: int | None = None) -> None:
         """Raise ``ValueError`` naming the first invalid option."""
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
         if self.kind not in KINDS:
             raise ValueError(f"--kind must be one of {KINDS}, got {self.kind!r}")
         for name in ("steps", "batch_size", "seq_len", "ttt_steps", "threads", "eval_windows"):

@@ -22,7 +22,8 @@ import yaml
 
 from sdbench.packagedata import data_file, list_data, override_dir, shipped_dir
 
-ARCHITECTURES = ("llama", "qwen3", "eagle", "eagle3", "glm4_moe")
+# mimo: a dense Qwen2 network (q/k/v biases, no o_proj bias) with MTP layers (MiMoForCausalLM).
+ARCHITECTURES = ("llama", "qwen3", "eagle", "eagle3", "glm4_moe", "mimo")
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 _POS_INT = {"type": "integer", "minimum": 1}
@@ -105,6 +106,10 @@ MODEL_SCHEMA: dict[str, Any] = {
         {
             "if": {"properties": {"architecture": {"const": "glm4_moe"}}, "required": ["architecture"]},
             "then": {"required": _MOE_REQUIRED},
+        },
+        {
+            "if": {"properties": {"architecture": {"const": "mimo"}}, "required": ["architecture"]},
+            "then": {"required": ["num_nextn_predict_layers"]},
         },
     ],
 }
@@ -238,6 +243,8 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
     model_type = cfg.get("model_type")
     if "draft_vocab_size" in cfg or any("eagle3" in a.lower() for a in archs):
         arch = "eagle3"
+    elif "MiMoForCausalLM" in archs:
+        arch = "mimo"
     elif model_type in _HF_MODEL_TYPES:
         arch = _HF_MODEL_TYPES[model_type]
     else:
@@ -265,7 +272,8 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
         "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         # transformers >= 4.56 writes "dtype"; no key means float32 weights
         "torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
-        "attention_bias": bool(cfg.get("attention_bias", False)),
+        # A Qwen2 (MiMo) layer always has q/k/v biases; its config says nothing about them.
+        "attention_bias": arch == "mimo" or bool(cfg.get("attention_bias", False)),
     }
     if arch != "glm4_moe":
         data["mlp_bias"] = bool(cfg.get("mlp_bias", False))
@@ -291,6 +299,8 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
         )
         if aux:
             data["num_aux_hidden_states"] = aux
+    elif arch == "mimo":
+        data["num_nextn_predict_layers"] = int(cfg.get("num_nextn_predict_layers") or 0)
     elif arch == "glm4_moe":
         data["use_qk_norm"] = bool(cfg.get("use_qk_norm", False))
         for key in _MOE_REQUIRED:
