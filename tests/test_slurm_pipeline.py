@@ -30,7 +30,9 @@ CONFIG = REPO / ".test" / "config" / "slurm.yaml"
 pytestmark = pytest.mark.slow
 
 
-def snakemake_slurm(cluster, workdir: Path, *args: str, configfile: Path = CONFIG) -> subprocess.CompletedProcess[str]:
+def snakemake_slurm(
+    cluster, workdir: Path, *args: str, configfile: Path = CONFIG, timeout: float = 1500
+) -> subprocess.CompletedProcess[str]:
     """Run the workflow through the cluster with the CPU-cluster profile and CI overrides."""
     env = {
         **cluster.env,
@@ -45,7 +47,25 @@ def snakemake_slurm(cluster, workdir: Path, *args: str, configfile: Path = CONFI
         "--workflow-profile", str(REPO / ".test" / "profiles" / "slurm-ci"),
         "--configfile", str(configfile),
     ]
-    return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1500)
+    try:
+        return subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # A hung run must say where it hung, and its killed Snakemake must not leave
+        # a lock that fails the next test for an unrelated reason.
+        subprocess.run([*cmd, "--unlock"], cwd=workdir, env=env, capture_output=True, timeout=120)
+        raise AssertionError(f"snakemake timed out after {timeout} s\n{hang_report(cluster, workdir, exc)}") from None
+
+
+def hang_report(cluster, workdir: Path, exc: subprocess.TimeoutExpired) -> str:
+    """The queue, the node, the daemons' logs and the newest job logs at a timeout."""
+    def text(b) -> str:
+        return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-3000:]
+
+    queue = cluster.run("squeue", "-t", "all", "-o", "%i %j %T %M %R", check=False, timeout=15).stdout
+    jobs = sorted((workdir / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)[-3:]
+    tails = "\n".join(f"--- {p.relative_to(workdir)} (tail) ---\n{p.read_text(errors='replace')[-2500:]}" for p in jobs)
+    return (f"squeue:\n{queue}\nnode: {cluster.node_state()}\n{cluster.log_tails(15)}\n{tails}\n"
+            f"--- snakemake stderr ---\n{text(exc.stderr)}\n--- stdout ---\n{text(exc.output)}")
 
 
 @pytest.fixture(scope="module")
