@@ -28,6 +28,7 @@ Finished jobid: 7 (Rule: build_model)
 [Mon Nov 23 03:29:40 2026]
 rule run_engine:
     jobid: 9
+    wildcards: engine=e, model=m, method=ngram-k3, share=all
 [Mon Nov 23 03:30:40 2026]
 Finished jobid: 9 (Rule: run_engine)
 """
@@ -39,6 +40,7 @@ def test_stages_add_up_to_the_run_and_overlaps_go_to_the_earlier_stage(tmp_path:
     jobs = timeline.read_jobs(log)
     assert jobs["rule"].tolist() == ["build_tokenizer", "build_model", "simulate_published", "run_engine"]
     assert jobs["seconds"].tolist() == [20.0, 120.0, 10.0, 60.0]
+    assert jobs["wildcards"].tolist() == ["", "", "", "engine=e, model=m, method=ngram-k3, share=all"]
     split = timeline.split(jobs).set_index("stage")
     # simulate_published ran beside build_model: its 10 s count as training wall time.
     assert split.loc["training", "wall_s"] == 140.0 and split.loc["analyses", "wall_s"] == 0.0

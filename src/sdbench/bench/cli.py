@@ -1,8 +1,9 @@
 """The ``sdbench bench`` command group: micro-benchmarks of pipeline components (not pipeline steps).
 
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
-``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`)
-and ``bench timeline`` (:mod:`sdbench.bench.timeline`). Argument parsing only (argparse and the
+``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
+``bench timeline`` (:mod:`sdbench.bench.timeline`) and ``bench compare-runs``
+(:mod:`sdbench.bench.runcompare`). Argument parsing only (argparse and the
 standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
 """
 
@@ -121,11 +122,24 @@ def add_timeline(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
 
 
+def add_compare_runs(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench compare-runs``."""
+    p = bench.add_parser(
+        "compare-runs", help="two runs' speedups cell by cell: inside, overlapping or disjoint intervals"
+    )
+    p.add_argument("--runs", nargs=2, required=True, metavar=("A", "B"), help="the two runs' results/tables/cells.parquet")
+    p.add_argument("--config", default=None, help="config whose method labels to print (default: method keys)")
+    p.add_argument("--max-half-width", type=float, default=0.05, help="median half-width criterion (default 0.05)")
+    p.add_argument("--output", default=None, help="the joined table (parquet)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless the runs agree and both are narrow")
+    p.set_defaults(func=lazy("sdbench.bench.runcompare", "_cmd_bench_compare_runs"))
+
+
 def add_bench(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
-    for add in (add_tracer, add_simulator, add_parity, add_engine_sharing, add_timeline):
+    for add in (add_tracer, add_simulator, add_parity, add_engine_sharing, add_timeline, add_compare_runs):
         add(bench)
 
 

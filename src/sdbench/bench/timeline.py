@@ -19,7 +19,7 @@ import pandas as pd
 # Stage of each rule; earlier stages take precedence when jobs overlap. Rules not named
 # here are analyses (joins, tracing replays, simulator, figures).
 STAGES: dict[str, tuple[str, ...]] = {
-    "training": ("build_tokenizer", "build_model", "download_model"),
+    "training": ("build_tokenizer", "build_model", "build_head", "download_model"),
     "engine cells": ("run_engine", "trace_cell", "breakdown_cell"),
 }
 OTHER_STAGE = "analyses"
@@ -27,6 +27,7 @@ OTHER_STAGE = "analyses"
 _STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 _START = re.compile(r"^(?:local)?rule (\w+):$")
 _JOBID = re.compile(r"^\s+jobid: (\d+)$")
+_WILDCARDS = re.compile(r"^\s+wildcards: (.*)$")
 _FINISH = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
 
 
@@ -35,8 +36,13 @@ def _parse_stamp(text: str) -> datetime:
 
 
 def read_jobs(log: str | Path) -> pd.DataFrame:
-    """One row per finished job: ``jobid``, ``rule``, ``stage``, ``start``, ``end``, ``seconds``."""
+    """One row per finished job: ``jobid``, ``rule``, ``wildcards``, ``stage``, ``start``, ``end``, ``seconds``.
+
+    ``wildcards`` is Snakemake's ``name=value, ...`` text ("" for a rule without wildcards).
+    """
     started: dict[int, tuple[str, datetime]] = {}
+    wildcards: dict[int, str] = {}
+    last_job: int | None = None
     rows = []
     stamp: datetime | None = None
     pending_rule: tuple[str, datetime] | None = None
@@ -46,12 +52,15 @@ def read_jobs(log: str | Path) -> pd.DataFrame:
         elif (m := _START.match(line)) and stamp is not None:
             pending_rule = (m.group(1), stamp)
         elif (m := _JOBID.match(line)) and pending_rule is not None:
-            started[int(m.group(1))] = pending_rule
+            last_job = int(m.group(1))
+            started[last_job] = pending_rule
             pending_rule = None
+        elif (m := _WILDCARDS.match(line)) and last_job is not None:
+            wildcards[last_job] = m.group(1).strip()
         elif (m := _FINISH.match(line)) and stamp is not None:
             jobid = int(m.group(1))
             rule, start = started.get(jobid, (m.group(2), stamp))
-            rows.append({"jobid": jobid, "rule": rule, "start": start, "end": stamp})
+            rows.append({"jobid": jobid, "rule": rule, "wildcards": wildcards.get(jobid, ""), "start": start, "end": stamp})
     if not rows:
         raise ValueError(f"{log}: no finished jobs found (is it a Snakemake log?)")
     df = pd.DataFrame(rows)
