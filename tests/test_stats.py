@@ -85,3 +85,30 @@ def test_paired_bootstrap_cancels_what_both_arms_share() -> None:
 def test_paired_bootstrap_refuses_unpaired_arms() -> None:
     with pytest.raises(ValueError, match="same calls and trials"):
         stats.paired_bootstrap(calls_frame([[1.0, 2.0]]), calls_frame([[1.0, 2.0, 3.0]]), seed=0)
+
+
+def test_relative_half_width_of_one_arm_and_of_a_paired_ratio() -> None:
+    rng = np.random.default_rng(0)
+    noisy = calls_frame([list(100 * rng.uniform(0.8, 1.2, 5)) for _ in range(8)])
+    low, high = stats.interval(stats.bootstrap(noisy, seed=4))
+    assert stats.relative_half_width([noisy], seed=4) == pytest.approx((high - low) / 2 / stats.point_estimate(noisy))
+    # The SD arm moves with the baseline: its paired ratio is exact, its own throughput is not.
+    sd = calls_frame([[2 * v for v in g["tokens_per_s"]] for _, g in noisy.groupby("call_index")])
+    assert stats.relative_half_width([noisy, sd], seed=4) == pytest.approx(0.0)
+    assert stats.relative_half_width([sd], seed=4) > 0.02
+    assert stats.relative_half_width([noisy.iloc[:0], sd], seed=4) == float("inf")
+
+
+def test_a_target_half_width_stops_the_trials_only_when_met() -> None:
+    """The runner's stopping rule on recorded call rows (sdbench.engine.runner._precise_enough)."""
+    from types import SimpleNamespace
+
+    from sdbench.engine.runner import _precise_enough, _trial_plan
+
+    rows = calls_frame([[100.0, 130.0, 80.0]] * 4).to_dict("records")
+    arm = SimpleNamespace(call_rows=rows)
+    assert _precise_enough([arm], None, seed=0)
+    assert not _precise_enough([arm], 0.05, seed=0)
+    assert _precise_enough([arm], 0.5, seed=0)
+    assert _trial_plan({"repeats": 3, "max_repeats": 8, "target_half_width": 0.05}) == (3, 0.0, 8, 0.05)
+    assert _trial_plan({"repeats": 3}) == (3, 0.0, 50, None)

@@ -129,7 +129,8 @@ def resolve_breakdown_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]
     it runs alone on its engine and the pairing and trial settings of ``run`` do not apply.
     """
     spec = resolve_cell(config, cell, pairing=False)
-    run = {k: v for k, v in spec["run"].items() if k not in ("paired_baseline", "engine_starts")}
+    skip = ("paired_baseline", "engine_starts", "target_half_width")
+    run = {k: v for k, v in spec["run"].items() if k not in skip}
     spec["run"] = {**run, "repeats": config["breakdown"].get("repeats", 1), "min_measured_s": 0}
     return spec
 

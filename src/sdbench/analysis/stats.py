@@ -117,6 +117,20 @@ def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, 
     return float(low), float(high)
 
 
+def relative_half_width(arms: list[pd.DataFrame], seed: int) -> float:
+    """Half the 95% interval over the point estimate: of one arm's throughput, or of the paired
+    ratio ``arms[1] / arms[0]`` (an SD arm over its no-SD arm). Infinite until every prompt has a trial."""
+    if any(a.empty for a in arms):
+        return float("inf")
+    if len(arms) == 1:
+        point, draws = point_estimate(arms[0]), bootstrap(arms[0], seed)
+    else:
+        point = point_estimate(arms[1]) / point_estimate(arms[0])
+        draws = paired_bootstrap(arms[1], arms[0], seed)
+    low, high = interval(draws)
+    return float((high - low) / 2 / point) if point > 0 else float("inf")
+
+
 def ratio_interval(numerator: np.ndarray, denominator: np.ndarray) -> tuple[float, float]:
     """Interval of a ratio of two independently bootstrapped estimates (paired by index)."""
     n = min(len(numerator), len(denominator))

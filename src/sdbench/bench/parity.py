@@ -111,6 +111,7 @@ def parity_spec(
         # One timed generate per process, as the tool does (run_cell may repeat trials).
         "repeats": 1,
         "min_measured_s": 0.0,
+        "target_half_width": None,
     }
     return spec
 

@@ -151,10 +151,27 @@ def _calls(prompts: pd.DataFrame, batch_mode: str, batch_size: int) -> list[list
     return [list(range(len(prompts)))]
 
 
-def _trial_plan(run: dict[str, Any]) -> tuple[int, float, int]:
-    """(minimum trials, minimum timed seconds, maximum trials) of a cell."""
+def _trial_plan(run: dict[str, Any]) -> tuple[int, float, int, float | None]:
+    """(minimum trials, minimum timed seconds, maximum trials, target relative half-width) of a cell."""
     repeats = int(run.get("repeats", 1))
-    return repeats, float(run.get("min_measured_s", 0.0)), max(repeats, int(run.get("max_repeats", 50)))
+    target = run.get("target_half_width")
+    return (
+        repeats,
+        float(run.get("min_measured_s", 0.0)),
+        max(repeats, int(run.get("max_repeats", 50))),
+        None if target is None else float(target),
+    )
+
+
+def _precise_enough(arms: list[CellRun], target: float | None, seed: int) -> bool:
+    """Whether the cell's interval is narrow enough: the paired speedup's with two arms
+    (baseline first), the throughput's with one (sdbench.analysis.stats.relative_half_width)."""
+    if target is None:
+        return True
+    from sdbench.analysis import stats
+
+    calls = [pd.DataFrame(arm.call_rows)[["call_index", "trial", "tokens_per_s"]] for arm in arms]
+    return stats.relative_half_width(calls, seed) <= target
 
 
 def cell_seed(spec: dict[str, Any]) -> int:
@@ -248,23 +265,36 @@ def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any
 
     Several arms (an SD cell and its paired no-SD arm, sdbench.engine.paired) time each call
     one after the other, the order alternating call by call so that no arm always goes
-    second. Trials follow ``run.repeats`` / ``run.min_measured_s``; the slowest arm decides.
+    second. Trials follow ``run.repeats`` / ``run.min_measured_s`` (the slowest arm decides),
+    then continue while the interval is wider than ``run.target_half_width`` (relative; of
+    ``arms[1] / arms[0]`` with two arms), all within ``run.max_repeats``.
     """
     from sdbench.engine.quietguard import QuietGuard
 
-    min_trials, min_seconds, max_trials = _trial_plan(run)
+    min_trials, min_seconds, max_trials, target = _trial_plan(run)
+    seed = cell_seed(arms[-1].spec)
     guard = QuietGuard(guard_mode)
     guard.start()
     log.info(
-        "timed part: %d to %d trial(s), at least %.1f s, %d arm(s)", min_trials, max_trials, min_seconds, len(arms)
+        "timed part: %d to %d trial(s), at least %.1f s, half-width target %s, %d arm(s)",
+        min_trials,
+        max_trials,
+        min_seconds,
+        target,
+        len(arms),
     )
     for trial in range(max_trials):
         for call_index in range(arms[0].num_calls):
             order = arms if (trial + call_index) % 2 == 0 else arms[::-1]
             for arm in order:
                 arm.time_call(trial, call_index)
-        if trial + 1 >= min_trials and min(arm.timed_s for arm in arms) >= min_seconds:
+        if (
+            trial + 1 >= min_trials
+            and min(arm.timed_s for arm in arms) >= min_seconds
+            and _precise_enough(arms, target, seed)
+        ):
             break
+    log.info("timed part: %d trial(s)", trial + 1)
     return guard.stop()  # raises Contaminated in refuse mode
 
 
