@@ -17,8 +17,9 @@ GPU_0_11 = {"vllm_version": "0.11.1", "device": "cuda", "patches": []}
 
 def test_default_grid_is_the_cross_product() -> None:
     grid = cells(load_config(REPO / "config" / "config.yaml"))
-    # Block 1: six methods on the target; block 2: the MiMo form of the target (MTP).
-    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3
+    # Block 1: six methods on the target; block 2: the MiMo form of the target (MTP); block 3:
+    # the random-token control; the proposal-length sweep adds 5 k values (code-edit, bs 1).
+    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5
     assert grid == sorted(grid)
     assert {c.batch_size for c in grid} == {1, 4, 8}
 

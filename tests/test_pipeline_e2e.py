@@ -76,8 +76,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_outputs_are_complete(pipeline: Path) -> None:
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
-    assert len(cells) == 22
-    assert set(cells["method"]) == {"none", "ngram-k3", "draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"}
+    assert len(cells) == 25  # 22 + the proposal-length sweep's n-gram k=1 cell + 2 random-token cells
+    assert set(cells["method"]) == {"none", "ngram-k3", "ngram-k3.k1", "draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"}
     assert (cells["tokens_per_s"] > 0).all()
     assert (cells.loc[cells.method == "none", "speedup"] == 1.0).all()
     sd = cells[cells.method != "none"]
@@ -212,7 +212,7 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     for item in ("fig09_fixed_vs_oracle", "fig11_oracle_combine"):
         assert (pipeline / "results/paper" / item / "vllm-cpu/tiny-target/code-write.png").exists()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
-    assert len(divergence) == 22 and divergence["share_differs"].between(0, 1).all()
+    assert len(divergence) == 25 and divergence["share_differs"].between(0, 1).all()
     adaptive = pd.read_csv(pipeline / "results/simulator/adaptive/vllm-cpu/tiny-target.csv")
     assert (pipeline / "results/paper/ext04_adaptive_policies/vllm-cpu/tiny-target.md").exists()
     assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
@@ -223,6 +223,25 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     # models with a noisy fitted cost model it may not (README, adaptive policies).
     has_gap = adaptive["oracle_combine"] > adaptive["best_fixed"]
     assert (adaptive.loc[has_gap, "gap_closed"].notna()).all()
+
+
+def test_cost_proposal_length_and_random_input_tables(pipeline: Path) -> None:
+    cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
+    cost = pd.read_parquet(pipeline / "results/tables/cost.parquet")
+    assert len(cost) == len(cells) and (cost["cost_per_1m_tokens"] > 0).all()
+    assert (cost["cost_per_1m_tokens_ci_low"] <= cost["cost_per_1m_tokens"]).all()
+    assert (cost.loc[cost.sd_method == "none", "cost_vs_no_sd"] == 1.0).all()
+    assert "(test price)" in (pipeline / "results/paper/ext07_cost.md").read_text()
+    lengths = pd.read_parquet(pipeline / "results/tables/proposal_length.parquet")
+    assert list(lengths["num_speculative_tokens"]) == [1, 3] and set(lengths["method"]) == {"ngram-k3.k1", "ngram-k3"}
+    assert lengths["mean_acceptance_length"].between(1.0, 4.0).all() and (lengths["speedup"] > 0).all()
+    random_inputs = pd.read_parquet(pipeline / "results/tables/random_inputs.parquet")
+    assert set(random_inputs["method"]) == {"none", "ngram-k3"} and (random_inputs["speedup_random"] > 0).all()
+    prompts = {d: pd.read_parquet(pipeline / f"results/prompts/tiny-target/{d}.parquet") for d in ("code-edit", "code-edit-random")}
+    lengths = [p["prompt_token_ids"].map(len).tolist() for p in prompts.values()]
+    assert lengths[0] == lengths[1]  # random prompts as long as the real ones they match
+    for item in ("ext07_cost", "ext08_proposal_length", "ext09_random_inputs"):
+        assert (pipeline / "results/paper" / f"{item}.png").stat().st_size > 5_000
 
 
 def test_rerun_does_nothing(pipeline: Path) -> None:
@@ -248,8 +267,9 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["grid"][0].update(batch_sizes=[1, 3]))
     jobs = planned_jobs(result)
     # Every engine group's cell list changed: each engine runs again (one start per
-    # method), all its cells are copied out; no model, prompt, trace or breakdown job.
-    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 20, jobs
+    # method), all its cells are copied out (20, and the random-token cells of the no-SD and
+    # n-gram groups); no model, prompt, trace or breakdown job.
+    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 22, jobs
     built = {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_cell", "breakdown_cell"}
     assert not built & set(jobs), jobs
     outputs = planned_outputs(result, "run_cell")
@@ -259,10 +279,11 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
 def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_max=6))
     jobs = planned_jobs(result)
-    # The method's engine (4 cells), its 2 trace cells and 1 breakdown cell, and what reads them.
-    assert jobs["run_engine"] == 1 and jobs["run_cell"] == 4, jobs
-    assert jobs["trace_cell"] == 2 and jobs["breakdown_cell"] == 1, jobs
-    assert all("/ngram-k3/" in o for o in planned_outputs(result, "run_cell"))
+    # The method's engine (4 cells + 1 random-token cell) and the sweep's k=1 copy of it (1 cell),
+    # its 3 trace cells and 1 breakdown cell, and what reads them.
+    assert jobs["run_engine"] == 2 and jobs["run_cell"] == 6, jobs
+    assert jobs["trace_cell"] == 3 and jobs["breakdown_cell"] == 1, jobs
+    assert all("/ngram-k3/" in o or "/ngram-k3.k1/" in o for o in planned_outputs(result, "run_cell"))
     assert not {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
     assert "params have changed" in result.stdout.lower()
 
@@ -271,22 +292,23 @@ def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: P
     """The no-SD entry is measured by its own group and, paired, inside every SD group."""
     result = dry_run_with(pipeline, lambda c: c["methods"]["none"].update(label="baseline"))
     jobs = planned_jobs(result)
-    # 5 groups of the Llama target (4 paired) + the MTP model's no-SD and (paired) MTP groups.
-    assert jobs["run_engine"] == 7 and jobs["run_cell"] == 22, jobs
+    # 6 groups of the Llama target (5 paired, with the sweep's n-gram k=1) + the MTP model's
+    # no-SD and (paired) MTP groups.
+    assert jobs["run_engine"] == 8 and jobs["run_cell"] == 25, jobs
     # Traces and breakdown cells are not paired: only the no-SD breakdown cell reruns.
     assert jobs.get("breakdown_cell") == 1, jobs
     assert not {"trace_cell", "build_model", "build_head"} & set(jobs), jobs
 
 
 def test_code_change_in_one_analysis_step_reruns_that_step(pipeline: Path, tmp_path: Path) -> None:
-    """Editing the memory accounting code reruns the memory table, nothing else."""
+    """Editing the memory accounting code reruns the memory table and the one table reading it."""
     src = tmp_path / "src"
     shutil.copytree(REPO / "src", src, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     module = src / "sdbench" / "analysis" / "memory.py"
     module.write_text(module.read_text() + "\n_CODE_CHANGE_PROBE = 1\n")
     result = snakemake(pipeline, "-n", env={"PYTHONPATH": str(src)})
     assert result.returncode == 0, result.stderr[-3000:]
-    assert planned_jobs(result) == {"tab02_memory": 1, "all": 1}, result.stdout[-3000:]
+    assert planned_jobs(result) == {"tab02_memory": 1, "ext08_proposal_length": 1, "all": 1}, result.stdout[-3000:]
 
 
 def test_bad_config_fails_before_any_job(tmp_path: Path) -> None:

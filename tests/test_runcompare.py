@@ -58,6 +58,16 @@ def test_runs_of_different_grids_are_refused():
         compare(a.drop(columns="speedup_ci_low"), b)
 
 
+def test_common_compares_the_cells_both_runs_measured():
+    a = cells([("ngram", 1, 2.0, 1.9, 2.1, 3.0), ("ngram", 4, 1.0, 0.98, 1.02, 3.0)])
+    b = cells([("ngram", 1, 2.0, 1.9, 2.1, 3.0), ("ngram.k8", 1, 1.5, 1.4, 1.6, 4.0)])
+    table = compare(a, b, common=True)
+    assert list(zip(table["method"], table["batch_size"])) == [("ngram", 1)]
+    assert table.attrs["only"] == {"A": 1, "B": 1}
+    with pytest.raises(ValueError, match="no SD cell in common"):
+        compare(a, cells([("draft", 1, 1.0, 0.9, 1.1, 2.0)]), common=True)
+
+
 def test_cli_prints_table_and_summary_and_checks(tmp_path):
     a = cells([("ngram", 1, 2.0, 1.9, 2.1, 3.0)])
     b = cells([("ngram", 1, 2.3, 2.2, 2.4, 3.0)])

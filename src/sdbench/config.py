@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from sdbench.errors import ConfigError  # re-exported: callers import it from here
+from sdbench import sweeps
 from sdbench.figureindex import PUBLISHED_SCOPE
 from sdbench.packagedata import read_text
 
@@ -77,6 +78,7 @@ def _describe(error: jsonschema.ValidationError) -> str:
 def validate_config(config: dict[str, Any], source: str = "config") -> dict[str, Any]:
     """Validate ``config`` in place (filling schema defaults) and check cross-references.
 
+    Sweeps (sdbench.sweeps) are expanded into method entries and grid blocks in place.
     Returns the same dict. Raises :class:`ConfigError` listing every problem,
     each prefixed by the key path, e.g. ``grid[0].batch_sizes[1]``.
     """
@@ -86,7 +88,10 @@ def validate_config(config: dict[str, Any], source: str = "config") -> dict[str,
     errors = sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path)))
     problems = [_describe(e) for e in errors]
     if not problems:
-        problems = _cross_reference_problems(config)
+        problems = sweeps.sweep_problems(config)
+        if not problems:
+            sweeps.expand(config)  # a sweep is more grid: its block is checked like the others
+        problems += _cross_reference_problems(config)
     if problems:
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     return config
@@ -154,6 +159,11 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
         name = config.get("bleu", {}).get(key)
         if name is not None and name not in config["methods"]:
             problems.append(f"bleu.{key}: unknown method {name!r}")
+    prices = config.get("cost", {}).get("price_per_device_hour")
+    if prices is not None:
+        for i, block in enumerate(config["grid"]):
+            if block["engine"] not in prices:
+                problems.append(f"cost.price_per_device_hour: no price for engine {block['engine']!r} (grid[{i}])")
     for name, method in config["methods"].items():
         lo, hi = method.get("prompt_lookup_min"), method.get("prompt_lookup_max")
         if lo is not None and hi is not None and lo > hi:
@@ -163,7 +173,21 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
     for name, dataset in config["datasets"].items():
         if dataset["source"] == "huggingface" and "hf_id" not in dataset:
             problems.append(f"datasets.{name}.hf_id: required for source 'huggingface'")
-        if "builder" not in dataset:
+        if dataset["source"] == "random_tokens":
+            matched = config["datasets"].get(dataset.get("matched_to", ""))
+            if matched is None:
+                problems.append(
+                    f"datasets.{name}.matched_to: {dataset.get('matched_to')!r} is not a dataset "
+                    "(a random_tokens dataset matches a real one's prompt lengths)"
+                )
+            elif matched["source"] == "random_tokens":
+                problems.append(f"datasets.{name}.matched_to: {dataset['matched_to']!r} is itself random tokens")
+            elif dataset["num_prompts"] > matched["num_prompts"]:
+                problems.append(
+                    f"datasets.{name}.num_prompts: {dataset['num_prompts']} > {dataset['matched_to']!r}'s "
+                    f"{matched['num_prompts']}"
+                )
+        elif "builder" not in dataset:
             problems.append(f"datasets.{name}.builder: required (which prompt builder formats this dataset)")
     return problems
 

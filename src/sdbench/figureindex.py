@@ -51,12 +51,13 @@ class Item:
         return stem + suffix
 
 
-SEC3, SEC5, SEC6, SEC7, SEC8 = (
+SEC3, SEC5, SEC6, SEC7, SEC8, PRODUCTION = (
     "Sec. 3 End-to-end throughput",
     "Sec. 5 Memory and runtime breakdown",
     "Sec. 6 Acceptance",
     "Sec. 7 BLEU",
     "Sec. 8 Simulator",
+    "Production questions",
 )
 PER_DATASET = "{scope}"
 
@@ -99,6 +100,12 @@ ITEMS: tuple[Item, ...] = (
          (".png", ".md"), "simulator.reports.adaptive_report", SEC8, scope="{scope}"),
     Item("ext05_simulated_vs_measured", "", "simulated vs measured speedup per cell and drafter",
          (".md",), "simulator.validation.compare", SEC8),
+    Item("ext07_cost", "", "cost per 1M output tokens and per request, per method x batch size",
+         (".png", ".md"), "analysis.cost.cost_table", PRODUCTION),
+    Item("ext08_proposal_length", "", "accepted length, acceptance rate, speedup and memory vs k, per method",
+         (".png", ".md"), "analysis.proposal.proposal_length_table", PRODUCTION),
+    Item("ext09_random_inputs", "", "random-token prompts vs the real prompts they match: acceptance, speedup",
+         (".png", ".md"), "analysis.randominputs.random_vs_real", PRODUCTION),
 )
 BY_NAME: dict[str, Item] = {item.name: item for item in ITEMS}
 

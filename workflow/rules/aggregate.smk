@@ -66,3 +66,61 @@ rule tab02_memory:
     shell:
         "sdbench memory-table --cells {input.cells} --models {params.models} "
         "--output {output.table} --figure {output.figure} > {log} 2>&1"
+
+
+# Cost per 1M output tokens (config `cost`; without it, not a target).
+rule ext07_cost:
+    input:
+        cells="results/tables/cells.parquet",
+    output:
+        table="results/tables/cost.parquet",
+        markdown=paper_report("ext07_cost", ".md"),
+        figure=paper_report("ext07_cost", ".png"),
+    log:
+        "logs/ext07_cost.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.cost"),
+        prices=cost_prices(),
+        devices=model_devices(),
+        currency=COST.get("currency", "USD"),
+        source=COST.get("source", ""),
+    shell:
+        "sdbench cost --cells {input.cells} --prices {params.prices} --devices {params.devices} "
+        "--currency {params.currency:q} --source {params.source:q} --output {output.table} "
+        "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
+
+
+rule ext08_proposal_length:
+    input:
+        cells="results/tables/cells.parquet",
+        memory="results/tables/memory.parquet",
+    output:
+        table="results/tables/proposal_length.parquet",
+        markdown=paper_report("ext08_proposal_length", ".md"),
+        figure=paper_report("ext08_proposal_length", ".png"),
+    log:
+        "logs/ext08_proposal_length.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.proposal"),
+        points=proposal_length_points(),
+    shell:
+        "sdbench proposal-length --cells {input.cells} --memory {input.memory} "
+        "--points {params.points} --output {output.table} --markdown {output.markdown} "
+        "--figure {output.figure} > {log} 2>&1"
+
+
+rule ext09_random_inputs:
+    input:
+        cells="results/tables/cells.parquet",
+    output:
+        table="results/tables/random_inputs.parquet",
+        markdown=paper_report("ext09_random_inputs", ".md"),
+        figure=paper_report("ext09_random_inputs", ".png"),
+    log:
+        "logs/ext09_random_inputs.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.randominputs"),
+        pairs=random_pairs(),
+    shell:
+        "sdbench random-inputs --cells {input.cells} --pairs {params.pairs} "
+        "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"

@@ -2,6 +2,7 @@
 # expanded by sdbench.grid; rules below only wire files.
 import json
 import os
+import re
 import shlex
 import sys
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from sdbench.grid import (
     tokenizer_model,
     trace_targets,
 )
-from sdbench import scheduling
+from sdbench import scheduling, sweeps
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
 from sdbench.figureindex import paper_path, published_scope
 from sdbench.simulator import choices as simulator_choices
@@ -51,7 +52,7 @@ HEADS = sorted(k for k, m in config["models"].items() if "head" in m)
 
 
 def _alternatives(names):
-    return "|".join(sorted(map(str, names))) or "__none__"
+    return "|".join(re.escape(n) for n in sorted(map(str, names))) or "__none__"
 
 
 wildcard_constraints:
@@ -82,6 +83,7 @@ def paper_report(name, suffix=None, subcategory=None):
     )
 
 
+PROMPTS = "results/prompts/{model}/{dataset}.parquet"
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
 GROUP_DIR = "results/engines/{engine}/{model}/{method}/{share}"
 GROUPS = engine_groups(config)
@@ -253,6 +255,19 @@ def head_threads(wildcards):
     return config["models"][wildcards.head]["head"].get("threads", 1)
 
 
+def prepare_inputs(wildcards):
+    """The tokenizer, and for a random_tokens dataset the same model's matched prompt table."""
+    inputs = {"tokenizer": prompt_tokenizer_dir(wildcards)}
+    matched = config["datasets"][wildcards.dataset].get("matched_to")
+    if config["datasets"][wildcards.dataset]["source"] == "random_tokens":
+        inputs["matched"] = PROMPTS.format(model=wildcards.model, dataset=matched)
+    return inputs
+
+
+def matched_arg(wildcards, input):
+    return f"--matched {shlex.quote(input.matched)}" if "matched" in input.keys() else ""
+
+
 def dataset_entry(wildcards):
     return shlex.quote(
         json.dumps(config["datasets"][wildcards.dataset], sort_keys=True)
@@ -314,6 +329,12 @@ def final_outputs():
     ]
     if BREAKDOWN:
         outputs.append(paper_path("fig03_runtime_breakdown"))
+    if COST:
+        outputs += [paper_path("ext07_cost", s) for s in (".md", ".png")]
+    if config.get("proposal_length"):
+        outputs += [paper_path("ext08_proposal_length", s) for s in (".md", ".png")]
+    if RANDOM_PAIRS:
+        outputs += [paper_path("ext09_random_inputs", s) for s in (".md", ".png")]
     sim_scopes, adaptive_scopes = [], []
     if BREAKDOWN and validation_targets():
         outputs.append(paper_path("ext05_simulated_vs_measured"))
@@ -454,6 +475,40 @@ def memory_model_names():
         for k, m in config["models"].items()
     }
     return shlex.quote(json.dumps(names, sort_keys=True))
+
+
+COST = config.get("cost", {})
+
+
+def cost_prices():
+    """Engine key -> price per device-hour (config ``cost``), shell-quoted JSON."""
+    return shlex.quote(json.dumps(COST.get("price_per_device_hour", {}), sort_keys=True))
+
+
+def model_devices():
+    """Model key -> devices one engine instance holds (its tensor_parallel_size)."""
+    devices = {
+        k: int(m.get("tensor_parallel_size", 1)) for k, m in config["models"].items()
+    }
+    return shlex.quote(json.dumps(devices, sort_keys=True))
+
+
+def proposal_length_points():
+    """Method key -> [base method, k] of the proposal-length sweep (sdbench.sweeps)."""
+    points = {k: list(v) for k, v in sweeps.proposal_length_methods(config).items()}
+    return shlex.quote(json.dumps(points, sort_keys=True))
+
+
+RANDOM_PAIRS = {
+    name: d["matched_to"]
+    for name, d in config["datasets"].items()
+    if d["source"] == "random_tokens" and name in {c.dataset for c in CELLS}
+}
+
+
+def random_pairs():
+    """Random-token dataset of the grid -> the dataset it matches, shell-quoted JSON."""
+    return shlex.quote(json.dumps(RANDOM_PAIRS, sort_keys=True))
 
 
 def built_model_dirs():

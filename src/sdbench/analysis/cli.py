@@ -1,5 +1,5 @@
 """Commands of the analysis stage: ``sdbench aggregate``, ``plot-throughput``, ``memory``,
-``memory-table``, ``bleu``, ``acceptance`` and ``breakdown``.
+``memory-table``, ``cost``, ``proposal-length``, ``random-inputs``, ``bleu``, ``acceptance`` and ``breakdown``.
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
@@ -55,6 +55,44 @@ def add_memory_table(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--output", required=True, help="parquet")
     t.add_argument("--figure", required=True, help="PNG")
     t.set_defaults(func=lazy("sdbench.analysis.memory", "_run_cells_table"))
+
+
+def _add_table_outputs(p: argparse.ArgumentParser, figure: str) -> None:
+    """--output (parquet), --markdown and --figure (PNG) of a production-question table."""
+    p.add_argument("--output", required=True, help="parquet")
+    p.add_argument("--markdown", required=True, help="Markdown table")
+    p.add_argument("--figure", required=True, help=f"PNG: {figure}")
+
+
+def add_cost(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench cost``."""
+    c = subparsers.add_parser("cost", help="cost per 1M output tokens and per request, per cell")
+    c.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    c.add_argument("--prices", required=True, help="JSON: engine key -> price per device-hour")
+    c.add_argument("--devices", default="{}", help="JSON: model key -> devices per engine instance (default 1)")
+    c.add_argument("--currency", default="USD")
+    c.add_argument("--source", default="", help="where the prices come from (printed above the table)")
+    _add_table_outputs(c, "cost per 1M output tokens vs batch size")
+    c.set_defaults(func=lazy("sdbench.analysis.cost", "_cmd_cost"))
+
+
+def add_proposal_length(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench proposal-length``."""
+    p = subparsers.add_parser("proposal-length", help="acceptance, speedup and memory vs num_speculative_tokens")
+    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    p.add_argument("--memory", required=True, help="memory table (memory-table)")
+    p.add_argument("--points", required=True, help="JSON: method key -> [base method, k] (sdbench.sweeps)")
+    _add_table_outputs(p, "speedup and accepted length vs k")
+    p.set_defaults(func=lazy("sdbench.analysis.proposal", "_cmd_proposal_length"))
+
+
+def add_random_inputs(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench random-inputs``."""
+    p = subparsers.add_parser("random-inputs", help="random-token prompts vs the real prompts they match")
+    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    p.add_argument("--pairs", required=True, help="JSON: random_tokens dataset -> the dataset it matches")
+    _add_table_outputs(p, "speedup on real vs random prompts")
+    p.set_defaults(func=lazy("sdbench.analysis.randominputs", "_cmd_random_inputs"))
 
 
 def add_memory(subparsers: argparse._SubParsersAction) -> None:
@@ -199,6 +237,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_aggregate,
         add_plot_throughput,
         add_memory_table,
+        add_cost,
+        add_proposal_length,
+        add_random_inputs,
         add_memory,
         add_bleu,
         add_breakdown,

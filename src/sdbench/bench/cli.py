@@ -132,6 +132,7 @@ def add_compare_runs(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--max-half-width", type=float, default=0.05, help="median half-width criterion (default 0.05)")
     p.add_argument("--output", default=None, help="the joined table (parquet)")
     p.add_argument("--check", action="store_true", help="exit 1 unless the runs agree and both are narrow")
+    p.add_argument("--common", action="store_true", help="compare the cells both runs measured (a grid that grew)")
     p.set_defaults(func=lazy("sdbench.bench.runcompare", "_cmd_bench_compare_runs"))
 
 

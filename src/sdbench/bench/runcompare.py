@@ -44,16 +44,24 @@ def _sd_cells(cells: pd.DataFrame, name: str) -> pd.DataFrame:
     return sd[KEY + VALUE]
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str] = ("A", "B")) -> pd.DataFrame:
+def compare(
+    a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str] = ("A", "B"), common: bool = False
+) -> pd.DataFrame:
     """One row per SD cell in both runs: both speedups and intervals, half-widths, verdict.
 
     Cells in only one run are an error naming the first (comparing different grids is not a
-    reproducibility check).
+    reproducibility check), unless ``common``: then only the cells both runs measured are
+    compared (a grid that grew between the runs) and the table's ``attrs["only"]`` counts the rest.
     """
     sa, sb = _sd_cells(a, names[0]), _sd_cells(b, names[1])
     joined = sa.merge(sb, on=KEY, how="outer", suffixes=("_a", "_b"), indicator=True)
     lonely = joined[joined["_merge"] != "both"]
-    if len(lonely):
+    only = {n: int((lonely["_merge"] == side).sum()) for n, side in zip(names, ("left_only", "right_only"))}
+    if common:
+        joined = joined[joined["_merge"] == "both"]
+        if joined.empty:
+            raise ValueError("the two runs have no SD cell in common")
+    elif len(lonely):
         row = lonely.iloc[0]
         where = names[0] if row["_merge"] == "left_only" else names[1]
         cell = "/".join(str(row[k]) for k in KEY)
@@ -67,7 +75,9 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str] = ("A", "B"
     ]
     la, lb = out["mean_acceptance_length_a"], out["mean_acceptance_length_b"]
     out["same_acceptance"] = ((la - lb).abs() < 1e-9) | (la.isna() & lb.isna())
-    return out.sort_values(KEY).reset_index(drop=True)
+    out = out.sort_values(KEY).reset_index(drop=True)
+    out.attrs["only"] = only
+    return out
 
 
 def summary(table: pd.DataFrame, max_half_width: float = 0.05) -> dict[str, float | int | bool]:
@@ -135,7 +145,7 @@ def _cmd_bench_compare_runs(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet
 
     a_path, b_path = (Path(p) for p in args.runs)
-    table = compare(read_parquet(a_path), read_parquet(b_path), (str(a_path), str(b_path)))
+    table = compare(read_parquet(a_path), read_parquet(b_path), (str(a_path), str(b_path)), args.common)
     labels = {}
     if args.config:
         from sdbench.config import load_config
@@ -145,6 +155,8 @@ def _cmd_bench_compare_runs(args: argparse.Namespace) -> int:
     print()
     s = summary(table, args.max_half_width)
     print(format_summary(s))
+    if args.common:
+        print("SD cells left out (in one run only): " + ", ".join(f"{k} {v}" for k, v in table.attrs["only"].items()))
     if args.output:
         from sdbench.io import write_parquet
 

@@ -19,6 +19,7 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (the target model's)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--chat-template-kwargs", default="{}", help="JSON dict for apply_chat_template")
+    p.add_argument("--matched", default=None, help="random_tokens datasets: the matched dataset's prompt table")
     p.add_argument("--output", required=True, help="prompt table (parquet)")
     p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
 

@@ -338,6 +338,13 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer  # slow: only once the arguments are known good
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    df = prepare(args.name, entry, tokenizer, args.seed, chat_kwargs)
+    if entry.get("source") == "random_tokens":
+        from sdbench.datasets.randomtokens import random_token_prompts
+
+        if not args.matched:
+            raise ConfigError(f"datasets.{args.name}: a random_tokens dataset needs --matched (its matched prompt table)")
+        df = random_token_prompts(args.name, entry, read_prompt_table(args.matched), tokenizer, args.seed)
+    else:
+        df = prepare(args.name, entry, tokenizer, args.seed, chat_kwargs)
     write_parquet(df, Path(args.output))
     return 0

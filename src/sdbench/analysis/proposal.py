@@ -1,0 +1,109 @@
+"""Proposal-length sensitivity: acceptance, speedup and memory per method x num_speculative_tokens.
+
+The cells come from the ``proposal_length`` sweep (sdbench.sweeps): one SD method run with
+several k on the same model, dataset and batch size. Per point the table gives the mean
+accepted length (tokens per verification step, 1 + accepted drafts), the acceptance rate
+(accepted / proposed draft tokens), the speedup over no SD with its 95% interval, and memory:
+the drafter's weights over no SD (analytical, independent of k), the KV cache the k draft
+positions of every running sequence occupy in one step (batch size x k x KV per token), and
+the measured peak (device on GPU; on CPU the process's RSS, which also holds the paired
+no-SD engine, so it compares across k, not with the no-SD cell).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from sdbench.io import write_parquet, write_text
+from sdbench.plotting import save_png, subplots
+
+POINT = ["engine", "model", "dataset", "batch_size", "base_method", "num_speculative_tokens"]
+MEMORY = ["analytical_static_gib", "analytical_per_token_kib", "peak_memory_gib"]
+GIB_PER_KIB = 1 / 2**20
+
+
+def proposal_length_table(
+    cells: pd.DataFrame, memory: pd.DataFrame, points: dict[str, tuple[str, int]]
+) -> pd.DataFrame:
+    """One row per sweep point (cells of the sweep's methods that also have a no-SD cell), sorted."""
+    if not points:
+        raise ValueError("proposal-length: no sweep points (config proposal_length)")
+    keys = ["engine", "model", "dataset", "method", "batch_size"]
+    missing = sorted({*keys, "mean_acceptance_length", "acceptance_rate", "speedup"} - set(cells))
+    if missing:
+        raise ValueError(f"proposal-length: the cells table lacks columns {missing}")
+    mem = memory[keys + MEMORY]
+    t = cells.merge(mem, on=keys, how="left", validate="one_to_one")
+    none = t[t["sd_method"] == "none"][["engine", "model", "dataset", "batch_size", "analytical_static_gib"]]
+    none = none.rename(columns={"analytical_static_gib": "no_sd_static_gib"})
+    swept = t[t["method"].isin(list(points))].copy()
+    if swept.empty:
+        raise ValueError(f"proposal-length: no cell of the sweep's methods {sorted(points)} in the cells table")
+    swept["base_method"] = swept["method"].map(lambda m: points[m][0])
+    swept["num_speculative_tokens"] = swept["method"].map(lambda m: int(points[m][1]))
+    swept = swept.merge(none, on=["engine", "model", "dataset", "batch_size"], how="left", validate="many_to_one")
+    swept["extra_static_gib"] = swept["analytical_static_gib"] - swept["no_sd_static_gib"]
+    swept["draft_kv_gib"] = (
+        swept["batch_size"] * swept["num_speculative_tokens"] * swept["analytical_per_token_kib"] * GIB_PER_KIB
+    )
+    cols = POINT + ["method", "mean_acceptance_length", "acceptance_rate", "speedup", "speedup_ci_low",
+                    "speedup_ci_high", "extra_static_gib", "draft_kv_gib", "peak_memory_gib"]  # fmt: skip
+    for c in ("speedup_ci_low", "speedup_ci_high"):
+        if c not in swept:
+            swept[c] = float("nan")
+    return swept[cols].sort_values(POINT, kind="stable").reset_index(drop=True)
+
+
+def proposal_length_markdown(table: pd.DataFrame) -> str:
+    """The table as Markdown, one block per engine / model / dataset / batch size."""
+    out = []
+    for keys, sub in table.groupby(["engine", "model", "dataset", "batch_size"], sort=True):
+        out.append(f"### {keys[0]} / {keys[1]} / {keys[2]} / batch size {keys[3]}\n")
+        out.append("| method | k | accepted length | acceptance rate | speedup [95%] | extra static GiB | draft KV GiB/step | peak GiB |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for r in sub.itertuples(index=False):
+            out.append(
+                f"| {r.base_method} | {r.num_speculative_tokens} | {r.mean_acceptance_length:.2f} "
+                f"| {r.acceptance_rate:.2f} | {r.speedup:.2f} [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}] "
+                f"| {r.extra_static_gib:.4g} | {r.draft_kv_gib:.3g} | {r.peak_memory_gib:.3g} |"
+            )
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> None:
+    """Speedup (with 95% intervals) and accepted length vs k, one line per method, a column per scope."""
+    panels = list(table.groupby(["engine", "model", "dataset", "batch_size"], sort=True))
+    n = max(len(panels), 1)
+    fig, axes = subplots(2, n, figsize=(4.4 * n, 6.4), squeeze=False)
+    for col, (keys, sub) in enumerate(panels):
+        for method, line in sub.groupby("base_method", sort=True):
+            line = line.sort_values("num_speculative_tokens")
+            y = line["speedup"]
+            err = [(y - line["speedup_ci_low"]).clip(lower=0), (line["speedup_ci_high"] - y).clip(lower=0)]
+            axes[0, col].errorbar(line["num_speculative_tokens"], y, yerr=err, marker="o", capsize=3, label=method)
+            axes[1, col].plot(line["num_speculative_tokens"], line["mean_acceptance_length"], marker="o", label=method)
+        axes[0, col].set_title(f"{keys[1]} / {keys[2]} / bs {keys[3]}\n{keys[0]}", fontsize=9)
+        axes[0, col].axhline(1.0, color="grey", lw=0.8, ls="--")
+        axes[0, col].set_ylabel("speedup over no SD")
+        axes[1, col].set_ylabel("mean accepted length (tokens/step)")
+        for ax in axes[:, col]:
+            ax.set_xlabel("num_speculative_tokens (k)")
+            ax.grid(alpha=0.3)
+    if panels:
+        axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    save_png(fig, out_png, dpi=110)
+
+
+def _cmd_proposal_length(args: argparse.Namespace) -> int:
+    points = {k: (v[0], int(v[1])) for k, v in json.loads(args.points).items()}
+    table = proposal_length_table(pd.read_parquet(args.cells), pd.read_parquet(args.memory), points)
+    write_parquet(table, args.output)
+    write_text(proposal_length_markdown(table), args.markdown)
+    plot_proposal_length(table, args.figure)
+    return 0
