@@ -76,9 +76,11 @@ def _memory(method: str, static: float) -> dict:
 
 def test_proposal_length_table_and_outputs(tmp_path: Path) -> None:
     cells_t = pd.DataFrame([_cell("none", "none", float("nan"), 1.0), _cell("ng", "ngram", 2.0, 1.5),
-                            _cell("ng.k8", "ngram", 2.5, 1.2)])  # fmt: skip
-    memory = pd.DataFrame([_memory("none", 1.0), _memory("ng", 1.0), _memory("ng.k8", 1.0)])
-    table = proposal.proposal_length_table(cells_t, memory, {"ng.k8": ("ng", 8), "ng": ("ng", 3)})
+                            _cell("ng.k8", "ngram", 2.5, 1.2), {**_cell("ng", "ngram", 2.0, 1.4), "batch_size": 4}])  # fmt: skip
+    memory = pd.DataFrame([_memory("none", 1.0), _memory("ng", 1.0), _memory("ng.k8", 1.0), {**_memory("ng", 1.0), "batch_size": 4}])
+    scope = {"engine": "e", "models": ["m"], "datasets": ["d"], "batch_sizes": [2]}
+    points = {"ng.k8": ("ng", 8), "ng": ("ng", 3)}
+    table = proposal.proposal_length_table(cells_t, memory, points, scope)  # the base's bs-4 cell is outside
     assert table["num_speculative_tokens"].tolist() == [3, 8]
     assert table["base_method"].tolist() == ["ng", "ng"]
     # 2 sequences x k draft positions x 1 MiB of KV per token
@@ -89,4 +91,4 @@ def test_proposal_length_table_and_outputs(tmp_path: Path) -> None:
     proposal.plot_proposal_length(table, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 5_000
     with pytest.raises(ValueError, match="no cell of the sweep's methods"):
-        proposal.proposal_length_table(cells_t, memory, {"other": ("x", 1)})
+        proposal.proposal_length_table(cells_t, memory, {"other": ("x", 1)}, scope)

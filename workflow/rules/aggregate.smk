@@ -103,9 +103,11 @@ rule ext08_proposal_length:
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.proposal"),
         points=proposal_length_points(),
+        scope=proposal_length_scope(),
     shell:
         "sdbench proposal-length --cells {input.cells} --memory {input.memory} "
-        "--points {params.points} --output {output.table} --markdown {output.markdown} "
+        "--points {params.points} --scope {params.scope} --output {output.table} "
+        "--markdown {output.markdown} "
         "--figure {output.figure} > {log} 2>&1"
 
 

@@ -265,7 +265,9 @@ def prepare_inputs(wildcards):
 
 
 def matched_arg(wildcards, input):
-    return f"--matched {shlex.quote(input.matched)}" if "matched" in input.keys() else ""
+    return (
+        f"--matched {shlex.quote(input.matched)}" if "matched" in input.keys() else ""
+    )
 
 
 def dataset_entry(wildcards):
@@ -482,7 +484,9 @@ COST = config.get("cost", {})
 
 def cost_prices():
     """Engine key -> price per device-hour (config ``cost``), shell-quoted JSON."""
-    return shlex.quote(json.dumps(COST.get("price_per_device_hour", {}), sort_keys=True))
+    return shlex.quote(
+        json.dumps(COST.get("price_per_device_hour", {}), sort_keys=True)
+    )
 
 
 def model_devices():
@@ -497,6 +501,13 @@ def proposal_length_points():
     """Method key -> [base method, k] of the proposal-length sweep (sdbench.sweeps)."""
     points = {k: list(v) for k, v in sweeps.proposal_length_methods(config).items()}
     return shlex.quote(json.dumps(points, sort_keys=True))
+
+
+def proposal_length_scope():
+    """Engine, models, datasets and batch sizes of the proposal-length sweep."""
+    sweep = config.get("proposal_length", {})
+    keys = ("engine", "models", "datasets", "batch_sizes")
+    return shlex.quote(json.dumps({k: sweep.get(k) for k in keys}, sort_keys=True))
 
 
 RANDOM_PAIRS = {

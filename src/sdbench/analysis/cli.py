@@ -82,6 +82,7 @@ def add_proposal_length(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
     p.add_argument("--memory", required=True, help="memory table (memory-table)")
     p.add_argument("--points", required=True, help="JSON: method key -> [base method, k] (sdbench.sweeps)")
+    p.add_argument("--scope", required=True, help="JSON: the sweep's engine, models, datasets, batch_sizes")
     _add_table_outputs(p, "speedup and accepted length vs k")
     p.set_defaults(func=lazy("sdbench.analysis.proposal", "_cmd_proposal_length"))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -27,9 +28,10 @@ GIB_PER_KIB = 1 / 2**20
 
 
 def proposal_length_table(
-    cells: pd.DataFrame, memory: pd.DataFrame, points: dict[str, tuple[str, int]]
+    cells: pd.DataFrame, memory: pd.DataFrame, points: dict[str, tuple[str, int]], scope: dict[str, Any]
 ) -> pd.DataFrame:
-    """One row per sweep point (cells of the sweep's methods that also have a no-SD cell), sorted."""
+    """One row per sweep point: the sweep's methods on its ``scope`` (``engine``, ``models``,
+    ``datasets``, ``batch_sizes``; the base method also runs elsewhere in the grid), sorted."""
     if not points:
         raise ValueError("proposal-length: no sweep points (config proposal_length)")
     keys = ["engine", "model", "dataset", "method", "batch_size"]
@@ -40,7 +42,13 @@ def proposal_length_table(
     t = cells.merge(mem, on=keys, how="left", validate="one_to_one")
     none = t[t["sd_method"] == "none"][["engine", "model", "dataset", "batch_size", "analytical_static_gib"]]
     none = none.rename(columns={"analytical_static_gib": "no_sd_static_gib"})
-    swept = t[t["method"].isin(list(points))].copy()
+    swept = t[
+        t["method"].isin(list(points))
+        & (t["engine"] == scope["engine"])
+        & t["model"].isin(scope["models"])
+        & t["dataset"].isin(scope["datasets"])
+        & t["batch_size"].isin(scope["batch_sizes"])
+    ].copy()
     if swept.empty:
         raise ValueError(f"proposal-length: no cell of the sweep's methods {sorted(points)} in the cells table")
     swept["base_method"] = swept["method"].map(lambda m: points[m][0])
@@ -102,7 +110,7 @@ def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> None:
 
 def _cmd_proposal_length(args: argparse.Namespace) -> int:
     points = {k: (v[0], int(v[1])) for k, v in json.loads(args.points).items()}
-    table = proposal_length_table(pd.read_parquet(args.cells), pd.read_parquet(args.memory), points)
+    table = proposal_length_table(pd.read_parquet(args.cells), pd.read_parquet(args.memory), points, json.loads(args.scope))
     write_parquet(table, args.output)
     write_text(proposal_length_markdown(table), args.markdown)
     plot_proposal_length(table, args.figure)
