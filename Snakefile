@@ -36,6 +36,7 @@ include: "workflow/rules/acceptance.smk"
 include: "workflow/rules/bleu.smk"
 include: "workflow/rules/breakdown.smk"
 include: "workflow/rules/simulator.smk"
+include: "workflow/rules/server.smk"
 include: "workflow/rules/bundle.smk"
 
 

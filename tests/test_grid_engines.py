@@ -18,8 +18,10 @@ GPU_0_11 = {"vllm_version": "0.11.1", "device": "cuda", "patches": []}
 def test_default_grid_is_the_cross_product() -> None:
     grid = cells(load_config(REPO / "config" / "config.yaml"))
     # Block 1: six methods on the target; block 2: the MiMo form of the target (MTP); block 3:
-    # the random-token control; the proposal-length sweep adds 5 k values (code-edit, bs 1).
-    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5
+    # the random-token control; the proposal-length sweep adds 5 k values (code-edit, bs 1), the
+    # temperature sweep 3 methods x 3 temperatures > 0 (code-edit, bs 1); block 4: the SPEED-Bench
+    # stand-in (3 methods, bs 1).
+    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3
     assert grid == sorted(grid)
     assert {c.batch_size for c in grid} == {1, 4, 8}
 
@@ -43,7 +45,8 @@ def test_paper_grid_resolves_drafters() -> None:
         (GPU_0_11, "deepseek_mtp", True),
         (GPU_0_11, "draft_model", False),
         (GPU_0_10, "suffix", False),
-        (GPU_0_11, "suffix", True),
+        (GPU_0_11, "suffix", False),  # needs arctic-inference in the image
+        ({**GPU_0_11, "patches": ["arctic_inference"]}, "suffix", True),
         ({"vllm_version": "0.10.1.1", "device": "cpu"}, "ngram", False),
         ({"vllm_version": "0.32.0", "device": "cpu"}, "draft_model", True),
         (GPU_0_10, "none", True),

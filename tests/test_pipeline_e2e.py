@@ -1,6 +1,6 @@
 """End to end: the real Snakemake workflow with real vLLM (CPU) on a reduced grid.
 
-One module-scoped run builds tiny models, prepares prompts, runs 12 cells and
+One module-scoped run builds tiny models, prepares prompts, runs 27 cells and
 aggregates; the tests then check the outputs and Snakemake's rerun behaviour.
 """
 
@@ -76,7 +76,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_outputs_are_complete(pipeline: Path) -> None:
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
-    assert len(cells) == 25  # 22 + the proposal-length sweep's n-gram k=1 cell + 2 random-token cells
+    # 22 + the proposal-length sweep's n-gram k=1 cell + 2 random-token cells + 2 cells at T = 1.0
+    assert len(cells) == 27
     assert set(cells["method"]) == {"none", "ngram-k3", "ngram-k3.k1", "draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"}
     assert (cells["tokens_per_s"] > 0).all()
     assert (cells.loc[cells.method == "none", "speedup"] == 1.0).all()
@@ -89,7 +90,8 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     # Two trials per start, and a third because no cell met the 1e-9 half-width target
     # (max_repeats 3): every throughput and speedup has a 95% interval around it.
     assert (cells["num_trials"] == 6).all() and (cells["num_engine_starts"] == 2).all()
-    assert cells["outputs_stable"].all()
+    # Greedy outputs repeat exactly; a sampled SD cell may not (sdbench.engine.sampling).
+    assert cells.loc[cells["temperature"] == 0, "outputs_stable"].all()
     assert (cells["tokens_per_s_ci_low"] <= cells["tokens_per_s"]).all()
     assert (cells["tokens_per_s"] <= cells["tokens_per_s_ci_high"]).all()
     assert ((sd["speedup_ci_low"] <= sd["speedup"]) & (sd["speedup"] <= sd["speedup_ci_high"])).all()
@@ -212,7 +214,8 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     for item in ("fig09_fixed_vs_oracle", "fig11_oracle_combine"):
         assert (pipeline / "results/paper" / item / "vllm-cpu/tiny-target/code-write.png").exists()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
-    assert len(divergence) == 25 and divergence["share_differs"].between(0, 1).all()
+    assert len(divergence) == 27 and divergence["share_differs"].between(0, 1).all()
+    assert set(divergence.loc[divergence.dataset == "code-edit.t1.0", "reference"]) == {"no-SD sampled at T=1, same seeds"}
     adaptive = pd.read_csv(pipeline / "results/simulator/adaptive/vllm-cpu/tiny-target.csv")
     assert (pipeline / "results/paper/ext04_adaptive_policies/vllm-cpu/tiny-target.md").exists()
     assert set(adaptive["dataset"]) == {"code-edit", "code-write"} and set(adaptive["batch_size"]) == {1, 2}
@@ -240,7 +243,12 @@ def test_cost_proposal_length_and_random_input_tables(pipeline: Path) -> None:
     prompts = {d: pd.read_parquet(pipeline / f"results/prompts/tiny-target/{d}.parquet") for d in ("code-edit", "code-edit-random")}
     lengths = [p["prompt_token_ids"].map(len).tolist() for p in prompts.values()]
     assert lengths[0] == lengths[1]  # random prompts as long as the real ones they match
-    for item in ("ext07_cost", "ext08_proposal_length", "ext09_random_inputs"):
+    temperature = pd.read_parquet(pipeline / "results/tables/temperature.parquet")
+    assert temperature[["dataset", "temperature"]].values.tolist() == [["code-edit", 0.0], ["code-edit.t1.0", 1.0]]
+    assert set(temperature["method"]) == {"ngram-k3"} and (temperature["speedup"] > 0).all()
+    recommendation = pd.read_parquet(pipeline / "results/tables/temperature_recommendation.parquet")
+    assert len(recommendation) == 1 and "Recommendation" in (pipeline / "results/paper/ext10_temperature.md").read_text()
+    for item in ("ext07_cost", "ext08_proposal_length", "ext09_random_inputs", "ext10_temperature"):
         assert (pipeline / "results/paper" / f"{item}.png").stat().st_size > 5_000
 
 
@@ -267,9 +275,9 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["grid"][0].update(batch_sizes=[1, 3]))
     jobs = planned_jobs(result)
     # Every engine group's cell list changed: each engine runs again (one start per
-    # method), all its cells are copied out (20, and the random-token cells of the no-SD and
-    # n-gram groups); no model, prompt, trace or breakdown job.
-    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 22, jobs
+    # method), all its cells are copied out (20, and the random-token and T = 1.0 cells of the
+    # no-SD and n-gram groups); no model, prompt, trace or breakdown job.
+    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 24, jobs
     built = {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_cell", "breakdown_cell"}
     assert not built & set(jobs), jobs
     outputs = planned_outputs(result, "run_cell")
@@ -279,9 +287,9 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
 def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_max=6))
     jobs = planned_jobs(result)
-    # The method's engine (4 cells + 1 random-token cell) and the sweep's k=1 copy of it (1 cell),
-    # its 3 trace cells and 1 breakdown cell, and what reads them.
-    assert jobs["run_engine"] == 2 and jobs["run_cell"] == 6, jobs
+    # The method's engine (4 cells + 1 random-token cell + 1 at T = 1.0) and the sweep's k=1 copy
+    # of it (1 cell), its 3 trace cells and 1 breakdown cell, and what reads them.
+    assert jobs["run_engine"] == 2 and jobs["run_cell"] == 7, jobs
     assert jobs["trace_cell"] == 3 and jobs["breakdown_cell"] == 1, jobs
     assert all("/ngram-k3/" in o or "/ngram-k3.k1/" in o for o in planned_outputs(result, "run_cell"))
     assert not {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
@@ -294,7 +302,7 @@ def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: P
     jobs = planned_jobs(result)
     # 6 groups of the Llama target (5 paired, with the sweep's n-gram k=1) + the MTP model's
     # no-SD and (paired) MTP groups.
-    assert jobs["run_engine"] == 8 and jobs["run_cell"] == 25, jobs
+    assert jobs["run_engine"] == 8 and jobs["run_cell"] == 27, jobs
     # Traces and breakdown cells are not paired: only the no-SD breakdown cell reruns.
     assert jobs.get("breakdown_cell") == 1, jobs
     assert not {"trace_cell", "build_model", "build_head"} & set(jobs), jobs

@@ -9,6 +9,7 @@ import pytest
 
 from sdbench.bench import sharing
 from sdbench.config import load_config
+from sdbench.grid import EngineGroup, engine_groups
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,7 +18,9 @@ def test_group_cells_are_the_workflows_group() -> None:
     config = load_config(REPO / "config" / "config.yaml")
     cells = sharing.group_cells(config, "vllm-cpu", "tiny-target", "ngram-k3")
     keys = [(s["cell"]["dataset"], s["cell"]["batch_size"]) for s in cells]
-    assert keys == [(d, b) for d in ("code-edit", "code-write") for b in (1, 4, 8)]
+    group = engine_groups(config)[EngineGroup("vllm-cpu", "tiny-target", "ngram-k3", "all")]
+    assert keys == [(c.dataset, c.batch_size) for c in group]
+    assert {(d, b) for d in ("code-edit", "code-write") for b in (1, 4, 8)} <= set(keys)
     assert all(s["cell"]["method"] == "ngram-k3" for s in cells)
     with pytest.raises(ValueError, match="no engine group vllm-cpu/tiny-target/eagle"):
         sharing.group_cells(config, "vllm-cpu", "tiny-target", "eagle")

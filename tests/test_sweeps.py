@@ -30,8 +30,8 @@ def test_proposal_length_sweep_becomes_methods_and_a_grid_block() -> None:
     derived = config["methods"]["eagle3-k3.k10"]
     assert derived["num_speculative_tokens"] == 10 and derived["sweep_of"] == "eagle3-k3"
     assert derived["drafter"] == config["methods"]["eagle3-k3"]["drafter"]
-    block = config["grid"][-1]
-    assert block["sweep"] == "proposal_length" and block["methods"][0] == "none"
+    block = next(b for b in config["grid"] if b.get("sweep") == "proposal_length")
+    assert block["methods"][0] == "none"
     assert block["datasets"] == ["code-edit"] and block["batch_sizes"] == [1]
     # Each new k is its own engine group with one cell; everything else is unchanged.
     new = {c.method for c in cells(config)} - set(RAW["methods"])

@@ -15,6 +15,7 @@ import yaml
 
 from sdbench.errors import ConfigError  # re-exported: callers import it from here
 from sdbench import sweeps
+from sdbench.servermode import server_problems
 from sdbench.figureindex import PUBLISHED_SCOPE
 from sdbench.packagedata import read_text
 
@@ -164,6 +165,9 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
         for i, block in enumerate(config["grid"]):
             if block["engine"] not in prices:
                 problems.append(f"cost.price_per_device_hour: no price for engine {block['engine']!r} (grid[{i}])")
+        if config.get("server") and config["server"]["engine"] not in prices:
+            problems.append(f"cost.price_per_device_hour: no price for engine {config['server']['engine']!r} (server)")
+    problems += server_problems(config, DRAFTER_METHODS)
     for name, method in config["methods"].items():
         lo, hi = method.get("prompt_lookup_min"), method.get("prompt_lookup_max")
         if lo is not None and hi is not None and lo > hi:

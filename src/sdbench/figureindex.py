@@ -68,7 +68,7 @@ ITEMS: tuple[Item, ...] = (
          (".md",), "analysis.endtoend.generation_length_table", SEC3, rule="aggregate"),
     Item("ext01_speedups", "", "speedup over no-SD per cell with 95% interval and design",
          (".md",), "analysis.endtoend.speedup_markdown", SEC3, rule="aggregate"),
-    Item("ext06_output_divergence", "", "share of outputs differing from greedy no-SD, per cell",
+    Item("ext06_output_divergence", "", "share of outputs differing from no-SD (greedy, or same-seed sampled), per cell",
          (".md",), "analysis.endtoend.output_divergence", SEC3, rule="aggregate"),
     Item("fig03_runtime_breakdown", "Fig. 3", "share of step time per stage, per method x batch size",
          (".png",), "analysis.breakdown.plot_breakdown", SEC5),
@@ -106,6 +106,12 @@ ITEMS: tuple[Item, ...] = (
          (".png", ".md"), "analysis.proposal.proposal_length_table", PRODUCTION),
     Item("ext09_random_inputs", "", "random-token prompts vs the real prompts they match: acceptance, speedup",
          (".png", ".md"), "analysis.randominputs.random_vs_real", PRODUCTION),
+    Item("ext10_temperature", "", "accepted length and speedup vs sampling temperature; where SD stops paying",
+         (".png", ".md"), "analysis.temperature.temperature_table", PRODUCTION),
+    Item("ext11_latency_throughput", "", "server mode: TPOT p50 vs output tokens/s per device by concurrency; cost",
+         (".png", ".md"), "analysis.latency.latency_table", PRODUCTION),
+    Item("ext12_speed_bench_categories", "", "acceptance length per SPEED-Bench category, per method, 95% intervals",
+         (".png", ".md"), "analysis.categories.category_acceptance", PRODUCTION),
 )
 BY_NAME: dict[str, Item] = {item.name: item for item in ITEMS}
 

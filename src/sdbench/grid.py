@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
+from sdbench.sweeps import is_sampled
 from sdbench.engine.versions import unsupported_reason
 
 CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
@@ -104,7 +105,10 @@ def resolve_cell(config: dict[str, Any], cell: Cell, pairing: bool = True) -> di
     (its engine, model, method, dataset or run settings) reruns exactly that cell.
     Model directories are rule inputs, not part of the spec. With ``pairing`` (and
     ``run.paired_baseline``) an SD cell's spec names the no-SD entry it is timed against.
+    A dataset's ``temperature`` enters the spec only where its entry sets one, so greedy
+    cells keep the spec (and the Snakemake params) they had before temperatures existed.
     """
+    dataset = config["datasets"][cell.dataset]
     spec = {
         "cell": cell.as_dict(),
         "seed": config.get("seed", 42),
@@ -112,7 +116,7 @@ def resolve_cell(config: dict[str, Any], cell: Cell, pairing: bool = True) -> di
         "model": config["models"][cell.model],
         "method": config["methods"][cell.method],
         "drafter": drafter_of(config, cell.method, cell.model),
-        "dataset": {k: config["datasets"][cell.dataset][k] for k in ("max_tokens", "num_prompts")},
+        "dataset": {k: dataset[k] for k in ("max_tokens", "num_prompts", "temperature") if k in dataset},
         "run": config.get("run", {}),
     }
     base = baseline_method(config)
@@ -183,17 +187,26 @@ class TraceTarget:
 
 
 def trace_targets(config: dict[str, Any]) -> list[TraceTarget]:
-    """Traced methods (``traces.methods``) wherever the grid runs them, sorted."""
+    """Traced methods (``traces.methods``) wherever the grid runs them on greedy datasets, sorted
+    (a trace commits the greedy token; sampled datasets are not traced)."""
     wanted = set(config.get("traces", {}).get("methods", []))
-    return sorted({TraceTarget(c.engine, c.model, c.dataset, c.method) for c in cells(config) if c.method in wanted})
+    return sorted(
+        {
+            TraceTarget(c.engine, c.model, c.dataset, c.method)
+            for c in cells(config)
+            if c.method in wanted and not is_sampled(config, c.dataset)
+        }
+    )
 
 
 def baseline_cells(config: dict[str, Any]) -> list[Cell]:
-    """Per engine x model x dataset, the no-SD cell at the smallest batch size (its
-    greedy outputs feed the offline tracer and BLEU)."""
+    """Per engine x model x greedy dataset, the no-SD cell at the smallest batch size (its
+    greedy outputs feed the offline tracer and BLEU; sampled datasets have none)."""
     base = baseline_method(config)
     smallest: dict[tuple[str, str, str], Cell] = {}
     for c in cells(config):
+        if is_sampled(config, c.dataset):
+            continue
         key = (c.engine, c.model, c.dataset)
         if c.method == base and (key not in smallest or c.batch_size < smallest[key].batch_size):
             smallest[key] = c
@@ -202,7 +215,7 @@ def baseline_cells(config: dict[str, Any]) -> list[Cell]:
 
 def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
     """Grid cells re-run in breakdown mode: those matching ``breakdown`` methods, datasets, batch
-    sizes and (when given) models."""
+    sizes and (when given) models, on greedy datasets (the cost model is fitted to greedy steps)."""
     spec = config.get("breakdown")
     if not spec:
         return []
@@ -213,6 +226,7 @@ def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
         and c.dataset in spec["datasets"]
         and c.batch_size in spec["batch_sizes"]
         and c.model in spec.get("models", [c.model])
+        and not is_sampled(config, c.dataset)
     ]
 
 

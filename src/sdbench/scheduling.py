@@ -76,3 +76,26 @@ def group_runtime_minutes(config: dict[str, Any], cells: list[Cell], attempt: in
     if config.get("run", {}).get("paired_baseline") and config["methods"][cells[0].method]["method"] != "none":
         total *= 2  # every call is also timed on the paired no-SD engine (sdbench.engine.paired)
     return int(min(MAX_MINUTES, max(MIN_MINUTES, total) * max(1, attempt)))
+
+
+def server_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1) -> int:
+    """Wall-time limit of a server group (sdbench.servermode) whose largest cell is ``cell``.
+
+    Per dataset and concurrency level c: (warm-up + rounds x requests) requests of up to
+    ``max_tokens`` steps each, c of them decoding together; plus the server's start-up
+    (``server.startup_timeout_s`` if longer than the device's usual start).
+    """
+    device = config["engines"][cell.engine]["device"]
+    section = config["server"]
+    requests = int(section.get("warmup_requests", 2)) + int(section.get("rounds", 2)) * int(
+        section.get("requests_per_level", 16)
+    )
+    step_s = STEP_SECONDS.get(device, STEP_SECONDS["cuda"])
+    seconds = 0.0
+    for name in section["datasets"]:
+        tokens = int(config["datasets"][name]["max_tokens"])
+        for c in section["concurrency"]:
+            seconds += max(requests, c) * tokens / c * step_s * (1 + c / BATCH_KNEE)
+    startup = max(STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]), float(section.get("startup_timeout_s", 0)) / 60)
+    first = max(MIN_MINUTES, math.ceil(SAFETY * (startup + seconds / 60)))
+    return int(min(MAX_MINUTES, first * max(1, attempt)))

@@ -7,6 +7,15 @@ its own k, or e.g. ``ngram-k5`` for ``ngram-k3`` at k=5), and the sweep adds one
 (marked ``sweep: proposal_length``) with those methods and the no-SD baseline. The cells are
 ordinary cells: engine groups, pairing, memory accounting and Snakemake's rerun logic apply
 unchanged. Expanding is idempotent, so a resolved config (e.g. the bundle's) validates again.
+
+``temperature`` runs the listed SD methods (and the no-SD baseline) on each listed dataset at
+every sampling temperature. Temperature belongs to the workload (a request's sampling
+parameters), so each point is a dataset entry ``<dataset>.t<T>`` (a copy of the base entry with
+``temperature: T``, marked ``sweep_of``; T = 0 is the base dataset itself, greedy), and the
+sweep adds one grid block (marked ``sweep: temperature``). The variants run in the methods'
+existing engine groups on the base's prompt table, and a paired no-SD arm runs the very same
+sampled calls (same per-request seeds, sdbench.engine.sampling), so the speedup at T is SD at T
+over no SD at T.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import copy
 from typing import Any
 
 PROPOSAL_LENGTH = "proposal_length"
+TEMPERATURE = "temperature"
 # Keys that do not change what an engine runs.
 _COSMETIC = ("label", "sweep_of")
 
@@ -52,31 +62,132 @@ def proposal_length_methods(config: dict[str, Any]) -> dict[str, tuple[str, int]
     return points
 
 
-def sweep_problems(config: dict[str, Any]) -> list[str]:
-    """Names a sweep refers to that do not exist (key paths under the sweep's section)."""
-    sweep = config.get(PROPOSAL_LENGTH)
+def dataset_key(base: str, temperature: float) -> str:
+    """The key of dataset ``base`` sampled at ``temperature`` (``code-edit.t0.7``; T = 0 is ``base``)."""
+    t = float(temperature)
+    return base if t == 0 else f"{base}.t{t!r}"
+
+
+def temperature_of(config: dict[str, Any], dataset: str) -> float:
+    """Sampling temperature of a dataset's requests (0.0, greedy, when its entry sets none)."""
+    return float(config["datasets"][dataset].get("temperature", 0.0))
+
+
+def is_sampled(config: dict[str, Any], dataset: str) -> bool:
+    """Whether a dataset's requests are sampled (temperature > 0) rather than decoded greedily."""
+    return temperature_of(config, dataset) > 0
+
+
+def prompt_dataset(config: dict[str, Any], dataset: str) -> str:
+    """The dataset whose prompt table ``dataset`` reads: a temperature variant's base, else itself."""
+    entry = config["datasets"][dataset]
+    return entry["sweep_of"] if "sweep_of" in entry and "temperature" in entry else dataset
+
+
+def temperature_datasets(config: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """Dataset key -> (base dataset, temperature) of every point of the temperature sweep,
+    sorted by base dataset and temperature."""
+    sweep = config.get(TEMPERATURE)
     if not sweep:
-        return []
+        return {}
+    return {
+        dataset_key(base, t): (base, float(t))
+        for base in sorted(sweep["datasets"])
+        for t in sorted(float(x) for x in sweep["temperatures"])
+    }
+
+
+def _name_problems(config: dict[str, Any], section: str, no_baseline_why: str) -> list[str]:
+    """Unknown engine / model / dataset / method names of a sweep section, and the baseline listed as a method."""
+    sweep = config[section]
     problems = []
     if sweep["engine"] not in config["engines"]:
-        problems.append(f"{PROPOSAL_LENGTH}.engine: unknown engine {sweep['engine']!r}")
+        problems.append(f"{section}.engine: unknown engine {sweep['engine']!r}")
     for key in ("models", "datasets", "methods"):
         for i, name in enumerate(sweep[key]):
             if name not in config[key]:
-                problems.append(f"{PROPOSAL_LENGTH}.{key}[{i}]: unknown {key[:-1]} {name!r}")
+                problems.append(f"{section}.{key}[{i}]: unknown {key[:-1]} {name!r}")
             elif key == "methods" and config["methods"][name]["method"] == "none":
-                problems.append(f"{PROPOSAL_LENGTH}.methods[{i}]: {name!r} is the no-SD baseline; it has no proposal length")
+                problems.append(f"{section}.methods[{i}]: {name!r} is the no-SD baseline; {no_baseline_why}")
+    return problems
+
+
+def _temperature_problems(config: dict[str, Any]) -> list[str]:
+    """Datasets the temperature sweep cannot vary, and existing entries its keys would collide with."""
+    problems = []
+    for i, base in enumerate(config[TEMPERATURE]["datasets"]):
+        entry = config["datasets"].get(base)
+        if entry is None:
+            continue  # reported as unknown
+        if "temperature" in entry:
+            problems.append(
+                f"{TEMPERATURE}.datasets[{i}]: {base!r} sets its own temperature ({entry['temperature']}); "
+                "sweep a greedy dataset"
+            )
+        elif entry["source"] == "random_tokens":
+            problems.append(f"{TEMPERATURE}.datasets[{i}]: {base!r} is a random-token control; sweep a real dataset")
+    if problems:
+        return problems
+    for key, (base, t) in temperature_datasets(config).items():
+        existing = config["datasets"].get(key)
+        if key != base and existing is not None and (existing.get("sweep_of"), existing.get("temperature")) != (base, t):
+            problems.append(f"datasets.{key}: already defined, and not {base!r} at temperature {t} (the sweep's key)")
+    return problems
+
+
+def sweep_problems(config: dict[str, Any]) -> list[str]:
+    """Names a sweep refers to that do not exist (key paths under the sweep's section)."""
+    problems = []
+    if config.get(PROPOSAL_LENGTH):
+        problems += _name_problems(config, PROPOSAL_LENGTH, "it has no proposal length")
+    if config.get(TEMPERATURE):
+        problems += _name_problems(config, TEMPERATURE, "it runs at every temperature anyway")
+        if not problems:
+            problems += _temperature_problems(config)
     return problems
 
 
 def expand(config: dict[str, Any]) -> None:
-    """Add the sweep's method entries and grid block to ``config`` (in place; idempotent).
+    """Add the sweeps' method and dataset entries and grid blocks to ``config`` (in place; idempotent).
 
     Call on a schema-valid config after :func:`sweep_problems` found nothing.
     """
-    sweep = config.get(PROPOSAL_LENGTH)
-    if not sweep or any(block.get("sweep") == PROPOSAL_LENGTH for block in config["grid"]):
+    _expand_proposal_length(config)
+    _expand_temperature(config)
+
+
+def _expanded(config: dict[str, Any], section: str) -> bool:
+    return not config.get(section) or any(block.get("sweep") == section for block in config["grid"])
+
+
+def _baseline(config: dict[str, Any]) -> list[str]:
+    return sorted(name for name, m in config["methods"].items() if m["method"] == "none")[:1]
+
+
+def _expand_temperature(config: dict[str, Any]) -> None:
+    if _expanded(config, TEMPERATURE):
         return
+    sweep = config[TEMPERATURE]
+    points = temperature_datasets(config)
+    for key, (base, t) in points.items():
+        if key != base and key not in config["datasets"]:
+            config["datasets"][key] = {**copy.deepcopy(config["datasets"][base]), "temperature": t, "sweep_of": base}
+    config["grid"].append(
+        {
+            "sweep": TEMPERATURE,
+            "engine": sweep["engine"],
+            "models": list(sweep["models"]),
+            "methods": _baseline(config) + list(sweep["methods"]),
+            "datasets": list(points),
+            "batch_sizes": list(sweep["batch_sizes"]),
+        }
+    )
+
+
+def _expand_proposal_length(config: dict[str, Any]) -> None:
+    if _expanded(config, PROPOSAL_LENGTH):
+        return
+    sweep = config[PROPOSAL_LENGTH]
     points = proposal_length_methods(config)
     for key, (base, k) in points.items():
         if key not in config["methods"]:
@@ -84,13 +195,12 @@ def expand(config: dict[str, Any]) -> None:
             label = entry.get("label", base)
             entry.update(num_speculative_tokens=k, label=f"{label} @ k={k}", sweep_of=base)
             config["methods"][key] = entry
-    baseline = sorted(name for name, m in config["methods"].items() if m["method"] == "none")
     config["grid"].append(
         {
             "sweep": PROPOSAL_LENGTH,
             "engine": sweep["engine"],
             "models": list(sweep["models"]),
-            "methods": baseline[:1] + list(points),
+            "methods": _baseline(config) + list(points),
             "datasets": list(sweep["datasets"]),
             "batch_sizes": list(sweep["batch_sizes"]),
         }

@@ -1,5 +1,5 @@
 # Acceptance tracing (paper Sec. 6): in-engine traces of the grid's SD methods,
-# offline n-gram traces of the no-SD outputs, the published traces, and the
+# offline n-gram and suffix-decoding traces of the no-SD outputs, the published traces, and the
 # acceptance tables and figures drawn from trace tables only.
 
 
@@ -49,6 +49,22 @@ rule trace_ngram_offline:
     shell:
         "sdbench trace ngram --input {input} --output {output} "
         "--num-speculative-tokens {params.k} > {log} 2>&1"
+
+
+rule trace_suffix_offline:
+    input:
+        baseline_requests,
+    output:
+        OFFLINE_SUFFIX,
+    log:
+        "logs/trace_suffix_offline/{engine}/{model}/{dataset}.log",
+    params:
+        code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
+        k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
+        settings=suffix_trace_args,
+    shell:
+        "sdbench trace suffix --input {input} --output {output} "
+        "--num-speculative-tokens {params.k} {params.settings} > {log} 2>&1"
 
 
 rule fetch_published_traces:

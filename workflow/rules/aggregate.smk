@@ -126,3 +126,44 @@ rule ext09_random_inputs:
     shell:
         "sdbench random-inputs --cells {input.cells} --pairs {params.pairs} "
         "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
+
+
+# Temperature sweep (config `temperature`; without it, not a target).
+rule ext10_temperature:
+    input:
+        cells="results/tables/cells.parquet",
+    output:
+        table="results/tables/temperature.parquet",
+        recommendation="results/tables/temperature_recommendation.parquet",
+        markdown=paper_report("ext10_temperature", ".md"),
+        figure=paper_report("ext10_temperature", ".png"),
+    log:
+        "logs/ext10_temperature.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.temperature"),
+        points=temperature_points(),
+        scope=temperature_scope(),
+    shell:
+        "sdbench temperature --cells {input.cells} --points {params.points} "
+        "--scope {params.scope} --output {output.table} "
+        "--recommendation {output.recommendation} --markdown {output.markdown} "
+        "--figure {output.figure} > {log} 2>&1"
+
+
+# Acceptance per SPEED-Bench category (datasets with builder speed_bench).
+rule ext12_speed_bench_categories:
+    input:
+        unpack(speed_bench_inputs),
+    output:
+        table="results/tables/category_acceptance.parquet",
+        markdown=paper_report("ext12_speed_bench_categories", ".md"),
+        figure=paper_report("ext12_speed_bench_categories", ".png"),
+    log:
+        "logs/ext12_speed_bench_categories.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.categories"),
+        seed=config["seed"],
+    shell:
+        "sdbench category-acceptance --requests {input.requests} --prompts {input.prompts} "
+        "--seed {params.seed} --table {output.table} --markdown {output.markdown} "
+        "--figure {output.figure} > {log} 2>&1"

@@ -30,6 +30,7 @@ from sdbench.grid import (
 from sdbench import scheduling, sweeps
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
 from sdbench.figureindex import paper_path, published_scope
+from sdbench.servermode import ServerGroup, resolve_server_group, server_groups
 from sdbench.simulator import choices as simulator_choices
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
@@ -136,8 +137,9 @@ def _group(wildcards):
 
 
 def group_inputs(wildcards):
-    """Prompt tables of the group's datasets, and its drafter."""
-    datasets = sorted({c.dataset for c in GROUPS[_group(wildcards)]})
+    """Prompt tables of the group's datasets (a temperature variant reads its base's), and its drafter."""
+    cells_ = GROUPS[_group(wildcards)]
+    datasets = sorted({sweeps.prompt_dataset(config, c.dataset) for c in cells_})
     inputs = {
         f"prompts_{d}": f"results/prompts/{wildcards.model}/{d}.parquet"
         for d in datasets
@@ -151,7 +153,9 @@ def group_spec(wildcards):
     spec = {
         "cells": [resolve_cell(config, c) for c in cells_],
         "prompts": {
-            c.dataset: f"results/prompts/{wildcards.model}/{c.dataset}.parquet"
+            c.dataset: PROMPTS.format(
+                model=wildcards.model, dataset=sweeps.prompt_dataset(config, c.dataset)
+            )
             for c in cells_
         },
     }
@@ -255,13 +259,49 @@ def head_threads(wildcards):
     return config["models"][wildcards.head]["head"].get("threads", 1)
 
 
+# SPEED-Bench's layout with the pipeline's own prompts (sdbench speed-bench-sample), for a
+# dataset whose local_path names it.
+SPEED_BENCH_SAMPLE = "results/datasets/speed-bench-sample"
+
+
 def prepare_inputs(wildcards):
-    """The tokenizer, and for a random_tokens dataset the same model's matched prompt table."""
+    """The tokenizer, for a random_tokens dataset the same model's matched prompt table, and
+    the SPEED-Bench stand-in directory when the dataset reads it."""
     inputs = {"tokenizer": prompt_tokenizer_dir(wildcards)}
-    matched = config["datasets"][wildcards.dataset].get("matched_to")
-    if config["datasets"][wildcards.dataset]["source"] == "random_tokens":
-        inputs["matched"] = PROMPTS.format(model=wildcards.model, dataset=matched)
+    entry = config["datasets"][wildcards.dataset]
+    if entry["source"] == "random_tokens":
+        inputs["matched"] = PROMPTS.format(
+            model=wildcards.model, dataset=entry["matched_to"]
+        )
+    if entry.get("local_path") == SPEED_BENCH_SAMPLE:
+        inputs["sample"] = SPEED_BENCH_SAMPLE
     return inputs
+
+
+def speed_bench_cells():
+    """SD cells on SPEED-Bench datasets (builder speed_bench) of engines with per-request
+    SD counters (vLLM >= 0.32): the per-category acceptance table's inputs."""
+    from sdbench.engine.versions import quirks_for
+
+    return [
+        c
+        for c in CELLS
+        if config["datasets"][c.dataset].get("builder") == "speed_bench"
+        and config["methods"][c.method]["method"] != "none"
+        and quirks_for(
+            config["engines"][c.engine]["vllm_version"]
+        ).per_request_spec_metrics
+    ]
+
+
+def speed_bench_inputs(wildcards):
+    cells_ = speed_bench_cells()
+    return {
+        "requests": [cell_file(c, "requests") for c in cells_],
+        "prompts": sorted(
+            {PROMPTS.format(model=c.model, dataset=c.dataset) for c in cells_}
+        ),
+    }
 
 
 def matched_arg(wildcards, input):
@@ -324,7 +364,7 @@ def final_outputs():
     outputs += [
         paper_path("fig10_ngram_minus_eagle", scope=s) for s in difference_scopes()
     ]
-    outputs += offline_ngram_files()
+    outputs += offline_ngram_files() + offline_suffix_files()
     outputs += [
         paper_path("fig08_bleu_measured", engine=e, model=m, dataset=d)
         for (e, m, d) in bleu_targets()
@@ -337,6 +377,14 @@ def final_outputs():
         outputs += [paper_path("ext08_proposal_length", s) for s in (".md", ".png")]
     if RANDOM_PAIRS:
         outputs += [paper_path("ext09_random_inputs", s) for s in (".md", ".png")]
+    if SERVER_GROUPS:
+        outputs += [paper_path("ext11_latency_throughput", s) for s in (".md", ".png")]
+    if speed_bench_cells():
+        outputs += [
+            paper_path("ext12_speed_bench_categories", s) for s in (".md", ".png")
+        ]
+    if config.get("temperature"):
+        outputs += [paper_path("ext10_temperature", s) for s in (".md", ".png")]
     sim_scopes, adaptive_scopes = [], []
     if BREAKDOWN and validation_targets():
         outputs.append(paper_path("ext05_simulated_vs_measured"))
@@ -395,14 +443,46 @@ def baseline_requests(wildcards):
 ENGINE_TRACE = os.path.join(TRACE_DIR, "{method}", "engine_trace.parquet")
 ENGINE_REQUESTS = os.path.join(TRACE_DIR, "{method}", "engine_requests.parquet")
 OFFLINE_NGRAM = os.path.join(TRACE_DIR, "offline_ngram.parquet")
+OFFLINE_SUFFIX = os.path.join(TRACE_DIR, "offline_suffix.parquet")
+OFFLINE_TRACERS = TRACE_SETTINGS.get("offline", ["ngram"])
+# Method label of the offline suffix rows (distinct from an in-engine `suffix` trace).
+OFFLINE_SUFFIX_METHOD = "suffix (offline)"
 PUBLISHED_TRACE = "results/traces/published/{published}.parquet"
 
 
 def offline_ngram_files():
+    if "ngram" not in OFFLINE_TRACERS:
+        return []
     return [
         OFFLINE_NGRAM.format(engine=e, model=m, dataset=d)
         for (e, m, d) in sorted(BASELINE_CELLS)
     ]
+
+
+def offline_suffix_files():
+    if "suffix" not in OFFLINE_TRACERS:
+        return []
+    return [
+        OFFLINE_SUFFIX.format(engine=e, model=m, dataset=d)
+        for (e, m, d) in sorted(BASELINE_CELLS)
+    ]
+
+
+def _offline_suffix_keys(targets):
+    """(engine, model, dataset) of traced targets whose offline suffix trace joins their items."""
+    if "suffix" not in OFFLINE_TRACERS:
+        return []
+    keys = {(t.engine, t.model, t.dataset) for t in targets}
+    return sorted(k for k in keys if k in BASELINE_CELLS)
+
+
+def suffix_trace_args(wildcards):
+    """Options of `sdbench trace suffix`: traces.suffix settings and the method label."""
+    settings = TRACE_SETTINGS.get("suffix", {})
+    args = [f"--method {shlex.quote(OFFLINE_SUFFIX_METHOD)}"]
+    for key in sorted(settings):
+        args.append(f"--{key.replace('_', '-')} {settings[key]}")
+    return " ".join(args)
 
 
 def acceptance_scopes():
@@ -444,11 +524,18 @@ def _scope_key(wildcards):
 
 
 def acceptance_traces(wildcards):
-    """Trace tables behind an acceptance item of the index."""
+    """Trace tables behind an acceptance item of the index (offline suffix traces after the
+    in-engine ones, in the order of acceptance_labels)."""
     targets, published = _scope_traces(_scope_key(wildcards))
-    return [ENGINE_TRACE.format(**asdict(t)) for t in targets] + [
-        PUBLISHED_TRACE.format(published=d) for d in published
+    suffix = [
+        OFFLINE_SUFFIX.format(engine=e, model=m, dataset=d)
+        for (e, m, d) in _offline_suffix_keys(targets)
     ]
+    return (
+        [ENGINE_TRACE.format(**asdict(t)) for t in targets]
+        + suffix
+        + [PUBLISHED_TRACE.format(published=d) for d in published]
+    )
 
 
 def acceptance_labels(wildcards):
@@ -456,9 +543,9 @@ def acceptance_labels(wildcards):
     targets, _ = _scope_traces(_scope_key(wildcards))
     if not targets:
         return ""
-    return "--labels " + " ".join(
-        shlex.quote(f"{t.model}/{t.dataset}") for t in targets
-    )
+    names = [f"{t.model}/{t.dataset}" for t in targets]
+    names += [f"{m}/{d}" for (_, m, d) in _offline_suffix_keys(targets)]
+    return "--labels " + " ".join(shlex.quote(n) for n in names)
 
 
 def published_trace_files():
@@ -477,6 +564,62 @@ def memory_model_names():
         for k, m in config["models"].items()
     }
     return shlex.quote(json.dumps(names, sort_keys=True))
+
+
+SERVER = config.get("server", {})
+SERVER_GROUPS = server_groups(config)
+SERVER_GROUP_DIR = "results/server/{engine}/{model}/{method}"
+
+
+def _server_group(wildcards):
+    return ServerGroup(wildcards.engine, wildcards.model, wildcards.method)
+
+
+def _server_cell(wildcards):
+    """The group's largest cell (sizes the job like an engine cell at that batch size)."""
+    return Cell(
+        wildcards.engine,
+        wildcards.model,
+        SERVER["datasets"][0],
+        wildcards.method,
+        max(SERVER["concurrency"]),
+    )
+
+
+def server_inputs(wildcards):
+    """Prompt tables of the server section's datasets, and the method's drafter."""
+    inputs = {
+        f"prompts_{d}": PROMPTS.format(model=wildcards.model, dataset=d)
+        for d in SERVER["datasets"]
+    }
+    return {**inputs, **drafter_inputs(wildcards)}
+
+
+def server_prompts_arg(wildcards, input):
+    paths = {d: input[f"prompts_{d}"] for d in SERVER["datasets"]}
+    return shlex.quote(json.dumps(paths, sort_keys=True))
+
+
+def server_group_spec(wildcards):
+    """The resolved server group (a param: any change to what it uses reruns it)."""
+    spec = resolve_server_group(config, _server_group(wildcards))
+    return shlex.quote(json.dumps(spec, sort_keys=True))
+
+
+def server_gpus(wildcards):
+    return scheduling.cell_gpus(config, _server_cell(wildcards))
+
+
+def server_mem_mb(wildcards):
+    return scheduling.cell_mem_mb(config, _server_cell(wildcards))
+
+
+def server_runtime(wildcards, attempt):
+    return scheduling.server_runtime_minutes(config, _server_cell(wildcards), attempt)
+
+
+def server_group_dirs():
+    return [SERVER_GROUP_DIR.format(**g.as_dict()) for g in SERVER_GROUPS]
 
 
 COST = config.get("cost", {})
@@ -507,6 +650,19 @@ def proposal_length_scope():
     """Engine, models, datasets and batch sizes of the proposal-length sweep."""
     sweep = config.get("proposal_length", {})
     keys = ("engine", "models", "datasets", "batch_sizes")
+    return shlex.quote(json.dumps({k: sweep.get(k) for k in keys}, sort_keys=True))
+
+
+def temperature_points():
+    """Dataset key -> [base dataset, temperature] of the temperature sweep (sdbench.sweeps)."""
+    points = {k: list(v) for k, v in sweeps.temperature_datasets(config).items()}
+    return shlex.quote(json.dumps(points, sort_keys=True))
+
+
+def temperature_scope():
+    """Engine, models, SD methods and batch sizes of the temperature sweep."""
+    sweep = config.get("temperature", {})
+    keys = ("engine", "models", "methods", "batch_sizes")
     return shlex.quote(json.dumps({k: sweep.get(k) for k in keys}, sort_keys=True))
 
 

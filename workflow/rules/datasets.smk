@@ -13,6 +13,7 @@ rule prepare_dataset:
             "sdbench.datasets.cli",
             "sdbench.datasets.prompts",
             "sdbench.datasets.randomtokens",
+            "sdbench.datasets.speedbench",
         ),
         entry=dataset_entry,
         chat=chat_template_kwargs,
@@ -22,3 +23,17 @@ rule prepare_dataset:
         "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
         "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} "
         "--chat-template-kwargs {params.chat} --output {output} > {log} 2>&1"
+
+
+# SPEED-Bench's file layout with the pipeline's own prompts (a stand-in: no hub access here).
+rule speed_bench_sample:
+    output:
+        directory(SPEED_BENCH_SAMPLE),
+    log:
+        "logs/speed_bench_sample.log",
+    params:
+        code=code_digest("sdbench.datasets.cli", "sdbench.datasets.speedbenchsample"),
+        seed=config["seed"],
+    shell:
+        "sdbench speed-bench-sample --output {output} --per-category 8 --seed {params.seed} "
+        "> {log} 2>&1"

@@ -1,5 +1,6 @@
 """Commands of the analysis stage: ``sdbench aggregate``, ``plot-throughput``, ``memory``,
-``memory-table``, ``cost``, ``proposal-length``, ``random-inputs``, ``bleu``, ``acceptance`` and ``breakdown``.
+``memory-table``, ``cost``, ``proposal-length``, ``random-inputs``, ``temperature``, ``category-acceptance``, ``bleu``,
+``acceptance`` and ``breakdown``.
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
@@ -76,6 +77,18 @@ def add_cost(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=lazy("sdbench.analysis.cost", "_cmd_cost"))
 
 
+def add_latency(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench latency``."""
+    c = subparsers.add_parser("latency", help="server mode: latency-throughput trade-off and cost per concurrency")
+    c.add_argument("--groups", nargs="+", required=True, help="server group directories (serve-group)")
+    c.add_argument("--prices", required=True, help="JSON: engine key -> price per device-hour")
+    c.add_argument("--devices", default="{}", help="JSON: model key -> devices per engine instance (default 1)")
+    c.add_argument("--currency", default="USD")
+    c.add_argument("--source", default="", help="where the prices come from (printed above the table)")
+    _add_table_outputs(c, "TPOT p50 vs output tokens/s per device, per method")
+    c.set_defaults(func=lazy("sdbench.analysis.latency", "_cmd_latency"))
+
+
 def add_proposal_length(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench proposal-length``."""
     p = subparsers.add_parser("proposal-length", help="acceptance, speedup and memory vs num_speculative_tokens")
@@ -94,6 +107,31 @@ def add_random_inputs(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--pairs", required=True, help="JSON: random_tokens dataset -> the dataset it matches")
     _add_table_outputs(p, "speedup on real vs random prompts")
     p.set_defaults(func=lazy("sdbench.analysis.randominputs", "_cmd_random_inputs"))
+
+
+def add_temperature(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench temperature``."""
+    p = subparsers.add_parser("temperature", help="acceptance and speedup vs sampling temperature; where SD stops paying")
+    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    p.add_argument("--points", required=True, help="JSON: dataset key -> [base dataset, temperature] (sdbench.sweeps)")
+    p.add_argument("--scope", required=True, help="JSON: the sweep's engine, models, methods, batch_sizes")
+    p.add_argument("--recommendation", required=True, help="output: where SD stops paying (parquet)")
+    _add_table_outputs(p, "accepted length and speedup vs temperature")
+    p.set_defaults(func=lazy("sdbench.analysis.temperature", "_cmd_temperature"))
+
+
+def add_category_acceptance(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench category-acceptance``."""
+    p = subparsers.add_parser(
+        "category-acceptance", help="acceptance length per prompt category (SPEED-Bench), per-request SD counters"
+    )
+    p.add_argument("--requests", nargs="+", required=True, help="requests.parquet of the cells (SD counters sd_*)")
+    p.add_argument("--prompts", nargs="+", required=True, help="prompt tables of the cells' datasets (category)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
+    p.add_argument("--table", required=True, help="output: parquet")
+    p.add_argument("--markdown", required=True, help="output: Markdown table")
+    p.add_argument("--figure", required=True, help="output: PNG, acceptance length per category and method")
+    p.set_defaults(func=lazy("sdbench.analysis.categories", "_cmd_category_acceptance"))
 
 
 def add_memory(subparsers: argparse._SubParsersAction) -> None:
@@ -239,8 +277,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_plot_throughput,
         add_memory_table,
         add_cost,
+        add_latency,
         add_proposal_length,
         add_random_inputs,
+        add_temperature,
+        add_category_acceptance,
         add_memory,
         add_bleu,
         add_breakdown,

@@ -76,12 +76,15 @@ def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
     return grouped.agg(output_len_mean="mean", output_len_std=lambda s: s.std(ddof=0), n="size").reset_index()
 
 
-def output_divergence(requests: pd.DataFrame, baseline: str) -> pd.DataFrame:
-    """Per cell: share of sequences whose output differs from the reference greedy output.
+def output_divergence(requests: pd.DataFrame, baseline: str, cells: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per cell: share of sequences whose output differs from the reference output.
 
     The reference is the no-SD output of the same request at the smallest batch size
     (first slot); ``first_diff_mean`` is the mean first differing position among
-    differing sequences (a length difference counts at the shorter length).
+    differing sequences (a length difference counts at the shorter length). With ``cells``
+    (their ``temperature``) each row says what it was compared with (``reference``): greedy
+    no SD, or, for a sampled dataset, no SD sampled with the same seeds, which SD matches in
+    distribution but need not reproduce (sdbench.engine.sampling): there a difference is expected.
     """
     base = requests[requests["method"] == baseline]
     smallest = base.groupby(["engine", "model", "dataset"])["batch_size"].transform("min")
@@ -104,7 +107,16 @@ def output_divergence(requests: pd.DataFrame, baseline: str) -> pd.DataFrame:
     grouped = joined.groupby(SORT, sort=True)
     out = grouped.agg(n=("differs", "size"), share_differs=("differs", "mean")).reset_index()
     diffs = joined[joined["differs"]].groupby(SORT)["first_diff"].mean().rename("first_diff_mean")
-    return out.merge(diffs.reset_index(), on=SORT, how="left")
+    out = out.merge(diffs.reset_index(), on=SORT, how="left")
+    if cells is None:
+        return out
+    temps = cells[SORT + ["temperature"]] if "temperature" in cells else cells[SORT].assign(temperature=0.0)
+    out = out.merge(temps, on=SORT, how="left", validate="one_to_one")
+    out["temperature"] = out["temperature"].fillna(0.0)  # summaries from before temperatures: greedy
+    out["reference"] = [
+        "greedy no-SD" if t == 0 else f"no-SD sampled at T={t:g}, same seeds" for t in out["temperature"]
+    ]
+    return out
 
 
 def render_length_table(table: pd.DataFrame) -> str:
@@ -201,7 +213,7 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     write_text(speedup_markdown(cells), args.speedups_md)
     write_parquet(lengths, args.lengths)
     write_text(render_length_table(lengths), args.lengths_md)
-    divergence = output_divergence(requests, args.baseline)
+    divergence = output_divergence(requests, args.baseline, cells)
     write_parquet(divergence, args.divergence)
     write_text(divergence.to_markdown(index=False, floatfmt=".3f") + "\n", args.divergence_md)
     return 0

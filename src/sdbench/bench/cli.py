@@ -2,7 +2,8 @@
 
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
-``bench timeline`` (:mod:`sdbench.bench.timeline`) and ``bench compare-runs``
+``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench timeline``
+(:mod:`sdbench.bench.timeline`) and ``bench compare-runs``
 (:mod:`sdbench.bench.runcompare`). Argument parsing only (argparse and the
 standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
 """
@@ -136,11 +137,34 @@ def add_compare_runs(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.bench.runcompare", "_cmd_bench_compare_runs"))
 
 
+def add_serve_parity(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench serve-parity``."""
+    p = bench.add_parser(
+        "serve-parity", help="the server-mode client vs `vllm bench serve` on one server: throughput and TPOT ratios"
+    )
+    p.add_argument("--config", default="config/config.yaml", help="config holding the entries (default config/config.yaml)")
+    p.add_argument("--engine", default="vllm-cpu", help="engine key (default vllm-cpu)")
+    p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
+    p.add_argument("--method", required=True, help="method key, e.g. none or ngram-k3")
+    p.add_argument("--model-dir", required=True, help="the model's directory (built or downloaded)")
+    p.add_argument("--drafter-dir", default=None, help="drafter directory, if the method has one")
+    p.add_argument("--prompts", required=True, help="prompt table (prepare-dataset) with prompt_text")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    p.add_argument("--num-requests", type=int, default=32, help="requests per round (prompts cycled; default 32)")
+    p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos; default 128)")
+    p.add_argument("--rounds", type=int, default=4, help="rounds per client, alternating who goes first (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--server-log", default=None, help="keep the server's log here (default: a temporary file)")
+    p.set_defaults(func=lazy("sdbench.bench.serveparity", "_cmd_bench_serve_parity"))
+
+
 def add_bench(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
-    for add in (add_tracer, add_simulator, add_parity, add_engine_sharing, add_timeline, add_compare_runs):
+    for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_engine_sharing, add_timeline,
+                add_compare_runs):
         add(bench)
 
 

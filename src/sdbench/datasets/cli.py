@@ -1,4 +1,4 @@
-"""Command of the dataset stage: ``sdbench prepare-dataset``.
+"""Commands of the dataset stage: ``sdbench prepare-dataset``, ``speed-bench-sample``.
 
 Argument parsing only (argparse and the standard library); the implementation
 (:mod:`sdbench.datasets.prompts`) is imported when the command runs (:mod:`sdbench.lazy`).
@@ -24,6 +24,22 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
 
 
+def add_speed_bench_sample(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench speed-bench-sample``."""
+    p = subparsers.add_parser(
+        "speed-bench-sample",
+        help="write a directory laid out like nvidia/SPEED-Bench holding stand-in builtin prompts",
+    )
+    p.add_argument("--output", required=True, help="directory to write (replaced atomically)")
+    p.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
+    p.add_argument("--seed", type=int, default=42, help="seed of the builtin prompts (code-edit requests)")
+    p.add_argument(
+        "--placeholders", action="store_true", help="coding / low_entropy rows hold SPEED-Bench's placeholder text"
+    )
+    p.set_defaults(func=lazy("sdbench.datasets.speedbenchsample", "_cmd_sample"))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the dataset stage's command."""
+    """Add the dataset stage's commands."""
     add_prepare_dataset(subparsers)
+    add_speed_bench_sample(subparsers)

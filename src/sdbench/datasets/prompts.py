@@ -1,9 +1,11 @@
 """Prompt sets: the paper's six datasets from the Hugging Face hub, and offline
 prompt sets the pipeline builds itself for the embedded CPU default.
 
-Every builder yields ``(request_id, prompt_text, reference)`` records; :func:`prepare`
-samples ``num_prompts`` of them deterministically (seeded), applies the target's
-chat template when it has one, tokenizes, and returns the prompt table:
+Every builder yields ``(request_id, prompt_text, reference)`` records, optionally with a
+category of their own (SPEED-Bench, :mod:`sdbench.datasets.speedbench`; otherwise the
+entry's ``category``); :func:`prepare` samples ``num_prompts`` of them deterministically
+(seeded), applies the target's chat template when it has one, tokenizes, and returns the
+prompt table:
 
 ``request_id`` (str), ``dataset`` (str), ``category`` (str), ``prompt_text`` (str),
 ``prompt_token_ids`` (list<int32>), ``reference`` (str, "" when none).
@@ -37,15 +39,24 @@ from sdbench.io import write_parquet
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One candidate prompt before sampling and tokenization."""
+    """One candidate prompt before sampling and tokenization.
+
+    ``category`` is the record's own workload category (e.g. a SPEED-Bench category); None
+    takes the dataset entry's ``category``.
+    """
 
     request_id: str
     prompt_text: str
     reference: str = ""
+    category: str | None = None
 
 
 Builder = Callable[[dict[str, Any], int], Iterator[PromptRecord]]
 BUILDERS: dict[str, Builder] = {}
+# Builders kept in modules of their own, which import this one (for @builder and the hub
+# loader): imported by name when builders are looked up (registered_builders), so that this
+# module need not import them back.
+BUILDER_MODULES: tuple[str, ...] = ("sdbench.datasets.speedbench",)
 
 
 def builder(name: str) -> Callable[[Builder], Builder]:
@@ -56,6 +67,15 @@ def builder(name: str) -> Callable[[Builder], Builder]:
         return fn
 
     return deco
+
+
+def registered_builders() -> dict[str, Builder]:
+    """Every builder: this module's and those of :data:`BUILDER_MODULES` (imported here)."""
+    import importlib
+
+    for module in BUILDER_MODULES:
+        importlib.import_module(module)
+    return BUILDERS
 
 
 # --- Offline prompt sets (embedded default) -----------------------------------------
@@ -254,18 +274,25 @@ def prepare(
     seed: int,
     chat_template_kwargs: dict[str, Any] | None = None,
 ) -> pd.DataFrame:
-    """Sample ``entry['num_prompts']`` prompts (seeded shuffle) and tokenize them."""
+    """Sample ``entry['num_prompts']`` prompts (seeded shuffle) and tokenize them.
+
+    Records that carry their own category (SPEED-Bench) are dealt round-robin over the
+    categories after the shuffle (:func:`balanced_order`), so any prefix is balanced.
+    """
+    builders = registered_builders()
     try:
-        build = BUILDERS[entry["builder"]]
+        build = builders[entry["builder"]]
     except KeyError:
         raise ConfigError(
-            f"datasets.{name}.builder: unknown builder {entry['builder']!r} (known: {', '.join(sorted(BUILDERS))})"
+            f"datasets.{name}.builder: unknown builder {entry['builder']!r} (known: {', '.join(sorted(builders))})"
         ) from None
     try:
         records = sorted(build(entry, seed), key=lambda r: r.request_id)
     except ConfigError as exc:  # builders know the entry, not its key: name the dataset here
         raise ConfigError(f"datasets.{name}: {exc}") from exc
     random.Random(seed).shuffle(records)
+    if any(r.category is not None for r in records):
+        records = balanced_order(records, entry.get("category", ""))
     limit = entry.get("max_prompt_tokens")
     rows: list[dict[str, Any]] = []
     for rec in records:
@@ -276,7 +303,7 @@ def prepare(
             {
                 "request_id": rec.request_id,
                 "dataset": name,
-                "category": entry.get("category", ""),
+                "category": entry.get("category", "") if rec.category is None else rec.category,
                 "prompt_text": rec.prompt_text,
                 "prompt_token_ids": ids,
                 "reference": rec.reference,
@@ -290,6 +317,16 @@ def prepare(
             f"max_prompt_tokens={limit})"
         )
     return pd.DataFrame(rows)
+
+
+def balanced_order(records: list[PromptRecord], default: str) -> list[PromptRecord]:
+    """``records`` dealt round-robin over their categories (sorted; None counts as ``default``),
+    each category's records in their given order: every prefix holds each category ±1."""
+    by_category: dict[str, list[PromptRecord]] = {}
+    for rec in records:
+        by_category.setdefault(default if rec.category is None else rec.category, []).append(rec)
+    queues = [by_category[c] for c in sorted(by_category)]
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 # Columns an engine run needs from a prompt table (prepare() writes more).

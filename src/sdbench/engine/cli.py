@@ -1,4 +1,5 @@
-"""Commands of the engine stage: ``sdbench run-cell``, ``run-group``, ``cell-tables``, ``trace-cell``.
+"""Commands of the engine stage: ``sdbench run-cell``, ``run-group``, ``cell-tables``, ``trace-cell``,
+``serve-group``.
 
 Argument parsing only (argparse and the standard library); each command's implementation
 (:mod:`sdbench.engine.commands`, which imports vLLM when it starts an engine) is imported when it
@@ -71,9 +72,24 @@ def add_trace_cell(subparsers: argparse._SubParsersAction) -> None:
     t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_cell"))
 
 
+def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench serve-group``."""
+    s = subparsers.add_parser("serve-group", help="server mode: one vLLM server, every dataset x concurrency on it")
+    s.add_argument("--spec", required=True, help="resolved server group (JSON), see sdbench.servermode")
+    s.add_argument("--prompts", required=True, help='JSON: {dataset: prompt table path}')
+    s.add_argument("--model-dir", required=True, help="target model directory (HF format)")
+    s.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
+    s.add_argument("--output-dir", required=True, help="group directory: <dataset>/c<N>/*.parquet per cell")
+    s.add_argument("--server-log", required=True, help="where the server's own output goes (kept on failure)")
+    s.add_argument("--quiet-guard", choices=QUIET_GUARD_MODES, default=None,
+                   help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    s.set_defaults(func=lazy(COMMANDS, "_cmd_serve_group"))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the engine stage's commands."""
     add_run_cell(subparsers)
     add_run_group(subparsers)
     add_cell_tables(subparsers)
     add_trace_cell(subparsers)
+    add_serve_group(subparsers)

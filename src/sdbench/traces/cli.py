@@ -1,4 +1,4 @@
-"""Commands of the trace stage: ``sdbench trace {ngram,published,stack}`` and ``sdbench fetch``.
+"""Commands of the trace stage: ``sdbench trace {ngram,suffix,published,stack}`` and ``sdbench fetch``.
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`).
@@ -13,7 +13,7 @@ from sdbench.traces.fetch import DEFAULT_TIMEOUT, PUBLISHED_MODEL, PUBLISHED_SHA
 
 
 def add_trace(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``trace {ngram,published,stack}``."""
+    """Add ``trace {ngram,suffix,published,stack}``."""
     trace = subparsers.add_parser("trace", help="build per-position acceptance trace tables")
     sub = trace.add_subparsers(dest="trace_command", required=True)
 
@@ -24,6 +24,18 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
     ngram.add_argument("--prompt-lookup-min", type=int, default=3)
     ngram.add_argument("--prompt-lookup-max", type=int, default=7)
     ngram.set_defaults(func=lazy("sdbench.traces.table", "_cmd_trace_ngram"))
+
+    suffix = sub.add_parser("suffix", help="replay SuffixDecoding (vLLM method suffix) over greedy outputs")
+    suffix.add_argument("--input", required=True, help="published-trace .jsonl or requests .parquet")
+    suffix.add_argument("--output", required=True, help="trace table .parquet to write")
+    suffix.add_argument("--num-speculative-tokens", type=int, default=20)
+    # Defaults: vLLM 0.11.1's suffix_decoding_* (sdbench.traces.suffix; not imported here).
+    suffix.add_argument("--max-tree-depth", type=int, default=24)
+    suffix.add_argument("--max-spec-factor", type=float, default=1.0)
+    suffix.add_argument("--min-token-prob", type=float, default=0.1)
+    suffix.add_argument("--max-cached-requests", type=int, default=10000, help="0 disables the global tree")
+    suffix.add_argument("--method", default="suffix", help="value of the trace table's method column")
+    suffix.set_defaults(func=lazy("sdbench.traces.table", "_cmd_trace_suffix"))
 
     published = sub.add_parser("published", help="convert a published-trace .jsonl (ngram + eagle)")
     published.add_argument("--input", required=True, help="combined_<dataset>.jsonl")

@@ -6,6 +6,8 @@ A trace table has one row per (request, output position, method) with columns
 
 - ``sdbench trace ngram``: replay vLLM's n-gram proposer (:mod:`sdbench.traces.ngram`) over the
   greedy outputs of a published-trace JSONL or a run-cell ``requests`` parquet table;
+- ``sdbench trace suffix``: replay SuffixDecoding (:mod:`sdbench.traces.suffix`) over the same
+  inputs, requests in table order;
 - ``sdbench trace published``: convert a published-trace JSONL (n-gram and EAGLE) to a trace table;
 - ``sdbench trace stack``: concatenate trace tables.
 """
@@ -24,6 +26,7 @@ import pandas as pd
 from sdbench.io import read_parquet, write_parquet
 from sdbench.traces.ngram import trace_ngram
 from sdbench.traces.published import read_published_jsonl
+from sdbench.traces.suffix import SuffixParams, trace_suffix
 
 # Column -> pandas dtype. proposed_len is nullable: published traces do not record it.
 TRACE_DTYPES: dict[str, str] = {
@@ -137,6 +140,20 @@ def ngram_trace_table(
     return make_trace_table(traces)
 
 
+def suffix_trace_table(
+    requests: Sequence[TokenRequest], params: SuffixParams | None = None, method: str = "suffix"
+) -> pd.DataFrame:
+    """Trace table (method ``method``) replaying SuffixDecoding over the requests in the given
+    order (earlier requests' outputs feed the global tree of later ones)."""
+    if not method:
+        raise ValueError("the method label must not be empty")
+    replays = trace_suffix([(r.prompt_token_ids, r.output_token_ids) for r in requests], params)
+    return make_trace_table(
+        MethodTrace(r.request_id, method, tr.acc_len, tr.proposed_len, tr.censored)
+        for r, tr in zip(requests, replays, strict=True)
+    )
+
+
 def published_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     """Trace table of a published-trace JSONL: all ``ngram`` rows, then all ``eagle`` rows.
 
@@ -179,6 +196,24 @@ def _cmd_trace_ngram(args: argparse.Namespace) -> int:
     table = ngram_trace_table(
         requests, args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max
     )
+    write_parquet(table, args.output)
+    return 0
+
+
+def _cmd_trace_suffix(args: argparse.Namespace) -> int:
+    params = SuffixParams(
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_tree_depth=args.max_tree_depth,
+        max_spec_factor=args.max_spec_factor,
+        min_token_prob=args.min_token_prob,
+        max_cached_requests=args.max_cached_requests,
+    )
+    try:
+        params.check()  # before reading the input: a bad option is named as such
+    except ValueError as exc:
+        name, rest = str(exc).split(" ", 1)  # messages start with the setting's name
+        raise ValueError(f"sdbench trace suffix: --{name.replace('_', '-')} {rest}") from None
+    table = suffix_trace_table(read_token_requests(args.input), params, args.method)
     write_parquet(table, args.output)
     return 0
 

