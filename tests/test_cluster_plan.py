@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 DOUBLES = REPO / "tests" / "doubles"
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 MULTI_GPU_MODELS = {"llama3-70b", "glm-4.5-air"}
-ENGINE_RULES = {"run_engine", "trace_cell", "breakdown_cell"}
+ENGINE_RULES = {"run_engine", "trace_cell", "breakdown_cell", "serve_group"}
 
 
 def planned_jobs(profile: Path, configfile: Path, workdir: Path) -> list:
@@ -58,8 +58,9 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
 
     engine_jobs = [j for j in paper_jobs if j.rule.name in ENGINE_RULES]
     # The paper's 546 cells + 78 of the proposal-length sweep + 12 random-token control cells
-    # + 108 of the temperature sweep (3 methods x 6 temperatures > 0 x 2 datasets x 3 batch sizes).
-    assert sum(j.rule.name == "run_cell" for j in paper_jobs) == 750
+    # + 108 of the temperature sweep (3 methods x 6 temperatures > 0 x 2 datasets x 3 batch sizes)
+    # + 6 suffix-decoding cells + 36 SPEED-Bench cells (3 methods x 4 datasets x 3 batch sizes).
+    assert sum(j.rule.name == "run_cell" for j in paper_jobs) == 786
     gpu_model = yaml.safe_load(PROFILE.read_text())["set-resources"]["run_engine"]["gpu_model"]
     for job in paper_jobs:
         gpus = job.resources.get("gpu") or 0
@@ -118,9 +119,9 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
-    assert match and int(match.group(1)) == 750, result.stdout[-3000:]
+    assert match and int(match.group(1)) == 786, result.stdout[-3000:]
     engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
-    assert engines and int(engines.group(1)) < 750 / 10  # one engine start per configuration
+    assert engines and int(engines.group(1)) < 786 / 10  # one engine start per configuration
 
 
 def test_a_new_image_changes_exactly_its_cells_params(paper_jobs: list, tmp_path: Path) -> None:

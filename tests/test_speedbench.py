@@ -307,6 +307,28 @@ def test_category_acceptance_cli_writes_table_markdown_and_figure(tmp_path: Path
     assert pd.read_parquet(outs["parquet"]).equals(category_acceptance(REQUESTS, PROMPTS))
 
 
+def test_replicate_mode_calls_count_per_request_on_any_vllm_version(tmp_path: Path) -> None:
+    """Engines before vLLM 0.32 record no per-request counters; a replicate-mode call is one prompt,
+    so its counter deltas (first trial) are that request's, its replicas pooled."""
+    from sdbench.analysis.categories import requests_from_calls
+
+    keys = {"engine": "vllm-0.11.1", "model": "m", "dataset": "sb", "method": "ngram-k3", "batch_size": 2}
+    calls = pd.DataFrame([
+        {**keys, "trial": 0, "request_id": "q1", "num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 15},
+        {**keys, "trial": 0, "request_id": "q2", "num_drafts": 4, "num_draft_tokens": 12, "num_accepted_tokens": 0},
+        {**keys, "trial": 1, "request_id": "q1", "num_drafts": 99, "num_draft_tokens": 99, "num_accepted_tokens": 99},
+    ])  # fmt: skip
+    path = _write(calls, tmp_path / "calls.parquet")
+    prompts = pd.DataFrame({"dataset": ["sb", "sb"], "request_id": ["q1", "q2"], "category": ["coding", "writing"]})
+    t = category_acceptance(requests_from_calls([path]), prompts, seed=0)
+    assert t[["category", "n_requests", "num_steps", "mean_acceptance_length"]].values.tolist() == [
+        ["coding", 1, 10, 2.5], ["writing", 1, 4, 1.0],
+    ]  # fmt: skip
+    distinct = _write(calls.assign(request_id="*"), tmp_path / "distinct.parquet")
+    with pytest.raises(ValueError, match="distinct mode"):
+        requests_from_calls([distinct])
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [

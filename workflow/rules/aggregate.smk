@@ -163,7 +163,8 @@ rule ext12_speed_bench_categories:
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.categories"),
         seed=config["seed"],
+        counters=category_counter_args,
     shell:
-        "sdbench category-acceptance --requests {input.requests} --prompts {input.prompts} "
+        "sdbench category-acceptance {params.counters} --prompts {input.prompts} "
         "--seed {params.seed} --table {output.table} --markdown {output.markdown} "
         "--figure {output.figure} > {log} 2>&1"

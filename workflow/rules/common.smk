@@ -279,29 +279,44 @@ def prepare_inputs(wildcards):
 
 
 def speed_bench_cells():
-    """SD cells on SPEED-Bench datasets (builder speed_bench) of engines with per-request
-    SD counters (vLLM >= 0.32): the per-category acceptance table's inputs."""
-    from sdbench.engine.versions import quirks_for
-
+    """SD cells on SPEED-Bench datasets (builder speed_bench): the per-category acceptance
+    table's inputs."""
     return [
         c
         for c in CELLS
         if config["datasets"][c.dataset].get("builder") == "speed_bench"
         and config["methods"][c.method]["method"] != "none"
-        and quirks_for(
-            config["engines"][c.engine]["vllm_version"]
-        ).per_request_spec_metrics
     ]
 
 
+def _per_request_counters(cell):
+    from sdbench.engine.versions import quirks_for
+
+    version = config["engines"][cell.engine]["vllm_version"]
+    return quirks_for(version).per_request_spec_metrics
+
+
 def speed_bench_inputs(wildcards):
+    """Per-request counters where the engine records them (vLLM >= 0.32), else the cells'
+    replicate-mode calls (one prompt per call); and the datasets' prompt tables."""
     cells_ = speed_bench_cells()
     return {
-        "requests": [cell_file(c, "requests") for c in cells_],
+        "requests": [
+            cell_file(c, "requests") for c in cells_ if _per_request_counters(c)
+        ],
+        "calls": [
+            cell_file(c, "calls") for c in cells_ if not _per_request_counters(c)
+        ],
         "prompts": sorted(
             {PROMPTS.format(model=c.model, dataset=c.dataset) for c in cells_}
         ),
     }
+
+
+def category_counter_args(wildcards, input):
+    args = [f"--requests {' '.join(input.requests)}" if input.requests else ""]
+    args.append(f"--calls {' '.join(input.calls)}" if input.calls else "")
+    return " ".join(a for a in args if a)
 
 
 def matched_arg(wildcards, input):

@@ -17,7 +17,11 @@ engine x model x dataset x method x batch size x category the table gives:
   of this mean; ``n_requests`` counts the requests that have one.
 
 Sequences without counters (no-SD cells, engines before vLLM 0.32) are left out; if none has
-any, there is nothing to report and the command fails saying so.
+any, there is nothing to report and the command fails saying so. Engines before 0.32 still
+count per prompt in the paper's replicate mode: each timed call is one prompt replicated
+batch-size times, and ``calls.parquet`` holds the engine's counter deltas around it
+(:func:`requests_from_calls` turns a cell's first trial into the same per-request rows, its
+batch-size sequences pooled as one request's).
 """
 
 from __future__ import annotations
@@ -55,6 +59,29 @@ def read_requests_tables(paths: Sequence[str | Path]) -> pd.DataFrame:
         if df.empty:
             raise ValueError(f"{path}: no requests (expected one row per request)")
         frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
+CALL_COUNTERS = {"num_drafts": "sd_num_steps", "num_draft_tokens": "sd_num_draft_tokens",
+                 "num_accepted_tokens": "sd_num_accepted_tokens"}  # fmt: skip
+
+
+def requests_from_calls(paths: Sequence[str | Path]) -> pd.DataFrame:
+    """Per-request SD counters from replicate-mode ``calls.parquet`` tables (any vLLM version).
+
+    A call whose ``request_id`` is one prompt (replicate mode) counts that prompt's drafts;
+    the first trial is taken (greedy trials repeat it). A distinct-mode call (``*``: many
+    prompts) cannot be split, and is an error naming the file.
+    """
+    frames = []
+    for path in paths:
+        df = read_parquet(path, columns=[*KEYS, "trial", "request_id", *CALL_COUNTERS], what="calls table")
+        if "engine_start" in df:
+            df = df[df["engine_start"] == df["engine_start"].min()]
+        df = df[df["trial"] == df["trial"].min()]
+        if df.empty or (df["request_id"] == "*").any():
+            raise ValueError(f"{path}: calls of several prompts each (distinct mode) cannot be split per request")
+        frames.append(df.drop(columns="trial").rename(columns=CALL_COUNTERS))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -216,7 +243,13 @@ def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> None:
 
 
 def _cmd_category_acceptance(args: argparse.Namespace) -> int:
-    table = category_acceptance(read_requests_tables(args.requests), read_category_tables(args.prompts), args.seed)
+    if not args.requests and not args.calls:
+        raise ValueError("category-acceptance: give --requests and/or --calls tables")
+    frames = ([read_requests_tables(args.requests)] if args.requests else []) + (
+        [requests_from_calls(args.calls)] if args.calls else []
+    )
+    requests = pd.concat(frames, ignore_index=True)
+    table = category_acceptance(requests, read_category_tables(args.prompts), args.seed)
     write_parquet(table, args.table)
     write_text(category_acceptance_markdown(table), args.markdown)
     plot_category_acceptance(table, args.figure)

@@ -125,7 +125,8 @@ def add_category_acceptance(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "category-acceptance", help="acceptance length per prompt category (SPEED-Bench), per-request SD counters"
     )
-    p.add_argument("--requests", nargs="+", required=True, help="requests.parquet of the cells (SD counters sd_*)")
+    p.add_argument("--requests", nargs="+", default=[], help="requests.parquet of cells with per-request SD counters (vLLM >= 0.32)")
+    p.add_argument("--calls", nargs="+", default=[], help="calls.parquet of replicate-mode cells (any vLLM version)")
     p.add_argument("--prompts", nargs="+", required=True, help="prompt tables of the cells' datasets (category)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
     p.add_argument("--table", required=True, help="output: parquet")

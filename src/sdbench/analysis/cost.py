@@ -33,6 +33,11 @@ NEEDED = [*KEYS, "sd_method", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per
 TOKENS = 1e6
 
 
+def per_million_tokens(price_per_hour: pd.Series, tokens_per_s: pd.Series) -> pd.Series:
+    """Cost of 1M output tokens at ``tokens_per_s`` for ``price_per_hour`` (NaN where nothing ran)."""
+    return price_per_hour / (3600.0 * tokens_per_s.where(tokens_per_s > 0)) * TOKENS
+
+
 def cost_table(
     cells: pd.DataFrame, price_per_device_hour: dict[str, float], devices: dict[str, int], currency: str
 ) -> pd.DataFrame:
@@ -70,7 +75,7 @@ def cost_table(
     per_hour = t["engine"].map(price_per_device_hour).astype(float) * n_devices
 
     def per_million(tokens_per_s: pd.Series) -> pd.Series:
-        return per_hour / (3600.0 * tokens_per_s.where(tokens_per_s > 0)) * TOKENS
+        return per_million_tokens(per_hour, tokens_per_s)
 
     out = t[KEYS + ["sd_method"]].assign(
         currency=currency,

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sdbench.analysis.cost import TOKENS, per_million_tokens
 from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png, subplots
 from sdbench.servermode import SERVER_CELL_KEYS
@@ -26,7 +27,6 @@ KEYS = list(SERVER_CELL_KEYS)
 NEEDED = [*KEYS, "sd_method", "output_tokens_per_s", "output_tokens_per_s_min", "output_tokens_per_s_max",
           "mean_output_tokens", "ttft_p50_ms", "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "e2e_p50_ms",
           "e2e_p99_ms", "mean_acceptance_length"]  # fmt: skip
-TOKENS = 1e6
 
 
 def read_server_cells(group_dirs: list[str | Path]) -> pd.DataFrame:
@@ -60,7 +60,7 @@ def latency_table(
     per_hour = t["engine"].map(price_per_device_hour).astype(float) * n_devices
 
     def per_million(tokens_per_s: pd.Series) -> pd.Series:
-        return per_hour / (3600.0 * tokens_per_s.where(tokens_per_s > 0)) * TOKENS
+        return per_million_tokens(per_hour, tokens_per_s)
 
     t["devices"] = n_devices
     t["output_tokens_per_s_per_device"] = t["output_tokens_per_s"] / n_devices
@@ -80,7 +80,8 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
         "Server mode: a fixed number of requests in flight (concurrency), streamed from vLLM's "
         "OpenAI-compatible server. Throughput = output tokens / wall time of a round (median [min, max] "
         f"over rounds); TTFT, TPOT and E2E percentiles over every timed request. Cost in {currency}"
-        + (f" ({source})." if source else "."),
+        + (f" ({source})." if source else ".")
+        + " (busy) marks a cell the quiet-machine guard flagged: other work ran beside it.",
         "",
         "| engine | model | dataset | method | conc. | output tok/s [min, max] | TTFT p50 ms | TPOT p50 / p95 / p99 ms "
         "| E2E p50 / p99 ms | acc. length | per 1M tokens | per request |",
@@ -88,8 +89,9 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
     ]
     for r in table.itertuples(index=False):
         acc = "–" if np.isnan(r.mean_acceptance_length) else f"{r.mean_acceptance_length:.2f}"
+        busy = " (busy)" if bool(getattr(r, "contaminated", False)) else ""
         lines.append(
-            f"| {r.engine} | {r.model} | {r.dataset} | {r.method} | {r.concurrency} "
+            f"| {r.engine} | {r.model} | {r.dataset} | {r.method}{busy} | {r.concurrency} "
             f"| {r.output_tokens_per_s:.1f} [{r.output_tokens_per_s_min:.1f}, {r.output_tokens_per_s_max:.1f}] "
             f"| {r.ttft_p50_ms:.1f} | {r.tpot_p50_ms:.2f} / {r.tpot_p95_ms:.2f} / {r.tpot_p99_ms:.2f} "
             f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} | {r.cost_per_request:.3g} |"
