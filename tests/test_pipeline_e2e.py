@@ -201,11 +201,12 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert len(breakdown) == 5 and ((fractions - 1.0).abs() < 1e-6).all(), breakdown
     assert (pipeline / "results/cost_models/measured.yaml").exists()
     validation = pd.read_parquet(pipeline / "results/tables/simulated_vs_measured.parquet")
-    # datasets x batch sizes x (n-gram k=3 and each traced drafter, judged on its own trace)
+    # datasets x batch sizes x (n-gram k=3 and each traced drafter, judged on its own trace), and
+    # the proposal-length sweep's n-gram k=1 (code-edit, bs 1); sampled cells are not simulated.
     traced = {"ngram-k3", "draft-k3", "eagle-k3", "eagle3-k3"}
-    assert len(validation) == 2 * 2 * 4 and set(validation["method"]) == traced
+    assert len(validation) == 2 * 2 * 4 + 1 and set(validation["method"]) == traced | {"ngram-k3.k1"}
     assert dict(zip(validation["method"], validation["drafter"])) == {
-        "ngram-k3": "", "draft-k3": "draft_model", "eagle-k3": "eagle", "eagle3-k3": "eagle3"
+        "ngram-k3": "", "draft-k3": "draft_model", "eagle-k3": "eagle", "eagle3-k3": "eagle3", "ngram-k3.k1": ""
     }
     assert (validation["simulated_speedup"] > 0).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")

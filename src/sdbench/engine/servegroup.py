@@ -161,12 +161,9 @@ def run_server_group(
         log.info("server ready after %.1f s (pid %d, port %d)", startup, server.proc.pid, port)
         try:
             tables = measure_levels(server, spec, prompts, guard_mode)
-        except RequestFailed as exc:
-            server.check_alive()  # a dead server is the cause: say so, with its log
+        except (RequestFailed, OSError) as exc:  # a request or /metrics failed
+            server.check_alive(grace_s=10.0)  # a dead server is the cause: say so, with its log
             raise ServerError(f"{exc} (server still running; its log: {server.log_path})") from exc
-        except OSError as exc:  # /metrics unreachable
-            server.check_alive()
-            raise
     with atomic_dir(output_dir) as tmp:
         for sub, frames in sorted(tables.items()):
             for name, frame in frames.items():

@@ -132,10 +132,17 @@ class ServerProcess:
     def _fail(self, what: str) -> ServerError:
         return ServerError(f"{what}; server log {self.log_path}, last lines:\n{log_tail(self.log_path)}")
 
-    def check_alive(self) -> None:
-        """Raise :class:`ServerError` (with the log tail) if the server process has exited."""
+    def check_alive(self, grace_s: float = 0.0) -> None:
+        """Raise :class:`ServerError` (with the log tail) if the server process has exited.
+
+        ``grace_s``: wait that long for an exit first (a request that just failed may have
+        seen the server die a moment before the process is gone).
+        """
         assert self.proc is not None, "server not started"
-        code = self.proc.poll()
+        try:
+            code = self.proc.wait(timeout=grace_s) if grace_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            code = None
         if code is not None:
             raise self._fail(f"the vLLM server (pid {self.proc.pid}) exited with code {code}")
 
