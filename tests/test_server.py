@@ -285,3 +285,19 @@ def test_client_matches_vllm_bench_serve(served: Path) -> None:
     ratios = dict(re.findall(r"^\s+(output throughput|TPOT p50|prompt tokens)\s.*= ([\d.]+)$", done.stdout, re.M))
     assert set(ratios) == {"output throughput", "TPOT p50", "prompt tokens"}, done.stdout
     assert float(ratios["prompt tokens"]) == 1.0
+
+
+def test_server_env_drops_the_workflows_thread_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Snakemake exports thread counts to every job; left in the server's environment they
+    oversubscribe the engine core's bound core (a 40x slower decode step was measured)."""
+    from sdbench.engine.server import WORKFLOW_THREAD_VARS, server_env
+
+    for var in (*WORKFLOW_THREAD_VARS, "OMP_NUM_THREADS"):
+        monkeypatch.setenv(var, "2")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    engine = {"vllm_version": "0.32.0", "device": "cpu", "env": {"OMP_NUM_THREADS": None}}
+    env = server_env(engine, {"method": "ngram"})
+    assert not {*WORKFLOW_THREAD_VARS, "OMP_NUM_THREADS"} & set(env)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"  # the server's own process layout is kept
+    pinned = server_env({**engine, "env": {"OPENBLAS_NUM_THREADS": "1"}}, {"method": "none"})
+    assert pinned["OPENBLAS_NUM_THREADS"] == "1"  # an engine entry may still set one

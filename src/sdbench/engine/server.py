@@ -66,13 +66,24 @@ def server_argv(kwargs: dict[str, Any], vllm_version: str, port: int, python: st
     return argv
 
 
+# Thread counts Snakemake exports to every job (= its threads). vLLM's CPU engine core binds
+# its OpenMP threads to the cores it picks (here one core, the other left to the API server);
+# with these set, the BLAS pools of the engine core oversubscribe that core and a decode step
+# of the small default model took ~100-150 ms instead of ~3 ms (measured on the 2-core Xeon).
+WORKFLOW_THREAD_VARS = (
+    "GOTO_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS",
+)  # fmt: skip
+
+
 def server_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str]:
     """The server's environment: this one with the cell's engine variables applied.
 
     The server always runs its engine core in a separate process (the API server's
-    event loop must stay free), so the offline runner's in-process setting is dropped.
+    event loop must stay free), so the offline runner's in-process setting is dropped; the
+    workflow's thread-count variables are dropped too (:data:`WORKFLOW_THREAD_VARS`), leaving
+    the engine its own thread placement (an engine entry's ``env`` may still set them).
     """
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in WORKFLOW_THREAD_VARS}
     for key, value in engine_env(engine, method).items():
         if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
             continue
