@@ -23,7 +23,6 @@ rule serve_group:
     params:
         code=code_digest(
             "sdbench.engine.cli",
-            "sdbench.engine.commands",
             "sdbench.engine.servegroup",
             "sdbench.engine.server",
             "sdbench.engine.loadgen",

@@ -98,31 +98,3 @@ def _cmd_cell_tables(args: argparse.Namespace) -> int:
         with atomic_path(Path(args.output_dir) / f"{name}.parquet") as tmp:
             shutil.copyfile(source / f"{name}.parquet", tmp)
     return 0
-
-
-def _cmd_serve_group(args: argparse.Namespace) -> int:
-    from sdbench.lifeline import watch_workflow
-    from sdbench.engine.quietguard import Contaminated, mode_from_env
-
-    watch_workflow()
-    spec = json.loads(args.spec)
-    paths = json.loads(args.prompts)
-    missing = sorted(set(spec["datasets"]) - set(paths))
-    if missing:
-        raise ValueError(f"--prompts: no prompt table for dataset(s) {', '.join(missing)}")
-    prompts = {d: preflight(spec, paths[d], args.model_dir, args.drafter_dir) for d in sorted(spec["datasets"])}
-    from sdbench.engine.servegroup import run_server_group
-    from sdbench.engine.server import ServerError
-
-    try:
-        run_server_group(
-            spec, prompts, args.model_dir, args.drafter_dir, args.output_dir, args.server_log,
-            args.quiet_guard or mode_from_env(),
-        )
-    except ServerError as exc:  # the cell fails with the server's log attached; no output written
-        print(f"error: {exc}", file=sys.stderr)
-        return 4
-    except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    return 0

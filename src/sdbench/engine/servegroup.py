@@ -15,9 +15,11 @@ request) and ``summary.parquet`` (one row); columns in docs/schema.md.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,30 @@ def run_server_group(
         (tmp / "server.json").write_text(
             json.dumps({"argv": argv[1:], "startup_s": startup, "group": spec["group"]}, indent=2, sort_keys=True) + "\n"
         )
+
+
+def _cmd_serve_group(args: argparse.Namespace) -> int:
+    from sdbench.lifeline import watch_workflow
+    from sdbench.engine.quietguard import Contaminated, mode_from_env
+
+    watch_workflow()
+    spec = json.loads(args.spec)
+    paths = json.loads(args.prompts)
+    missing = sorted(set(spec["datasets"]) - set(paths))
+    if missing:
+        raise ValueError(f"--prompts: no prompt table for dataset(s) {', '.join(missing)}")
+    from sdbench.engine.runner import preflight
+
+    prompts = {d: preflight(spec, paths[d], args.model_dir, args.drafter_dir) for d in sorted(spec["datasets"])}
+    try:
+        run_server_group(
+            spec, prompts, args.model_dir, args.drafter_dir, args.output_dir, args.server_log,
+            args.quiet_guard or mode_from_env(),
+        )
+    except ServerError as exc:  # the cell fails with the server's log attached; no output written
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
+    except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    return 0
