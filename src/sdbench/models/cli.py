@@ -13,7 +13,7 @@ import argparse
 from sdbench.lazy import lazy
 from sdbench.models.check import ROLES
 from sdbench.models.headconfig import KINDS, HeadConfig
-from sdbench.models.trainconfig import INDUCTION_INITS, OPTION_HELP, PRECISIONS, TrainConfig
+from sdbench.models.trainconfig import COMPILES, INDUCTION_INITS, OPTION_HELP, PRECISIONS, TrainConfig
 
 
 def add_download_model(subparsers: argparse._SubParsersAction) -> None:
@@ -63,7 +63,7 @@ def add_train_model(subparsers: argparse._SubParsersAction) -> None:
             dest=name,
             type=type(default),
             default=default,
-            choices={"induction_init": INDUCTION_INITS, "precision": PRECISIONS}.get(name),
+            choices={"induction_init": INDUCTION_INITS, "precision": PRECISIONS, "compile": COMPILES}.get(name),
             help=f"{OPTION_HELP.get(name, '')} (default {default})".lstrip(),
         )
     p.set_defaults(func=lazy("sdbench.models.training", "_cmd_train_model"))
@@ -93,7 +93,8 @@ def add_train_head(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, help="head directory to write (config.json + model.safetensors)")
     for name in HeadConfig.__dataclass_fields__:
         default = getattr(d, name)
-        extra: dict = {"choices": {"kind": KINDS, "precision": PRECISIONS}[name]} if name in ("kind", "precision") else {}
+        choices = {"kind": KINDS, "precision": PRECISIONS, "compile": COMPILES}
+        extra: dict = {"choices": choices[name]} if name in choices else {}
         if isinstance(default, tuple):
             extra.update(nargs="+", type=int)
         else:

@@ -367,7 +367,7 @@ def train_head(
     from sdbench.models.check import check_model_dir, read_config
     from sdbench.models.mimo import max_logit_difference
     from sdbench.models.training import TrainingData
-    from sdbench.models.training import _autocast, resolve_precision
+    from sdbench.models.training import _autocast, children_cpu_seconds, compiled_step_loss, resolve_compile, resolve_precision
     from sdbench.models.training import _lr_at as lr_at  # the target's schedule (same field names)
 
     hf_logging.set_verbosity_error()
@@ -378,6 +378,7 @@ def train_head(
     torch.set_num_threads(cfg.threads)
     torch.use_deterministic_algorithms(True)
     precision = resolve_precision(cfg.precision)
+    compile_mode = resolve_compile(cfg.compile)
     torch.manual_seed(cfg.seed)
     t0, c0 = time.perf_counter(), time.process_time()
     target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -389,6 +390,11 @@ def train_head(
     data = TrainingData(tokenizer_dir, cfg.seq_len, cfg.seed)
     head = _Head(cfg.kind, target_config, len(cfg.aux_layers), cfg.seed)
     opt = torch.optim.AdamW(list(head.params.values()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=False)
+    def head_loss(feats, rows):
+        with _autocast(precision):
+            return _losses(head, feats, rows, lm_head, embed_w, cfg)[0]
+
+    step_loss = compiled_step_loss(head_loss, compile_mode)  # the frozen target's forward stays eager
     losses: list[float] = []
     t1, c1 = time.perf_counter(), time.process_time()
     for step in range(cfg.steps):
@@ -399,7 +405,7 @@ def train_head(
         # emulated bf16 costs more); parameters, norms and the loss stay float32.
         with _autocast(precision):
             feats = features(rows)
-            loss, _ = _losses(head, feats, rows, lm_head, embed_w, cfg)
+        loss = step_loss(feats, rows)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(head.params.values()), cfg.grad_clip, foreach=False)
         opt.step()
@@ -418,6 +424,7 @@ def train_head(
         "config": {**asdict(cfg), "aux_layers": list(cfg.aux_layers)},
         "kind": cfg.kind,
         "precision": precision,
+        "compile": compile_mode,
         "vllm_method": cfg.kind,  # speculative_config method: the kind's own name
         "parameters": int(sum(t.numel() for t in state.values())),
         "shapes": {k: list(v.shape) for k, v in sorted(state.items())},
@@ -426,7 +433,8 @@ def train_head(
         "target_config_sha256": hashlib.sha256((target_dir / "config.json").read_bytes()).hexdigest(),
         "target_weights_sha256": hashlib.sha256((target_dir / "model.safetensors").read_bytes()).hexdigest(),
         "wall_seconds": {"train": round(train_s, 2), "total": round(time.perf_counter() - t0, 2)},
-        "cpu_seconds": {"train": round(train_cpu, 2), "process": round(time.process_time(), 2), "this_build": round(time.process_time() - c0, 2)},
+        "cpu_seconds": {"train": round(train_cpu, 2), "process": round(time.process_time(), 2), "this_build": round(time.process_time() - c0, 2),
+                        "children": children_cpu_seconds()},
     }
     if cfg.kind == "mtp":
         state = {**_mimo_target_state(target_dir, target_config), **state}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sdbench.models.trainconfig import PRECISIONS
+from sdbench.models.trainconfig import COMPILES, PRECISIONS
 
 KINDS = ("eagle", "eagle3", "mtp")
 
@@ -37,11 +37,14 @@ class HeadConfig:
     threads: int = 1
     eval_windows: int = 16
     precision: str = "auto"  # as train-model's (sdbench.models.trainconfig.PRECISIONS)
+    compile: str = "auto"  # as train-model's (COMPILES): the head's loss under torch.compile
 
     def validate(self, num_target_layers: int | None = None) -> None:
         """Raise ``ValueError`` naming the first invalid option."""
         if self.precision not in PRECISIONS:
             raise ValueError(f"--precision must be one of {PRECISIONS}, got {self.precision!r}")
+        if self.compile not in COMPILES:
+            raise ValueError(f"--compile must be one of {COMPILES}, got {self.compile!r}")
         if self.kind not in KINDS:
             raise ValueError(f"--kind must be one of {KINDS}, got {self.kind!r}")
         for name in ("steps", "batch_size", "seq_len", "ttt_steps", "threads", "eval_windows"):
