@@ -390,6 +390,7 @@ def train_head(
     data = TrainingData(tokenizer_dir, cfg.seq_len, cfg.seed)
     head = _Head(cfg.kind, target_config, len(cfg.aux_layers), cfg.seed)
     opt = torch.optim.AdamW(list(head.params.values()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=False)
+
     def head_loss(feats, rows):
         with _autocast(precision):
             return _losses(head, feats, rows, lm_head, embed_w, cfg)[0]

@@ -160,9 +160,10 @@ def resolve_compile(compile: str) -> str:
 def compiled_step_loss(loss_fn, compile: str):
     """``loss_fn`` under ``torch.compile`` for ``compile == "on"``, else unchanged.
 
-    Inductor compiles in this process (one compile thread: no worker pool spinning beside the
-    other training job, and ``process_time`` counts the compile). The generated kernels are
-    the same on a rerun, cold or warm cache, so reruns stay bit-identical.
+    Inductor compiles with one compile thread (no worker pool spinning beside the other
+    training job); its Python side counts in ``process_time``, the C++ compiler's runs in
+    :func:`children_cpu_seconds`. The generated kernels are the same on a rerun, cold or warm
+    cache, so reruns stay bit-identical.
     """
     if compile != "on":
         return loss_fn
