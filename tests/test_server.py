@@ -309,3 +309,15 @@ def test_server_env_drops_the_workflows_thread_counts(monkeypatch: pytest.Monkey
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"  # the server's own process layout is kept
     pinned = server_env({**engine, "env": {"OPENBLAS_NUM_THREADS": "1"}}, {"method": "none"})
     assert pinned["OPENBLAS_NUM_THREADS"] == "1"  # an engine entry may still set one
+
+
+def test_cpu_placement_keeps_the_last_core_for_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the server's processes share the other cores and the client keeps one (split apart,
+    vLLM's pinned worker and its floating engine core stalled whole rounds); GPUs are left alone."""
+    from sdbench.engine import server
+
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert server.cpu_placement({"device": "cpu"}) == ({0, 1, 2}, {3})
+    assert server.cpu_placement({"device": "cuda"}) is None
+    monkeypatch.setattr(server.os, "sched_getaffinity", lambda _pid: {5})
+    assert server.cpu_placement({"device": "cpu"}) is None

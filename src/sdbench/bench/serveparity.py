@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -114,7 +115,7 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
     from sdbench.config import load_config
     from sdbench.datasets.prompts import read_prompt_table
     from sdbench.engine.runner import build_llm_kwargs
-    from sdbench.engine.server import ServerProcess, free_port, server_argv, server_env
+    from sdbench.engine.server import ServerProcess, cpu_placement, free_port, server_argv, server_env
 
     config = load_config(args.config)
     for key, section in ((args.engine, "engines"), (args.model, "models"), (args.method, "methods")):
@@ -136,7 +137,10 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
         jsonl.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
         prompts = [prompts[i % len(prompts)] for i in range(args.num_requests)]
         log = args.server_log or str(Path(scratch) / "server.log")
-        with ServerProcess(argv, server_env(spec["engine"], spec["method"]), log, port) as server:
+        server_cpus, client_cpus = cpu_placement(spec["engine"]) or (None, None)
+        with ServerProcess(argv, server_env(spec["engine"], spec["method"]), log, port, cpus=server_cpus) as server:
+            if client_cpus:  # both clients (vllm bench serve inherits it) on the cores the server leaves
+                os.sched_setaffinity(0, client_cpus)
             server.wait_ready(args.startup_timeout)
             _ours(server.base_url, prompts, args, -1)  # warm-up for both clients (server-side)
             for r in range(args.rounds):

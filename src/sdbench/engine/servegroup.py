@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,15 @@ import pandas as pd
 from sdbench.engine.hardware import provenance
 from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
 from sdbench.engine.runner import acceptance_stats, build_llm_kwargs
-from sdbench.engine.server import SERVED_MODEL_NAME, ServerError, ServerProcess, free_port, server_argv, server_env
+from sdbench.engine.server import (
+    SERVED_MODEL_NAME,
+    ServerError,
+    ServerProcess,
+    cpu_placement,
+    free_port,
+    server_argv,
+    server_env,
+)
 from sdbench.io import atomic_dir, write_parquet
 
 log = logging.getLogger(__name__)
@@ -158,7 +167,11 @@ def run_server_group(
     port = free_port()
     argv = server_argv(kwargs, spec["engine"]["vllm_version"], port)
     log.info("server: %s", " ".join(argv))
-    with ServerProcess(argv, server_env(spec["engine"], spec["method"]), server_log, port) as server:
+    server_cpus, client_cpus = cpu_placement(spec["engine"]) or (None, None)
+    with ServerProcess(argv, server_env(spec["engine"], spec["method"]), server_log, port, cpus=server_cpus) as server:
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)
+            log.info("cores: server %s, client %s (engine.server.cpu_placement)", sorted(server_cpus), sorted(client_cpus))
         startup = server.wait_ready(float(spec["server"].get("startup_timeout_s", 600)))
         log.info("server ready after %.1f s (pid %d, port %d)", startup, server.proc.pid, port)
         try:
@@ -171,7 +184,9 @@ def run_server_group(
             for name, frame in frames.items():
                 write_parquet(frame, tmp / sub / f"{name}.parquet")
         (tmp / "server.json").write_text(
-            json.dumps({"argv": argv[1:], "startup_s": startup, "group": spec["group"]}, indent=2, sort_keys=True) + "\n"
+            json.dumps({"argv": argv[1:], "startup_s": startup, "group": spec["group"],
+                        "cores": {"server": sorted(server_cpus or []), "client": sorted(client_cpus or [])}},
+                       indent=2, sort_keys=True) + "\n"
         )
 
 

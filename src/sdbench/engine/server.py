@@ -10,6 +10,7 @@ its engine-core children too and a killed job leaves no server behind; the job's
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -94,7 +95,27 @@ def server_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str]
     return env
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def cpu_placement(engine: dict[str, Any]) -> tuple[set[int], set[int]] | None:
+    """(server cores, client cores) for a CPU engine with at least two usable cores, else ``None``.
+
+    vLLM's CPU backend pins its worker to one core and leaves the API server and engine core
+    free to float. On 2 cores that made rounds stall (first token after ~1 s, a whole response
+    in one burst, throughput -60%) whenever the floating processes sat on the other core than
+    the worker: measured every round with them placed apart, never with the server's processes
+    on one core and the client on the other (1239-1263 output tok/s over 6 rounds, no stall).
+    So the client keeps the last core and the server gets the rest.
+    """
+    if engine.get("device") != "cpu" or not hasattr(os, "sched_getaffinity"):
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    return set(cores[:-1]), {cores[-1]}
+
+
+def _die_with_parent(cpus: set[int] | None = None) -> None:  # runs in the child between fork and exec
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # inherited by the engine core and its worker
     try:
         import ctypes
 
@@ -117,9 +138,11 @@ class ServerProcess:
     """One vLLM server on a loopback port; use as a context manager (always stopped on exit)."""
 
     def __init__(
-        self, argv: list[str], env: dict[str, str], log_path: str | Path, port: int, grace_s: float = 30.0
+        self, argv: list[str], env: dict[str, str], log_path: str | Path, port: int, grace_s: float = 30.0,
+        cpus: set[int] | None = None,
     ) -> None:
         self.argv, self.env, self.log_path, self.port, self.grace_s = argv, env, Path(log_path), port, grace_s
+        self.cpus = cpus  # cores the server's processes may use (None: all; see cpu_placement)
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s = float("nan")
 
@@ -136,7 +159,7 @@ class ServerProcess:
             log.flush()
             self.proc = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
                 self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads run yet in this job
+                preexec_fn=functools.partial(_die_with_parent, self.cpus),  # noqa: PLW1509 - no threads run yet in this job
             )
         self._t0 = time.perf_counter()
 
