@@ -120,7 +120,9 @@ def test_compile_auto_follows_the_compiler_and_is_recorded(model_dirs, tokenizer
     eager = training.train_model(tokenizer_dir, tmp_path / "m", replace(TINY, compile="off"), log=lambda _m: None)
     assert eager["compile"] == "off" and abs(eager["heldout_cross_entropy"] - info["heldout_cross_entropy"]) < 0.05
     monkeypatch.setattr(training.shutil, "which", lambda _name: None)
-    assert training.resolve_compile("auto") == "off" and training.resolve_compile("on") == "on"
+    assert training.resolve_compile("auto") == "off" and training.resolve_compile("off") == "off"
+    with pytest.raises(ValueError, match="--compile on: no C\\+\\+ compiler"):
+        training.resolve_compile("on")
 
 
 def test_precision_auto_uses_bf16_only_where_the_cpu_has_it(model_dirs, tokenizer_dir, tmp_path):

@@ -150,10 +150,19 @@ def resolve_precision(precision: str) -> str:
     return precision
 
 
+CXX_COMPILERS = ("g++", "c++", "clang++")
+
+
 def resolve_compile(compile: str) -> str:
-    """``auto`` -> ``on`` where a C++ compiler for inductor's CPU kernels is on PATH, else ``off``."""
+    """``auto`` -> ``on`` where a C++ compiler for inductor's CPU kernels is on PATH, else ``off``.
+
+    ``on`` without one raises ``ValueError`` before training (inductor would fail at the first step).
+    """
+    found = any(shutil.which(cxx) for cxx in CXX_COMPILERS)
     if compile == "auto":
-        return "on" if any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")) else "off"
+        return "on" if found else "off"
+    if compile == "on" and not found:
+        raise ValueError(f"--compile on: no C++ compiler ({', '.join(CXX_COMPILERS)}) on PATH; use auto or off")
     return compile
 
 
