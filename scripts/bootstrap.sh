@@ -19,7 +19,9 @@ want="$(sha256sum requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # The build backend is pinned too (an old venv setuptools rejects the SPDX license field).
     .venv/bin/python -m pip install --quiet --no-deps setuptools==78.1.1
-    .venv/bin/python -m pip install --quiet --no-deps -r requirements/lock.txt
+    # --no-compile: bytecode is written on first import instead, for the modules a run imports
+    # (a fraction of torch/vLLM/transformers' files), not for all of them up front.
+    .venv/bin/python -m pip install --quiet --no-deps --no-compile -r requirements/lock.txt
     .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
     echo "$want" > "$stamp"
 fi

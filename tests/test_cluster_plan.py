@@ -22,7 +22,7 @@ BIN = Path(sys.executable).parent
 DOUBLES = REPO / "tests" / "doubles"
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 MULTI_GPU_MODELS = {"llama3-70b", "glm-4.5-air"}
-ENGINE_RULES = {"run_engine", "trace_cell", "breakdown_cell", "serve_group"}
+ENGINE_RULES = {"run_engine", "trace_group", "breakdown_group", "serve_group"}
 
 
 def planned_jobs(profile: Path, configfile: Path, workdir: Path) -> list:

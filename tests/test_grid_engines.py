@@ -111,6 +111,24 @@ def test_trace_breakdown_and_baseline_selections() -> None:
     assert {c.dataset for c in selected} == set(cfg["breakdown"]["datasets"])
 
 
+def test_trace_groups_share_one_engine_per_method() -> None:
+    """Every trace lands in exactly one group, the group of its engine x model x method."""
+    from sdbench.grid import TraceGroup, trace_groups, trace_targets
+
+    for name in ("config.yaml", "paper.yaml"):
+        cfg = load_config(REPO / "config" / name)
+        groups = trace_groups(cfg)
+        flat = [t for ts in groups.values() for t in ts]
+        assert sorted(flat) == trace_targets(cfg)
+        for group, targets in groups.items():
+            assert all(TraceGroup(t.engine, t.model, t.method) == group for t in targets)
+            assert [t.dataset for t in targets] == sorted({t.dataset for t in targets})
+    # The default: n-gram and EAGLE-3 trace four datasets each on one engine, not four engines.
+    groups = trace_groups(load_config(REPO / "config" / "config.yaml"))
+    assert len(groups[TraceGroup("vllm-cpu", "tiny-target", "ngram-k3")]) == 4
+    assert len(groups) < len(trace_targets(load_config(REPO / "config" / "config.yaml")))
+
+
 def test_simulated_vs_measured_join() -> None:
     import pandas as pd
 

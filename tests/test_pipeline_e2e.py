@@ -279,7 +279,8 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     # method), all its cells are copied out (20, and the random-token and T = 1.0 cells of the
     # no-SD and n-gram groups); no model, prompt, trace or breakdown job.
     assert jobs["run_engine"] == 5 and jobs["run_cell"] == 24, jobs
-    built = {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_cell", "breakdown_cell"}
+    built = {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_group", "trace_cell"}
+    built |= {"breakdown_group", "breakdown_cell"}
     assert not built & set(jobs), jobs
     outputs = planned_outputs(result, "run_cell")
     assert sum("/bs3/" in o for o in outputs) == 10 and not any("/bs2/" in o for o in outputs), outputs
@@ -289,9 +290,11 @@ def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_max=6))
     jobs = planned_jobs(result)
     # The method's engine (4 cells + 1 random-token cell + 1 at T = 1.0) and the sweep's k=1 copy
-    # of it (1 cell), its 3 trace cells and 1 breakdown cell, and what reads them.
+    # of it (1 cell), its trace engine (3 traced datasets, copied out) and 1 breakdown cell, and
+    # what reads them.
     assert jobs["run_engine"] == 2 and jobs["run_cell"] == 7, jobs
-    assert jobs["trace_cell"] == 3 and jobs["breakdown_cell"] == 1, jobs
+    assert jobs["trace_group"] == 1 and jobs["trace_cell"] == 3, jobs
+    assert jobs["breakdown_group"] == 1 and jobs["breakdown_cell"] == 1, jobs
     assert all("/ngram-k3/" in o or "/ngram-k3.k1/" in o for o in planned_outputs(result, "run_cell"))
     assert not {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_ngram_offline"} & set(jobs), jobs
     assert "params have changed" in result.stdout.lower()
@@ -304,9 +307,9 @@ def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: P
     # 6 groups of the Llama target (5 paired, with the sweep's n-gram k=1) + the MTP model's
     # no-SD and (paired) MTP groups.
     assert jobs["run_engine"] == 8 and jobs["run_cell"] == 27, jobs
-    # Traces and breakdown cells are not paired: only the no-SD breakdown cell reruns.
-    assert jobs.get("breakdown_cell") == 1, jobs
-    assert not {"trace_cell", "build_model", "build_head"} & set(jobs), jobs
+    # Traces and breakdown cells are not paired: only the no-SD breakdown group (one cell) reruns.
+    assert jobs.get("breakdown_group") == 1 and jobs.get("breakdown_cell") == 1, jobs
+    assert not {"trace_group", "trace_cell", "build_model", "build_head"} & set(jobs), jobs
 
 
 def test_code_change_in_one_analysis_step_reruns_that_step(pipeline: Path, tmp_path: Path) -> None:

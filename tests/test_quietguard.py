@@ -83,6 +83,9 @@ def test_own_children_do_not_count() -> None:
 
 def test_engine_processes_are_recognised() -> None:
     assert _is_engine("/x/.venv/bin/python /x/.venv/bin/sdbench run-cell --spec {}")
+    assert _is_engine("/x/.venv/bin/python /x/.venv/bin/sdbench run-group --spec {}")
+    assert _is_engine("sdbench trace-group --spec {}")
+    assert not _is_engine("sdbench trace-tables --group-dir x")
     assert _is_engine("python -m vllm.entrypoints.openai.api_server")
     assert _is_engine("VLLM::EngineCore")
     assert not _is_engine("python -m pytest tests")

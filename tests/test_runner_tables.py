@@ -57,6 +57,26 @@ def test_llm_kwargs_follow_the_cell() -> None:
     assert kwargs["speculative_config"] == {"method": "draft_model", "num_speculative_tokens": 3, "model": "/d"}
 
 
+def test_trace_group_refuses_datasets_needing_another_engine() -> None:
+    """One engine traces every dataset of a group only if their engine arguments agree:
+    a mismatch is named before any engine starts."""
+    from sdbench.engine.runner import trace_group
+
+    def spec(dataset: str, max_model_len: int) -> dict:
+        return {
+            "cell": {"dataset": dataset, "method": "ngram-k3", "batch_size": 1},
+            "seed": 7,
+            "engine": {"vllm_version": "0.32.0", "device": "cpu", "llm_kwargs": {}},
+            "model": {"dtype": "float32", "max_model_len": max_model_len},
+            "method": {"method": "ngram", "num_speculative_tokens": 3},
+            "dataset": {"max_tokens": 8},
+            "run": {},
+        }
+
+    with pytest.raises(ValueError, match="dataset 'b' needs other engine arguments than 'a'"):
+        trace_group([spec("a", 1024), spec("b", 2048)], {}, "/t", None, 20, 8, "/nonexistent")
+
+
 def _summary(method: str, bs: int, tps: float) -> pd.DataFrame:
     return pd.DataFrame(
         [

@@ -199,6 +199,34 @@ def trace_targets(config: dict[str, Any]) -> list[TraceTarget]:
     )
 
 
+@dataclass(frozen=True, order=True)
+class TraceGroup:
+    """In-engine traces sharing one engine: one SD method on one engine x model, every traced
+    dataset (a trace engine's arguments -- ``traces.num_speculative_tokens`` and
+    ``max_num_seqs`` -- do not depend on the dataset)."""
+
+    engine: str
+    model: str
+    method: str
+
+    def as_dict(self) -> dict[str, str]:
+        """The group's keys (Snakemake wildcards use these names)."""
+        return asdict(self)
+
+
+def trace_group_of(target: TraceTarget) -> TraceGroup:
+    """The trace group a trace is run in."""
+    return TraceGroup(target.engine, target.model, target.method)
+
+
+def trace_groups(config: dict[str, Any]) -> dict[TraceGroup, list[TraceTarget]]:
+    """Every trace group with its traces (sorted by dataset)."""
+    groups: dict[TraceGroup, list[TraceTarget]] = {}
+    for target in trace_targets(config):
+        groups.setdefault(trace_group_of(target), []).append(target)
+    return {g: sorted(ts) for g, ts in sorted(groups.items())}
+
+
 def baseline_cells(config: dict[str, Any]) -> list[Cell]:
     """Per engine x model x greedy dataset, the no-SD cell at the smallest batch size (its
     greedy outputs feed the offline tracer and BLEU; sampled datasets have none)."""
@@ -228,6 +256,15 @@ def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
         and c.model in spec.get("models", [c.model])
         and not is_sampled(config, c.dataset)
     ]
+
+
+def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
+    """Breakdown cells by the engine they share (grouped as the grid's cells are, see
+    :class:`EngineGroup`), sorted by dataset and batch size."""
+    groups: dict[EngineGroup, list[Cell]] = {}
+    for cell in breakdown_cells(config):
+        groups.setdefault(engine_group_of(config, cell), []).append(cell)
+    return {g: sorted(cs, key=lambda c: (c.dataset, c.batch_size)) for g, cs in sorted(groups.items())}
 
 
 def _cmd_check(args: Any) -> int:

@@ -66,13 +66,23 @@ def cell_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1) -
     return int(min(MAX_MINUTES, first * max(1, attempt)))
 
 
+def _one_engine_minutes(config: dict[str, Any], cells: list[Cell]) -> int:
+    """The cells' limits added up with a single engine start-up."""
+    device = config["engines"][cells[0].engine]["device"]
+    startup = math.ceil(SAFETY * STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]))
+    return sum(cell_runtime_minutes(config, c) for c in cells) - startup * (len(cells) - 1)
+
+
+def one_engine_runtime_minutes(config: dict[str, Any], cells: list[Cell], attempt: int = 1) -> int:
+    """Wall-time limit of cells run one after the other on one engine, each once, unpaired: a
+    trace group (its traces as cells at the trace batch size) or a breakdown group."""
+    return int(min(MAX_MINUTES, max(MIN_MINUTES, _one_engine_minutes(config, cells)) * max(1, attempt)))
+
+
 def group_runtime_minutes(config: dict[str, Any], cells: list[Cell], attempt: int = 1) -> int:
     """Wall-time limit of an engine group: its cells' limits with one engine start-up, per engine
     start, twice that for an SD group timed in pairs with a no-SD engine."""
-    device = config["engines"][cells[0].engine]["device"]
-    startup = math.ceil(SAFETY * STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]))
-    per_cell = [cell_runtime_minutes(config, c) for c in cells]
-    total = (sum(per_cell) - startup * (len(cells) - 1)) * int(config.get("run", {}).get("engine_starts", 1))
+    total = _one_engine_minutes(config, cells) * int(config.get("run", {}).get("engine_starts", 1))
     if config.get("run", {}).get("paired_baseline") and config["methods"][cells[0].method]["method"] != "none":
         total *= 2  # every call is also timed on the paired no-SD engine (sdbench.engine.paired)
     return int(min(MAX_MINUTES, max(MIN_MINUTES, total) * max(1, attempt)))

@@ -3,37 +3,50 @@
 # acceptance tables and figures drawn from trace tables only.
 
 
-rule trace_cell:
+rule trace_group:
     input:
-        unpack(drafter_inputs),
-        prompts="results/prompts/{model}/{dataset}.parquet",
+        unpack(trace_group_inputs),
         model=target_dir,
     output:
-        trace=ENGINE_TRACE,
-        requests=ENGINE_REQUESTS,
+        directory(TRACE_GROUP_DIR),
     log:
-        "logs/trace_cell/{engine}/{model}/{dataset}/{method}.log",
+        "logs/trace_group/{engine}/{model}/{method}.log",
     benchmark:
-        "benchmarks/trace_cell/{engine}/{model}/{dataset}/{method}.tsv"
+        "benchmarks/trace_group/{engine}/{model}/{method}.tsv"
     container:
         cell_container
     threads: TIMED_THREADS
     resources:
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
-        runtime=cell_runtime,
+        runtime=trace_group_runtime,
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
-        spec=trace_spec,
+        spec=trace_group_spec,
         drafter=drafter_arg,
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
         seqs=TRACE_SETTINGS.get("max_num_seqs", 8),
     shell:
-        "sdbench trace-cell --spec {params.spec} --prompts {input.prompts} "
-        "--model-dir {input.model} {params.drafter} --num-speculative-tokens {params.k} "
-        "--max-num-seqs {params.seqs} --output {output.trace} --requests {output.requests} "
-        "> {log} 2>&1"
+        "sdbench trace-group --spec {params.spec} --model-dir {input.model} {params.drafter} "
+        "--num-speculative-tokens {params.k} --max-num-seqs {params.seqs} "
+        "--output-dir {output} > {log} 2>&1"
+
+
+rule trace_cell:
+    input:
+        trace_group_dir_of_trace,
+    output:
+        trace=ENGINE_TRACE,
+        requests=ENGINE_REQUESTS,
+    log:
+        "logs/trace_cell/{engine}/{model}/{dataset}/{method}.log",
+    localrule: True
+    params:
+        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+    shell:
+        "sdbench trace-tables --group-dir {input} --dataset {wildcards.dataset} "
+        "--trace {output.trace} --requests {output.requests} > {log} 2>&1"
 
 
 rule trace_ngram_offline:

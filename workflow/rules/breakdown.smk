@@ -1,36 +1,53 @@
 # Runtime breakdown (paper Sec. 5.1, Fig. 3): selected cells re-run with per-step
-# stage timing (drafting, verification, sampling, other).
+# stage timing (drafting, verification, sampling, other), one engine per engine x model x
+# method (as the grid's engine groups); each cell then gets its own tables under BREAKDOWN_DIR.
 
 
-rule breakdown_cell:
+rule breakdown_group:
     input:
-        unpack(drafter_inputs),
-        prompts="results/prompts/{model}/{dataset}.parquet",
+        unpack(breakdown_group_inputs),
         model=target_dir,
     output:
-        steps=os.path.join(BREAKDOWN_DIR, "steps.parquet"),
-        summary=os.path.join(BREAKDOWN_DIR, "summary.parquet"),
+        directory(BREAKDOWN_GROUP_DIR),
     log:
-        "logs/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
+        "logs/breakdown_group/{engine}/{model}/{method}/{share}.log",
     benchmark:
-        "benchmarks/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.tsv"
+        "benchmarks/breakdown_group/{engine}/{model}/{method}/{share}.tsv"
     container:
         cell_container
     threads: TIMED_THREADS
     resources:
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
-        runtime=cell_runtime,
+        runtime=breakdown_group_runtime,
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
-        spec=breakdown_spec,
+        spec=breakdown_group_spec,
         drafter=drafter_arg,
+    shell:
+        "sdbench run-group --breakdown --spec {params.spec} --model-dir {input.model} "
+        "{params.drafter} --output-dir {output} > {log} 2>&1"
+
+
+rule breakdown_cell:
+    input:
+        breakdown_group_of_cell,
+    output:
+        steps=os.path.join(BREAKDOWN_DIR, "steps.parquet"),
+        summary=os.path.join(BREAKDOWN_DIR, "summary.parquet"),
+        requests=os.path.join(BREAKDOWN_DIR, "requests.parquet"),
+        calls=os.path.join(BREAKDOWN_DIR, "calls.parquet"),
+        baseline_calls=os.path.join(BREAKDOWN_DIR, "baseline_calls.parquet"),
+    log:
+        "logs/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
+    localrule: True
+    params:
+        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         outdir=subpath(output.summary, parent=True),
     shell:
-        "sdbench run-cell --spec {params.spec} --prompts {input.prompts} "
-        "--model-dir {input.model} {params.drafter} --output-dir {params.outdir} "
-        "--steps-output {output.steps} > {log} 2>&1"
+        "sdbench cell-tables --steps --group-dir {input} --dataset {wildcards.dataset} "
+        "--batch-size {wildcards.batch_size} --output-dir {params.outdir} > {log} 2>&1"
 
 
 rule fig03_runtime_breakdown:

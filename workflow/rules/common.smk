@@ -16,6 +16,7 @@ from sdbench.grid import (
     Cell,
     baseline_cells,
     breakdown_cells,
+    breakdown_groups,
     baseline_method,
     cells,
     drafter_of,
@@ -25,6 +26,10 @@ from sdbench.grid import (
     resolve_breakdown_cell,
     resolve_cell,
     tokenizer_model,
+    TraceGroup,
+    TraceTarget,
+    trace_group_of,
+    trace_groups,
     trace_targets,
 )
 from sdbench import scheduling, sweeps
@@ -171,13 +176,6 @@ def group_dir_of_cell(wildcards):
     return f"results/engines/{g.engine}/{g.model}/{g.method}/{g.share}"
 
 
-def breakdown_spec(wildcards):
-    """A breakdown cell's resolved spec as a shell-quoted JSON param (a changed entry
-    reruns the cell)."""
-    spec = resolve_breakdown_cell(config, _cell(wildcards))
-    return shlex.quote(json.dumps(spec, sort_keys=True))
-
-
 def cell_container(wildcards):
     return config["engines"][wildcards.engine].get("container")
 
@@ -190,17 +188,12 @@ def cell_image(wildcards):
 
 
 def _engine_cell(wildcards):
-    """The (largest) cell of an engine job; trace jobs run at the trace batch size."""
+    """The cell that sizes an engine job: a group's largest (run and breakdown groups), or a
+    trace group's first (its traces differ only by prompts, all at the trace batch size).
+    """
     if "share" in wildcards.keys():
         return max(GROUPS[_group(wildcards)], key=lambda c: c.batch_size)
-    batch_size = wildcards.get("batch_size", TRACE_SETTINGS.get("max_num_seqs", 8))
-    return Cell(
-        wildcards.engine,
-        wildcards.model,
-        wildcards.dataset,
-        wildcards.method,
-        int(batch_size),
-    )
+    return _trace_cells(wildcards)[0]
 
 
 def cell_gpus(wildcards):
@@ -210,11 +203,6 @@ def cell_gpus(wildcards):
 
 def cell_mem_mb(wildcards):
     return scheduling.cell_mem_mb(config, _engine_cell(wildcards))
-
-
-def cell_runtime(wildcards, attempt):
-    """Wall-time limit (minutes), scaled by output length and batch size, per retry."""
-    return scheduling.cell_runtime_minutes(config, _engine_cell(wildcards), attempt)
 
 
 # A timed engine job takes every core Snakemake may use here (--cores), so that
@@ -442,17 +430,56 @@ PUBLISHED = config.get("published_traces", {})
 TRACE_DIR = "results/traces/{engine}/{model}/{dataset}"
 
 
-def trace_spec(wildcards):
-    """Cell spec of a trace run: the method's entry on the grid's engine/model/dataset."""
-    cell = Cell(
-        wildcards.engine,
-        wildcards.model,
-        wildcards.dataset,
-        wildcards.method,
-        TRACE_SETTINGS["max_num_seqs"],
-    )
-    spec = resolve_cell(config, cell, pairing=False)
+TRACE_GROUPS = trace_groups(config)
+# One engine per traced method (engine x model x method) traces every dataset
+# (sdbench.grid.TraceGroup); each trace then gets its own tables under TRACE_DIR.
+TRACE_GROUP_DIR = "results/trace_groups/{engine}/{model}/{method}"
+
+
+def _trace_cells(wildcards):
+    """The trace group's traces as cells at the trace batch size."""
+    group = TraceGroup(wildcards.engine, wildcards.model, wildcards.method)
+    return [
+        Cell(t.engine, t.model, t.dataset, t.method, TRACE_SETTINGS["max_num_seqs"])
+        for t in TRACE_GROUPS[group]
+    ]
+
+
+def trace_group_inputs(wildcards):
+    """Prompt tables of the trace group's datasets, and its drafter."""
+    inputs = {
+        f"prompts_{c.dataset}": PROMPTS.format(model=c.model, dataset=c.dataset)
+        for c in _trace_cells(wildcards)
+    }
+    return {**inputs, **drafter_inputs(wildcards)}
+
+
+def trace_group_spec(wildcards):
+    """Resolved specs of the group's traces and their prompt tables (a param: any change
+    reruns the group)."""
+    cells_ = _trace_cells(wildcards)
+    spec = {
+        "cells": [resolve_cell(config, c, pairing=False) for c in cells_],
+        "prompts": {
+            c.dataset: PROMPTS.format(model=c.model, dataset=c.dataset) for c in cells_
+        },
+    }
     return shlex.quote(json.dumps(spec, sort_keys=True))
+
+
+def trace_group_runtime(wildcards, attempt):
+    return scheduling.one_engine_runtime_minutes(
+        config, _trace_cells(wildcards), attempt
+    )
+
+
+def trace_group_dir_of_trace(wildcards):
+    group = trace_group_of(
+        TraceTarget(
+            wildcards.engine, wildcards.model, wildcards.dataset, wildcards.method
+        )
+    )
+    return TRACE_GROUP_DIR.format(**group.as_dict())
 
 
 def baseline_requests(wildcards):
@@ -731,6 +758,43 @@ def bleu_calls(wildcards):
 
 BREAKDOWN = breakdown_cells(config)
 BREAKDOWN_DIR = "results/breakdown/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
+# Breakdown cells share engines as the grid's cells do (sdbench.grid.breakdown_groups).
+BREAKDOWN_GROUPS = breakdown_groups(config)
+BREAKDOWN_GROUP_DIR = "results/breakdown_groups/{engine}/{model}/{method}/{share}"
+
+
+def breakdown_group_inputs(wildcards):
+    """Prompt tables of the breakdown group's datasets, and its drafter."""
+    inputs = {
+        f"prompts_{c.dataset}": PROMPTS.format(model=c.model, dataset=c.dataset)
+        for c in BREAKDOWN_GROUPS[_group(wildcards)]
+    }
+    return {**inputs, **drafter_inputs(wildcards)}
+
+
+def breakdown_group_spec(wildcards):
+    """Resolved breakdown specs of the group's cells and their prompt tables (a param: a
+    changed entry reruns the group)."""
+    cells_ = BREAKDOWN_GROUPS[_group(wildcards)]
+    spec = {
+        "cells": [resolve_breakdown_cell(config, c) for c in cells_],
+        "prompts": {
+            c.dataset: PROMPTS.format(model=c.model, dataset=c.dataset) for c in cells_
+        },
+    }
+    return shlex.quote(json.dumps(spec, sort_keys=True))
+
+
+def breakdown_group_runtime(wildcards, attempt):
+    return scheduling.one_engine_runtime_minutes(
+        config, BREAKDOWN_GROUPS[_group(wildcards)], attempt
+    )
+
+
+def breakdown_group_of_cell(wildcards):
+    return BREAKDOWN_GROUP_DIR.format(
+        **engine_group_of(config, _cell(wildcards)).as_dict()
+    )
 
 
 def breakdown_steps():

@@ -20,7 +20,7 @@ import pandas as pd
 # here are analyses (joins, tracing replays, simulator, figures).
 STAGES: dict[str, tuple[str, ...]] = {
     "training": ("build_tokenizer", "build_model", "build_head", "download_model"),
-    "engine cells": ("run_engine", "trace_cell", "breakdown_cell"),
+    "engine cells": ("run_engine", "trace_group", "breakdown_group", "serve_group"),
 }
 OTHER_STAGE = "analyses"
 

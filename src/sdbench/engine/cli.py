@@ -1,5 +1,5 @@
-"""Commands of the engine stage: ``sdbench run-cell``, ``run-group``, ``cell-tables``, ``trace-cell``,
-``serve-group``.
+"""Commands of the engine stage: ``sdbench run-cell``, ``run-group``, ``cell-tables``, ``trace-group``,
+``trace-tables``, ``serve-group``.
 
 Argument parsing only (argparse and the standard library); each command's implementation
 (:mod:`sdbench.engine.commands`, which imports vLLM when it starts an engine) is imported when it
@@ -43,6 +43,8 @@ def add_run_group(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
     g.add_argument("--quiet-guard", choices=QUIET_GUARD_MODES, default=None,
                    help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    g.add_argument("--breakdown", action="store_true",
+                   help="time every engine step by stage; each cell's directory also gets steps.parquet")
     g.add_argument("--engine-start", type=int, default=None,
                    help="measure in this process only, as engine start N of run.engine_starts (set by run-group itself)")
     g.set_defaults(func=lazy(COMMANDS, "_cmd_run_group"))
@@ -55,21 +57,34 @@ def add_cell_tables(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--dataset", required=True)
     c.add_argument("--batch-size", type=int, required=True)
     c.add_argument("--output-dir", required=True, help="the cell's directory (requests/calls/summary.parquet)")
+    c.add_argument("--steps", action="store_true", help="a breakdown group's cell: copy steps.parquet too")
     c.set_defaults(func=lazy(COMMANDS, "_cmd_cell_tables"))
 
 
-def add_trace_cell(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench trace-cell``."""
-    t = subparsers.add_parser("trace-cell", help="in-engine acceptance trace of one method (one token per step)")
-    t.add_argument("--spec", required=True, help="resolved cell spec (JSON)")
-    t.add_argument("--prompts", required=True)
+def add_trace_group(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench trace-group``."""
+    t = subparsers.add_parser(
+        "trace-group", help="in-engine acceptance traces of one method on every traced dataset, one engine"
+    )
+    t.add_argument("--spec", required=True, help='JSON: {"cells": [resolved cell specs], "prompts": {dataset: path}}')
     t.add_argument("--model-dir", required=True)
     t.add_argument("--drafter-dir", default=None)
     t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
     t.add_argument("--max-num-seqs", type=int, default=8, help="concurrent requests (distinct prompts)")
-    t.add_argument("--output", required=True, help="trace table (parquet)")
+    t.add_argument(
+        "--output-dir", required=True, help="group directory: <dataset>/engine_{trace,requests}.parquet per dataset"
+    )
+    t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_group"))
+
+
+def add_trace_tables(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench trace-tables``."""
+    t = subparsers.add_parser("trace-tables", help="one dataset's trace tables out of its trace group's directory")
+    t.add_argument("--group-dir", required=True)
+    t.add_argument("--dataset", required=True)
+    t.add_argument("--trace", required=True, help="trace table (parquet)")
     t.add_argument("--requests", required=True, help="prompts and greedy outputs of the traced run (parquet)")
-    t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_cell"))
+    t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_tables"))
 
 
 def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
@@ -92,5 +107,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_run_cell(subparsers)
     add_run_group(subparsers)
     add_cell_tables(subparsers)
-    add_trace_cell(subparsers)
+    add_trace_group(subparsers)
+    add_trace_tables(subparsers)
     add_serve_group(subparsers)

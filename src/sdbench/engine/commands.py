@@ -1,5 +1,5 @@
-"""Implementation of the engine commands ``run-cell``, ``run-group``, ``cell-tables`` and
-``trace-cell`` (parsed in :mod:`sdbench.engine.cli`).
+"""Implementation of the engine commands ``run-cell``, ``run-group``, ``cell-tables``,
+``trace-group`` and ``trace-tables`` (parsed in :mod:`sdbench.engine.cli`).
 """
 
 from __future__ import annotations
@@ -11,30 +11,55 @@ from pathlib import Path
 
 from sdbench.engine.groups import (
     CELL_TABLES,
+    STEPS_TABLE,
     cell_subdir,
     engine_starts,
     run_group,
     run_group_starts,
     write_cell_tables,
 )
-from sdbench.engine.runner import preflight, run_cell, trace_cell
-from sdbench.io import write_parquet
+from sdbench.engine.runner import preflight, run_cell, trace_group
+from sdbench.io import atomic_dir, atomic_path, write_parquet
+
+# A trace group's directory: <dataset>/<name>.parquet per traced dataset.
+TRACE_TABLES = ("engine_trace", "engine_requests")
 
 
-def _cmd_trace_cell(args: argparse.Namespace) -> int:
+def _cmd_trace_group(args: argparse.Namespace) -> int:
+    import tempfile
+
     from sdbench.lifeline import watch_workflow
 
     watch_workflow()
-    spec = json.loads(args.spec)
-    prompts = preflight(spec, args.prompts, args.model_dir, args.drafter_dir)
-    import tempfile
-
+    group = json.loads(args.spec)
+    specs = group["cells"]
+    prompts = {
+        spec["cell"]["dataset"]: preflight(spec, group["prompts"][spec["cell"]["dataset"]], args.model_dir, args.drafter_dir)
+        for spec in specs
+    }
     with tempfile.TemporaryDirectory(prefix="sdbench-trace-") as trace_dir:
-        trace, requests = trace_cell(
-            spec, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir
+        traced = trace_group(
+            specs, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir
         )
-    write_parquet(requests, args.requests)
-    write_parquet(trace, args.output)
+    # Assembled aside and renamed at the end: no group directory unless every trace is in it.
+    with atomic_dir(args.output_dir) as tmp:
+        for dataset, tables in sorted(traced.items()):
+            for name, table in zip(TRACE_TABLES, tables, strict=True):
+                write_parquet(table, tmp / dataset / f"{name}.parquet")
+    return 0
+
+
+def _cmd_trace_tables(args: argparse.Namespace) -> int:
+    import shutil
+
+    source = Path(args.group_dir) / args.dataset
+    targets = dict(zip(TRACE_TABLES, (args.trace, args.requests)))
+    missing = [n for n in TRACE_TABLES if not (source / f"{n}.parquet").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{source}: trace group lacks {', '.join(missing)}.parquet of this dataset")
+    for name, target in targets.items():  # copies: each output gets its own, newer mtime
+        with atomic_path(Path(target)) as tmp:
+            shutil.copyfile(source / f"{name}.parquet", tmp)
     return 0
 
 
@@ -69,7 +94,7 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
 
     watch_workflow()
     group = json.loads(args.spec)
-    if args.engine_start is None and engine_starts(group["cells"]) > 1:
+    if args.engine_start is None and engine_starts(group["cells"]) > 1 and not args.breakdown:
         own = ["run-group", "--spec", args.spec, "--model-dir", args.model_dir]
         own += ["--drafter-dir", args.drafter_dir] if args.drafter_dir else []
         own += ["--quiet-guard", args.quiet_guard] if args.quiet_guard else []
@@ -77,7 +102,7 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
     try:
         run_group(
             group["cells"], group["prompts"], args.model_dir, args.drafter_dir, args.output_dir,
-            args.quiet_guard or mode_from_env(),
+            args.quiet_guard or mode_from_env(), breakdown=args.breakdown,
         )
     except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
         print(f"error: {exc}", file=sys.stderr)
@@ -89,12 +114,11 @@ def _cmd_cell_tables(args: argparse.Namespace) -> int:
     import shutil
 
     source = Path(args.group_dir) / cell_subdir(args.dataset, args.batch_size)
-    missing = [n for n in CELL_TABLES if not (source / f"{n}.parquet").is_file()]
+    names = (*CELL_TABLES, STEPS_TABLE) if args.steps else CELL_TABLES
+    missing = [n for n in names if not (source / f"{n}.parquet").is_file()]
     if missing:
         raise FileNotFoundError(f"{source}: engine group lacks {', '.join(missing)}.parquet of this cell")
-    from sdbench.io import atomic_path
-
-    for name in CELL_TABLES:  # copies, not links: each output gets its own, newer mtime
+    for name in names:  # copies, not links: each output gets its own, newer mtime
         with atomic_path(Path(args.output_dir) / f"{name}.parquet") as tmp:
             shutil.copyfile(source / f"{name}.parquet", tmp)
     return 0

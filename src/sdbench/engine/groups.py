@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 # Written in this order: summary marks completion. ``baseline_calls`` is the paired no-SD
 # arm's calls (no rows when the cell was not measured in pairs).
 CELL_TABLES = ("requests", "calls", "baseline_calls", "summary")
+# A breakdown group's cells also hold their per-step stage timings (sdbench.engine.steptiming).
+STEPS_TABLE = "steps"
 
 
 def cell_subdir(dataset: str, batch_size: int) -> str:
@@ -140,6 +142,7 @@ def run_group(
     drafter_dir: str | None,
     output_dir: str,
     guard_mode: str = "flag",
+    breakdown: bool = False,
 ) -> None:
     """Measure every cell of an engine group on one engine (sdbench.grid.EngineGroup).
 
@@ -148,6 +151,8 @@ def run_group(
     cell on its own engine would be (the paper's driver does the same). The group's
     directory holds the :data:`CELL_TABLES` of each cell under ``<dataset>/bs<N>/`` and
     is complete or absent: it is assembled beside the destination and renamed.
+    With ``breakdown`` every engine step is timed by stage (sdbench.engine.steptiming)
+    and each cell's directory also gets its timed steps (:data:`STEPS_TABLE`).
     """
     import shutil
     import tempfile
@@ -162,19 +167,28 @@ def run_group(
         # second engine once an SD engine's modules are loaded, but not the other way round.
         baseline = start_engine(baseline_spec(cell_specs[0]), model_dir, None, max_num_seqs=max_num_seqs)
         baseline.shared_by = len(cell_specs)
-    engine = start_engine(cell_specs[0], model_dir, drafter_dir, max_num_seqs=max_num_seqs)
-    engine.shared_by = len(cell_specs)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # The step-timing plugin appends every step of the process here; each cell keeps its own.
+    steps_dir = str(scratch / ".steps") if breakdown else None
+    engine = start_engine(cell_specs[0], model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs)
+    engine.shared_by = len(cell_specs)
     try:
         for spec in cell_specs:
             cell = spec["cell"]
             log.info("cell %s/bs%s%s", cell["dataset"], cell["batch_size"], " (paired)" if baseline else "")
+            cell_dir = scratch / cell_subdir(cell["dataset"], cell["batch_size"])
             if baseline is not None:
                 tables = measure_paired(engine, baseline, spec, prompts[cell["dataset"]], guard_mode)
             else:
-                requests, calls, summary, _ = measure_cell(engine, spec, prompts[cell["dataset"]], None, guard_mode)
+                requests, calls, summary, steps = measure_cell(
+                    engine, spec, prompts[cell["dataset"]], steps_dir, guard_mode
+                )
                 tables = {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
-            write_cell_tables(tables, scratch / cell_subdir(cell["dataset"], cell["batch_size"]))
+                if steps is not None:
+                    write_parquet(steps, cell_dir / f"{STEPS_TABLE}.parquet")
+            write_cell_tables(tables, cell_dir)
+        if steps_dir is not None:
+            shutil.rmtree(steps_dir)
         if out.exists():
             shutil.rmtree(out)
         os.replace(scratch, out)

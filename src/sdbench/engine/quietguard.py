@@ -31,6 +31,8 @@ MIN_WINDOW_S = 0.2
 # Python loop in this process (at 0.5 s: 5-10% slower, noisier tiny-model cells); judging uses
 # the first and last sample of each process, the ones between only catch short-lived ones.
 SAMPLE_SECONDS = 5.0
+# sdbench commands that hold a vLLM engine (an idle one still holds its device memory).
+ENGINE_COMMANDS = ("run-cell", "run-group", "trace-group", "serve-group")
 
 
 class Contaminated(RuntimeError):
@@ -67,7 +69,7 @@ def _is_engine(cmd: str) -> bool:
     words = cmd.split()
     if not words:
         return False
-    if "sdbench" in cmd and any(w in ("run-cell", "trace-cell") for w in words):
+    if "sdbench" in cmd and any(w in ENGINE_COMMANDS for w in words):
         return True
     return any("vllm" in w.rsplit("/", 1)[-1].lower() for w in words[:3]) or words[0].startswith("VLLM::")
 

@@ -513,62 +513,77 @@ def _match_trace_ids(output_ids: list[str], traced: dict[str, Any]) -> dict[str,
     return mapping
 
 
-def trace_cell(
-    spec: dict[str, Any],
-    prompts: pd.DataFrame,
+def trace_group(
+    specs: list[dict[str, Any]],
+    prompts: dict[str, pd.DataFrame],
     model_dir: str,
     drafter_dir: str | None,
     num_speculative_tokens: int,
     max_num_seqs: int,
     trace_dir: str,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """In-engine acceptance trace of one method on a prompt set (see sdbench.engine.acceptancetrace).
+) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """In-engine acceptance traces of one method on several prompt sets, on one engine
+    (see sdbench.engine.acceptancetrace).
 
-    Proposes up to ``num_speculative_tokens`` per step but commits one token per
-    step, so outputs equal plain greedy decoding. Returns (trace table, requests).
+    ``specs`` are the method's resolved cells, one per dataset, and ``prompts`` their prompt
+    tables by dataset. The engine proposes up to ``num_speculative_tokens`` per step but
+    commits one token per step, so outputs equal plain greedy decoding. Returns, per
+    dataset, (trace table, requests). The cells must need the same engine (``ValueError``
+    naming the first dataset that does not): only the prompts and output lengths differ.
     """
     from sdbench.engine.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
+    from sdbench.traces.table import MethodTrace, make_trace_table
 
-    spec = json.loads(json.dumps(spec))  # private copy
-    spec["method"]["num_speculative_tokens"] = num_speculative_tokens
-    spec["cell"]["batch_size"] = max_num_seqs
+    specs = [json.loads(json.dumps(s)) for s in specs]  # private copies
+    for spec in specs:
+        spec["method"]["num_speculative_tokens"] = num_speculative_tokens
+        spec["cell"]["batch_size"] = max_num_seqs
+    first = specs[0]
+    engine_kwargs = build_llm_kwargs(first, model_dir, drafter_dir)
+    for spec in specs[1:]:
+        if build_llm_kwargs(spec, model_dir, drafter_dir) != engine_kwargs:
+            raise ValueError(
+                f"trace group of {first['cell']['method']}: dataset {spec['cell']['dataset']!r} needs "
+                f"other engine arguments than {first['cell']['dataset']!r}"
+            )
     os.environ[ENV_TRACE_DIR] = trace_dir
-    apply_env(engine_env(spec["engine"], spec["method"]))
+    apply_env(engine_env(first["engine"], first["method"]))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
-    kwargs["seed"] = spec["seed"]
-    llm = LLM(**kwargs)
-    sampling = SamplingParams(temperature=0.0, max_tokens=int(spec["dataset"]["max_tokens"]), seed=spec["seed"])
-    prompts = _select_prompts(prompts, spec)
-    outputs = llm.generate(
-        [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in prompts["prompt_token_ids"]],
-        sampling,
-        use_tqdm=False,
-    )
-    traced = read_trace_dir(trace_dir)
-    ids = _match_trace_ids([o.request_id for o in outputs], traced)
-    from sdbench.traces.table import MethodTrace, make_trace_table
-
-    method = spec["method"]["method"]
-    traces: list[MethodTrace] = []
-    request_rows: list[dict[str, Any]] = []
-    for row, out in zip(prompts.itertuples(), outputs, strict=True):
-        steps = np.asarray(traced[ids[out.request_id]], dtype=np.int32).reshape(-1, 2)
-        tokens = [int(t) for t in out.outputs[0].token_ids]
-        if len(steps) != len(tokens):
-            raise RuntimeError(f"trace mode: {len(steps)} steps for {len(tokens)} tokens of {row.request_id}")
-        traces.append(MethodTrace(str(row.request_id), method, steps[:, 0], steps[:, 1]))
-        request_rows.append(
-            {
-                "request_id": str(row.request_id),
-                "prompt_token_ids": [int(t) for t in row.prompt_token_ids],
-                "output_token_ids": tokens,
-                "finish_reason": str(out.outputs[0].finish_reason),
-            }
+    llm = LLM(**{**engine_kwargs, "seed": first["seed"]})
+    method = first["method"]["method"]
+    out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+    for spec in specs:
+        dataset = spec["cell"]["dataset"]
+        sampling = SamplingParams(temperature=0.0, max_tokens=int(spec["dataset"]["max_tokens"]), seed=spec["seed"])
+        selected = _select_prompts(prompts[dataset], spec)
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in selected["prompt_token_ids"]],
+            sampling,
+            use_tqdm=False,
         )
-    return make_trace_table(traces), pd.DataFrame(request_rows)
+        # Request ids are unique per engine: earlier datasets' records never match these.
+        traced = read_trace_dir(trace_dir)
+        ids = _match_trace_ids([o.request_id for o in outputs], traced)
+        traces: list[MethodTrace] = []
+        request_rows: list[dict[str, Any]] = []
+        for row, completion in zip(selected.itertuples(), outputs, strict=True):
+            steps = np.asarray(traced[ids[completion.request_id]], dtype=np.int32).reshape(-1, 2)
+            tokens = [int(t) for t in completion.outputs[0].token_ids]
+            if len(steps) != len(tokens):
+                raise RuntimeError(f"trace mode: {len(steps)} steps for {len(tokens)} tokens of {row.request_id}")
+            traces.append(MethodTrace(str(row.request_id), method, steps[:, 0], steps[:, 1]))
+            request_rows.append(
+                {
+                    "request_id": str(row.request_id),
+                    "prompt_token_ids": [int(t) for t in row.prompt_token_ids],
+                    "output_token_ids": tokens,
+                    "finish_reason": str(completion.outputs[0].finish_reason),
+                }
+            )
+        out[dataset] = (make_trace_table(traces), pd.DataFrame(request_rows))
+    return out
 
 
 DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft", "mtp": "mtp"}
