@@ -17,12 +17,20 @@ fi
 stamp=.venv/.sdbench-lock.sha256
 want="$(sha256sum requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    # uv installs the lock (exact pins, --no-deps) in ~15 s where pip takes ~80: parallel
+    # downloads, and bytecode is written on first import only for the modules a run imports.
+    # uv itself is pinned; it reads no pip.conf, so pip's find-links (a local CPU torch
+    # wheel on some machines) are passed on explicitly.
+    [ -x .venv/bin/uv ] || .venv/bin/python -m pip install --quiet "uv==${UV_VERSION:-0.13.9}"
+    links=()
+    for dir in ${PIP_FIND_LINKS:-} $(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true); do
+        [ -d "$dir" ] && links+=(--find-links "$dir")
+    done
+    uv=(.venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps "${links[@]}")
     # The build backend is pinned too (an old venv setuptools rejects the SPDX license field).
-    .venv/bin/python -m pip install --quiet --no-deps setuptools==78.1.1
-    # --no-compile: bytecode is written on first import instead, for the modules a run imports
-    # (a fraction of torch/vLLM/transformers' files), not for all of them up front.
-    .venv/bin/python -m pip install --quiet --no-deps --no-compile -r requirements/lock.txt
-    .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+    "${uv[@]}" setuptools==78.1.1
+    "${uv[@]}" -r requirements/lock.txt
+    "${uv[@]}" --no-build-isolation -e .
     echo "$want" > "$stamp"
 fi
 .venv/bin/python -c "import sdbench, vllm, snakemake" >/dev/null
