@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,41 @@ def published_traces_dir() -> Path:
     if not PUBLISHED_TRACES.is_dir():
         pytest.skip(f"published traces not found at {PUBLISHED_TRACES}")
     return PUBLISHED_TRACES
+
+
+@pytest.fixture
+def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No hub access, and the Arrow cache in a temporary directory instead of ~/.cache.
+
+    ``datasets`` and ``huggingface_hub`` read these variables when first imported, which
+    another test module may already have done in this process, so their module-level
+    settings are set too; any accidental hub request then fails at once instead of timing out.
+    """
+    import datasets.config
+    import huggingface_hub.constants
+
+    cache = tmp_path_factory.mktemp("hf-datasets-cache")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen3-like tokenizer (chat template with thinking) saved by the tests themselves."""
+    from datasets_tokenizers import save_qwen3_like
+
+    return save_qwen3_like(tmp_path_factory.mktemp("qwen3-tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen3_dir)  # as `sdbench prepare-dataset` loads it
 
 
 @pytest.fixture(scope="session")

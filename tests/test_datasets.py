@@ -28,13 +28,14 @@ from datasets_hub_copies import (
     SHAREGPT,
     WRITERS,
 )
-from datasets_tokenizers import THINK_EMPTY, save_llama3_like, save_qwen3_like
+from datasets_tokenizers import THINK_EMPTY, save_llama3_like
 
 from sdbench.cli import main
 from sdbench.config import ConfigError, load_config, validate_config
 from sdbench.datasets.prompts import BUILDERS, prepare
 
 REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("offline_hub")  # conftest.py
 
 # --- offline prompt sets ---------------------------------------------------------------
 
@@ -58,42 +59,10 @@ def test_code_edit_prompt_ends_with_the_edit_request() -> None:
 # --- hub datasets: fixtures ------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No hub access, and the Arrow cache in a temporary directory instead of ~/.cache.
-
-    ``datasets`` and ``huggingface_hub`` read these variables when first imported, which
-    another test module may already have done in this process, so their module-level
-    settings are set too; any accidental hub request then fails at once instead of timing out.
-    """
-    import datasets.config
-    import huggingface_hub.constants
-
-    cache = tmp_path_factory.mktemp("hf-datasets-cache")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-
-
 @pytest.fixture(scope="module")
 def paper_config() -> dict[str, Any]:
     """config/paper.yaml, validated (schema defaults filled in, as the pipeline sees it)."""
     return load_config(REPO / "config" / "paper.yaml")
-
-
-@pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_qwen3_like(tmp_path_factory.mktemp("qwen3-tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(qwen3_dir)  # as `sdbench prepare-dataset` loads it
 
 
 def _local_entry(paper_config: dict[str, Any], name: str, copy_dir: Path, **overrides: Any) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from datasets_tokenizers import save_qwen3_like
 
 from sdbench.analysis.categories import COLUMNS, category_acceptance, category_acceptance_markdown
 from sdbench.cli import main
@@ -21,21 +20,7 @@ from sdbench.datasets.prompts import BUILDERS, balanced_order, prepare, register
 from sdbench.datasets.speedbenchsample import DATA_FILE, write_sample
 
 PER_CATEGORY = 4
-
-
-@pytest.fixture(autouse=True)
-def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No hub access, and the Arrow cache in a temporary directory (as tests/test_datasets.py)."""
-    import datasets.config
-    import huggingface_hub.constants
-
-    cache = tmp_path_factory.mktemp("hf-datasets-cache")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+pytestmark = pytest.mark.usefixtures("offline_hub")  # conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -46,18 +31,6 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def placeholder_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_sample(tmp_path_factory.mktemp("sbp") / "speed-bench", per_category=PER_CATEGORY, placeholders=True)
-
-
-@pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return save_qwen3_like(tmp_path_factory.mktemp("qwen3-tokenizer"))
-
-
-@pytest.fixture(scope="module")
-def qwen3(qwen3_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(qwen3_dir)
 
 
 def _entry(local_path: Path, **overrides: Any) -> dict[str, Any]:
