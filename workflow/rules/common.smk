@@ -141,30 +141,39 @@ def _group(wildcards):
     )
 
 
-def group_inputs(wildcards):
-    """Prompt tables of the group's datasets (a temperature variant reads its base's), and its drafter."""
-    cells_ = GROUPS[_group(wildcards)]
-    datasets = sorted({sweeps.prompt_dataset(config, c.dataset) for c in cells_})
+def _prompt_tables(cells_):
+    """Dataset -> prompt table of each cell (a temperature variant reads its base's)."""
+    return {
+        c.dataset: PROMPTS.format(
+            model=c.model, dataset=sweeps.prompt_dataset(config, c.dataset)
+        )
+        for c in cells_
+    }
+
+
+def engine_job_inputs(wildcards, cells_):
+    """Inputs of a job running ``cells_`` on one engine: their prompt tables and the drafter."""
     inputs = {
-        f"prompts_{d}": f"results/prompts/{wildcards.model}/{d}.parquet"
-        for d in datasets
+        f"prompts_{Path(table).stem}": table
+        for table in _prompt_tables(cells_).values()
     }
     return {**inputs, **drafter_inputs(wildcards)}
 
 
-def group_spec(wildcards):
-    """Resolved specs of the group's cells and their prompt tables (a param: any change reruns the group)."""
-    cells_ = GROUPS[_group(wildcards)]
-    spec = {
-        "cells": [resolve_cell(config, c) for c in cells_],
-        "prompts": {
-            c.dataset: PROMPTS.format(
-                model=wildcards.model, dataset=sweeps.prompt_dataset(config, c.dataset)
-            )
-            for c in cells_
-        },
-    }
+def engine_job_spec(specs, cells_):
+    """A shell-quoted JSON param of resolved cell specs and their prompt tables (any change
+    reruns the job)."""
+    spec = {"cells": specs, "prompts": _prompt_tables(cells_)}
     return shlex.quote(json.dumps(spec, sort_keys=True))
+
+
+def group_inputs(wildcards):
+    return engine_job_inputs(wildcards, GROUPS[_group(wildcards)])
+
+
+def group_spec(wildcards):
+    cells_ = GROUPS[_group(wildcards)]
+    return engine_job_spec([resolve_cell(config, c) for c in cells_], cells_)
 
 
 def group_runtime(wildcards, attempt):
@@ -446,25 +455,14 @@ def _trace_cells(wildcards):
 
 
 def trace_group_inputs(wildcards):
-    """Prompt tables of the trace group's datasets, and its drafter."""
-    inputs = {
-        f"prompts_{c.dataset}": PROMPTS.format(model=c.model, dataset=c.dataset)
-        for c in _trace_cells(wildcards)
-    }
-    return {**inputs, **drafter_inputs(wildcards)}
+    return engine_job_inputs(wildcards, _trace_cells(wildcards))
 
 
 def trace_group_spec(wildcards):
-    """Resolved specs of the group's traces and their prompt tables (a param: any change
-    reruns the group)."""
     cells_ = _trace_cells(wildcards)
-    spec = {
-        "cells": [resolve_cell(config, c, pairing=False) for c in cells_],
-        "prompts": {
-            c.dataset: PROMPTS.format(model=c.model, dataset=c.dataset) for c in cells_
-        },
-    }
-    return shlex.quote(json.dumps(spec, sort_keys=True))
+    return engine_job_spec(
+        [resolve_cell(config, c, pairing=False) for c in cells_], cells_
+    )
 
 
 def trace_group_runtime(wildcards, attempt):
@@ -764,25 +762,12 @@ BREAKDOWN_GROUP_DIR = "results/breakdown_groups/{engine}/{model}/{method}/{share
 
 
 def breakdown_group_inputs(wildcards):
-    """Prompt tables of the breakdown group's datasets, and its drafter."""
-    inputs = {
-        f"prompts_{c.dataset}": PROMPTS.format(model=c.model, dataset=c.dataset)
-        for c in BREAKDOWN_GROUPS[_group(wildcards)]
-    }
-    return {**inputs, **drafter_inputs(wildcards)}
+    return engine_job_inputs(wildcards, BREAKDOWN_GROUPS[_group(wildcards)])
 
 
 def breakdown_group_spec(wildcards):
-    """Resolved breakdown specs of the group's cells and their prompt tables (a param: a
-    changed entry reruns the group)."""
     cells_ = BREAKDOWN_GROUPS[_group(wildcards)]
-    spec = {
-        "cells": [resolve_breakdown_cell(config, c) for c in cells_],
-        "prompts": {
-            c.dataset: PROMPTS.format(model=c.model, dataset=c.dataset) for c in cells_
-        },
-    }
-    return shlex.quote(json.dumps(spec, sort_keys=True))
+    return engine_job_spec([resolve_breakdown_cell(config, c) for c in cells_], cells_)
 
 
 def breakdown_group_runtime(wildcards, attempt):
