@@ -168,6 +168,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "bundle": _add_bundle,
     "containers": _add_containers,
     "check-model": models_cli.add_check_model,
+    "engines": engine_cli.add_engines,
 }
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)

@@ -44,7 +44,7 @@ _OPTIONAL: dict[str, tuple[str, ...]] = {
     "analysis": ("pip", "apt", "pip_extra_index_url"),
 }
 _FORK_KEYS = ("repo", "branch", "commit", "adds")
-_TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults")
+_TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults", "engine_sources")
 
 # vLLM general plugins this package registers (pyproject.toml entry points): name -> module.
 VLLM_PLUGINS: dict[str, str] = {

@@ -158,3 +158,15 @@ def _child_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_child_main(sys.argv[1:]))
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.defined("parity.bench_throughput", "vllm.benchmarks.throughput:run_vllm"),
+    tp.defined("parity.bench_throughput_main", "vllm.benchmarks.throughput:main", ["args"]),
+    tp.defined("parity.llm_init", "vllm.entrypoints.llm:LLM.__init__"),
+    tp.defined("parity.sampling_params", "vllm.sampling_params:SamplingParams"),
+)

@@ -191,3 +191,15 @@ def engine_args_diff(kwargs: dict[str, Any], argv: Sequence[str], parser: argpar
         if a != b and BENIGN_DEFAULT_DIFFS.get(f.name) != (a, b):
             diff[f.name] = (a, b)
     return diff
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.defined("parity.bench_throughput_args", "vllm.benchmarks.throughput:add_cli_args", ["parser"]),
+    tp.defined("parity.argument_parser", "vllm.utils.argparse_utils:FlexibleArgumentParser"),
+    tp.defined("parity.engine_args", "vllm.engine.arg_utils:EngineArgs.from_cli_args"),
+    tp.defined("parity.llm_engine", "vllm.entrypoints.llm:LLMEngine.from_engine_args"),
+)

@@ -162,3 +162,13 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
     for key, label in METRICS.items():
         print(f"  {label:18s} {med['ours'][key]:10.2f} / {med['vllm'][key]:10.2f} = {med['ours'][key] / med['vllm'][key]:.3f}")
     return 0
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.defined("parity.bench_serve", "vllm.benchmarks.serve:main", ["args"]),
+    tp.defined("parity.bench_serve_args", "vllm.benchmarks.serve:add_cli_args", ["parser"]),
+)

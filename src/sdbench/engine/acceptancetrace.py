@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,24 +39,28 @@ class Hooks:
     """Where trace mode hooks into one vLLM version."""
 
     runner_method: str
-    # Result of runner_method -> (request ids, committed token rows), row i <-> request i.
-    extract: Callable[[Any], tuple[Sequence[str], Sequence[Sequence[int]]] | None]
+    # runner_method returns a tuple: positions of the request ids and of the committed token rows
+    # (row i <-> request i); None: it returns a ModelRunnerOutput (req_ids, sampled_token_ids).
+    tuple_items: tuple[int, int] | None
     # parse_output returns (rows, logprobs) instead of rows.
     parse_returns_tuple: bool
 
-
-def _from_model_runner_output(out: Any) -> tuple[Sequence[str], Sequence[Sequence[int]]] | None:
-    if not hasattr(out, "sampled_token_ids"):  # IntermediateTensors (pipeline parallel)
-        return None
-    return out.req_ids, out.sampled_token_ids
+    def extract(self, out: Any) -> tuple[Sequence[str], Sequence[Sequence[int]]] | None:
+        """(request ids, committed token rows) of one result of ``runner_method``."""
+        if self.tuple_items is not None:
+            ids, rows = self.tuple_items
+            return out[ids], out[rows]
+        if not hasattr(out, "sampled_token_ids"):  # IntermediateTensors (pipeline parallel)
+            return None
+        return out.req_ids, out.sampled_token_ids
 
 
 HOOKS: dict[str, Hooks] = {
-    "0.10.1.1": Hooks("execute_model", _from_model_runner_output, parse_returns_tuple=False),
+    "0.10.1.1": Hooks("execute_model", None, parse_returns_tuple=False),
     # _bookkeeping_sync -> (nans, logprobs, valid_sampled_token_ids, prompt_logprobs, req_ids, ...)
-    "0.11.1": Hooks("_bookkeeping_sync", lambda r: (r[4], r[2]), parse_returns_tuple=False),
+    "0.11.1": Hooks("_bookkeeping_sync", (4, 2), parse_returns_tuple=False),
     # _bookkeeping_sync -> (nans, num_nans, logprobs, valid_sampled_token_ids, prompt_logprobs, req_ids, ...)
-    "0.32.0": Hooks("_bookkeeping_sync", lambda r: (r[5], r[3]), parse_returns_tuple=True),
+    "0.32.0": Hooks("_bookkeeping_sync", (5, 3), parse_returns_tuple=True),
 }
 
 _state: dict[str, Any] = {"installed": False, "lengths": None, "fh": None}
@@ -151,3 +155,79 @@ def read_trace_dir(directory: str | os.PathLike[str]) -> dict[str, list[tuple[in
                 rec = json.loads(line)
                 out.setdefault(rec["req_id"], []).append((rec["acc_len"], rec["proposed_len"]))
     return out
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_SAMPLER = "vllm.v1.sample.rejection_sampler:RejectionSampler"
+# The runner methods that drive one step (0.11+ splits it: execute_model, then sample_tokens).
+STEP_METHODS = ("execute_model", "sample_tokens")
+
+
+def _check_parse_output(src: tp.SourceTree) -> str | None:
+    hooks = hooks_for(src.version)
+    params = src.params(f"{_SAMPLER}.parse_output")
+    if params is None:
+        return f"{_SAMPLER}.parse_output not found"
+    if params[:2] != ["output_token_ids", "vocab_size"]:
+        return f"parse_output takes ({', '.join(params)})"
+    returns_tuple = bool(tp.return_names(src, f"{_SAMPLER}.parse_output"))
+    if returns_tuple != hooks.parse_returns_tuple:
+        return f"parse_output returns {'a tuple' if returns_tuple else 'rows'}, the hook expects the other"
+    return None
+
+
+def _check_runner_result(src: tp.SourceTree) -> str | None:
+    """The runner method the hook wraps returns request ids and committed rows where it reads them."""
+    hooks = hooks_for(src.version)
+    target = f"{_RUNNER}.{hooks.runner_method}"
+    if not src.has(target):
+        return f"{target} not found"
+    if hooks.tuple_items is None:
+        missing = {"req_ids", "sampled_token_ids"} - src.class_fields("vllm.v1.outputs:ModelRunnerOutput")
+        return f"ModelRunnerOutput lacks {', '.join(sorted(missing))}" if missing else None
+    try:
+        layout = tp.tuple_layout(tp.return_names(src, target), ["req_ids_output_copy", "valid_sampled_token_ids"])
+    except ValueError as exc:
+        return f"{hooks.runner_method}: {exc}"
+    read = dict(zip(("req_ids_output_copy", "valid_sampled_token_ids"), hooks.tuple_items))
+    if layout != read:
+        return f"{hooks.runner_method} returns request ids / rows at {layout}, the hook reads {read}"
+    return None
+
+
+def _truncates(name: str) -> bool:
+    # Where the hook cuts a step to one committed token.
+    return name.endswith("parse_output")
+
+
+def _check_drafts_aligned(src: tp.SourceTree) -> str | None:
+    """Every drafter call of a step comes after the truncation, so the next drafts start at the
+    one committed token (else they continue from the whole accepted run and the trace is offset)."""
+    for method in STEP_METHODS:
+        target = f"{_RUNNER}.{method}"
+        if not src.has(target):
+            continue
+        order = tp.call_order(
+            src, target, {"cut": _truncates, "draft": lambda n: n.endswith("propose_draft_token_ids")}
+        )
+        if order["draft"] and not order["cut"]:
+            return f"{method} drafts (line {order['draft'][0]}) but never reaches the trace hook's truncation"
+        early = [line for line in order["draft"] if order["cut"] and line < order["cut"][0]]
+        if early:
+            return (f"{method} drafts at line {early[0]} before the trace hook truncates the step (line "
+                    f"{order['cut'][0]}): the drafter proposes from the whole accepted run, the next drafts are offset")
+    return None
+
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.custom("trace.parse_output", _check_parse_output, [f"{_SAMPLER}.parse_output"]),
+    tp.custom("trace.runner_result", _check_runner_result,
+              [f"{_RUNNER}.execute_model", f"{_RUNNER}._bookkeeping_sync", "vllm.v1.outputs:ModelRunnerOutput"]),
+    tp.custom("trace.drafts_aligned", _check_drafts_aligned, [f"{_RUNNER}.sample_tokens"]),
+    tp.fields("trace.scheduled_drafts", "vllm.v1.core.sched.output:SchedulerOutput", ["scheduled_spec_decode_tokens"]),
+    tp.defined("trace.tp_rank", "vllm.distributed.parallel_state:get_tensor_model_parallel_rank"),
+)

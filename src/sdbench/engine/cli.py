@@ -1,5 +1,5 @@
 """Commands of the engine stage: ``sdbench run-cell``, ``run-group``, ``cell-tables``, ``trace-group``,
-``trace-tables``, ``serve-group``.
+``trace-tables``, ``serve-group``, ``engines conformance``.
 
 Argument parsing only (argparse and the standard library); each command's implementation
 (:mod:`sdbench.engine.commands`, which imports vLLM when it starts an engine) is imported when it
@@ -102,6 +102,26 @@ def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
     s.set_defaults(func=lazy("sdbench.engine.servegroup", "_cmd_serve_group"))
 
 
+def add_engines(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench engines conformance``."""
+    e = subparsers.add_parser("engines", help="the vLLM releases sdbench runs on")
+    sub = e.add_subparsers(dest="engines_command", required=True)
+    c = sub.add_parser(
+        "conformance",
+        help="check every engine touchpoint against each release's real source (no import, no GPU)",
+    )
+    c.add_argument("--version", action="append", metavar="X.Y.Z", help="only this release (repeatable; default: all)")
+    c.add_argument("--source-dir", action="append", default=[], metavar="VERSION=DIR",
+                   help="read a release from an unpacked wheel or checkout instead of its pinned wheel (repeatable)")
+    c.add_argument("--images", default="containers/images.yaml", help="where the wheels are pinned (engine_sources)")
+    c.add_argument("--cache-dir", default="resources/engine-sources",
+                   help="unpacked sources, downloaded once per pin (default: resources/engine-sources)")
+    c.add_argument("--config", action="append", metavar="CONFIG",
+                   help="configs whose pass-through keys are checked (repeatable; default: the shipped ones)")
+    c.add_argument("--offline", action="store_true", help="never download: the cache and --source-dir only")
+    c.set_defaults(func=lazy("sdbench.engine.conformance", "_cmd_conformance"))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the engine stage's commands."""
     add_run_cell(subparsers)
@@ -110,3 +130,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_trace_group(subparsers)
     add_trace_tables(subparsers)
     add_serve_group(subparsers)
+    add_engines(subparsers)

@@ -70,3 +70,48 @@ def register() -> None:
         return
     if fixes and current_platform.is_cpu():
         install(fixes)
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+PLUGIN_GROUP = "vllm.general_plugins"  # pyproject.toml's entry points of the engine plugins
+
+
+def _check_plugins_loaded(src: tp.SourceTree) -> str | None:
+    """vLLM loads the general plugins in the engine core and in every worker process."""
+    if not src.string_in("vllm.plugins", PLUGIN_GROUP):
+        return f"vllm.plugins does not load the {PLUGIN_GROUP!r} group"
+    places = {
+        "EngineCore.__init__": "vllm.v1.engine.core:EngineCore.__init__",
+        "WorkerWrapperBase.init_worker": next(
+            (f"{m}:WorkerWrapperBase.init_worker" for m in ("vllm.v1.worker.worker_base", "vllm.worker.worker_base")
+             if src.has(f"{m}:WorkerWrapperBase.init_worker")), ""),
+    }
+    for name, target in places.items():
+        if not target or not any(tp.call_name(c).endswith("load_general_plugins") for c in src.calls_in(target)):
+            return f"{name} does not call load_general_plugins()"
+    return None
+
+
+def _fix_versions() -> dict[str, list[str]]:
+    from sdbench.engine.versions import _KNOWN
+
+    out: dict[str, list[str]] = {}
+    for quirks in _KNOWN.values():
+        for fix in quirks.fixes:
+            out.setdefault(fix, []).append(quirks.version)
+    return out
+
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.custom("plugins.loaded", _check_plugins_loaded,
+              ["vllm.plugins", "vllm.v1.engine.core:EngineCore.__init__",
+               "vllm.v1.worker.worker_base:WorkerWrapperBase.init_worker"]),
+    tp.defined("plugins.platform", "vllm.platforms:current_platform"),
+    *(tp.positional(f"fix.{name}", f"{module}:{attr}",
+                    ["output", "input_val", "cu_num_tokens", "replace_from", "replace_to"],
+                    versions=_fix_versions().get(name, ["-"]))
+      for name, (module, attr) in FIX_TARGETS.items()),
+)

@@ -202,3 +202,22 @@ def read_metrics(base_url: str, timeout_s: float = 30.0) -> SDCounters:
     """``GET /metrics`` of the server, parsed (:func:`parse_sd_counters`)."""
     with urllib.request.urlopen(f"{base_url}/metrics", timeout=timeout_s) as resp:  # noqa: S310 - loopback
         return parse_sd_counters(resp.read().decode("utf-8", errors="replace"))
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+ROUTES = ("/health", "/metrics", "/v1/completions")
+
+
+def _check_routes(src: tp.SourceTree) -> str | None:
+    """The server answers the routes the client calls (route strings under vllm.entrypoints)."""
+    missing = set(ROUTES)
+    for module in src.modules_under("vllm.entrypoints"):
+        missing -= {r for r in missing if src.string_in(module, r)}
+        if not missing:
+            return None
+    return f"no route {', '.join(sorted(missing))} under vllm.entrypoints"
+
+
+TOUCHPOINTS = tp.declare(__name__, tp.custom("server.routes", _check_routes, ["vllm.entrypoints"]))

@@ -35,6 +35,14 @@ SD_COUNTERS = {
     "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 SD_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# Keyword arguments build_llm_kwargs() may write (engine.llm_kwargs adds the config's own;
+# sdbench.engine.conformance checks those).
+LLM_KWARGS = (
+    "model", "tokenizer", "dtype", "tensor_parallel_size", "max_num_seqs", "enable_prefix_caching",
+    "disable_log_stats", "seed", "max_model_len", "speculative_config", "async_scheduling",
+)  # fmt: skip
+# The engine's per-request SD counters (vLLM >= 0.32, EngineQuirks.per_request_spec_metrics).
+PER_REQUEST_KWARG = "per_request_spec_decode_metrics"
 # Summary columns of a cell timed in pairs with a no-SD engine (sdbench.engine.paired).
 PAIRED_COLUMNS = (
     "paired_baseline_tokens_per_s",
@@ -117,7 +125,7 @@ def build_llm_kwargs(
         kwargs["speculative_config"] = sc
         if quirks_for(engine["vllm_version"]).per_request_spec_metrics:
             # Per-request acceptance counters on each output (requests.parquet `sd_*` columns).
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            kwargs[PER_REQUEST_KWARG] = "summary"
     kwargs.update(engine.get("llm_kwargs", {}))
     return kwargs
 
@@ -604,3 +612,86 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     if drafter_dir and role:
         check_model_dir(drafter_dir, role)
     return prompts
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+
+def _check_llm_kwargs(src: tp.SourceTree) -> str | None:
+    """``LLM(**kwargs)`` hands every keyword to ``EngineArgs``: each must be one of its fields."""
+    accepted = src.class_fields("vllm.engine.arg_utils:EngineArgs") | set(src.params("vllm:LLM.__init__") or ())
+    wanted = list(LLM_KWARGS)
+    if quirks_for(src.version).per_request_spec_metrics:
+        wanted.append(PER_REQUEST_KWARG)
+    missing = [k for k in wanted if k not in accepted]
+    return f"EngineArgs has no field {', '.join(missing)}" if missing else None
+
+
+def _row_truncations(src: tp.SourceTree, target: str) -> list[int]:
+    """Lines of ``target`` that cut the rows parse_output returned (``rows[i] = row[:1]``, ...)."""
+    import ast
+
+    fn = src.find(target)
+    if fn is None:
+        return []
+    rows: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                tp.call_name(node.value).endswith("parse_output"):
+            for t in node.targets:
+                elts = t.elts if isinstance(t, ast.Tuple) else [t]
+                if elts and isinstance(elts[0], ast.Name):
+                    rows.add(elts[0].id)
+    lines = []
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Assign):
+            continue
+        cut = any(isinstance(v, ast.Subscript) and isinstance(v.slice, ast.Slice) for v in ast.walk(node.value))
+        for t in node.targets:
+            name = t.value if isinstance(t, ast.Subscript) else t
+            if cut and isinstance(name, ast.Name) and name.id in rows:
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def _check_commits_accepted(src: tp.SourceTree) -> str | None:
+    """Timed cells measure SD only if the runner commits every accepted token of a step: no
+    method that reads the rejection sampler's rows may cut them (a tracing build does)."""
+    runner = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+    cls = src.find(runner)
+    if cls is None:
+        return f"{runner} not found"
+    for method in [n.name for n in getattr(cls, "body", []) if hasattr(n, "args")]:
+        lines = _row_truncations(src, f"{runner}.{method}")
+        if lines:
+            return (f"GPUModelRunner.{method} cuts the accepted rows at line {lines[0]}: one token per step "
+                    "(a tracing build), timed SD cells would show no speedup")
+    return None
+
+
+def _per_request_versions() -> list[str]:
+    from sdbench.engine.versions import _KNOWN
+
+    return [q.version for q in _KNOWN.values() if q.per_request_spec_metrics]
+
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.custom("timing.commits_accepted", _check_commits_accepted,
+              ["vllm.v1.worker.gpu_model_runner:GPUModelRunner"]),
+    tp.custom("llm.kwargs", _check_llm_kwargs, ["vllm:LLM", "vllm.engine.arg_utils:EngineArgs"]),
+    tp.defined("llm.generate", "vllm:LLM.generate", ["prompts", "sampling_params", "use_tqdm"]),
+    tp.defined("llm.get_metrics", "vllm:LLM.get_metrics"),
+    tp.fields("llm.metric_counter", "vllm.v1.metrics.reader:Counter", ["name", "value"]),
+    tp.fields("llm.metric_vector", "vllm.v1.metrics.reader:Vector", ["name", "values"]),
+    tp.strings("llm.metric_names", "vllm.v1.spec_decode.metrics", [*SD_COUNTERS.values(), SD_PER_POS, "position"]),
+    tp.fields("llm.tokens_prompt", "vllm.inputs:TokensPrompt", ["prompt_token_ids"]),
+    tp.fields("llm.request_output", "vllm.outputs:RequestOutput.__init__", ["request_id", "outputs"]),
+    tp.fields("llm.completion_output", "vllm.outputs:CompletionOutput", ["token_ids", "text", "finish_reason"]),
+    tp.fields("llm.per_request_metrics", "vllm.outputs:CompletionOutput", ["spec_decode_metrics"],
+              versions=_per_request_versions()),
+    tp.strings("llm.per_request_metrics_keys", "vllm.v1.metrics.stats",
+               ["num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens", "mean_acceptance_length"],
+               versions=_per_request_versions()),
+)

@@ -56,3 +56,12 @@ def call_sampling_params(spec: dict[str, Any], request_ids: list[str]) -> Any:
         SamplingParams(temperature=t, **common, seed=request_seed(spec["seed"], rid, slot))
         for slot, rid in enumerate(request_ids)
     ]
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.fields("sampling.params", "vllm:SamplingParams", ["temperature", "max_tokens", "seed", "ignore_eos"]),
+)

@@ -225,3 +225,49 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+_FRONTEND_MODULES = ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
+
+
+def _check_module(src: tp.SourceTree) -> str | None:
+    """``python -m <server_module>`` starts the OpenAI-compatible server."""
+    module = quirks_for(src.version).server_module
+    text = src.text(module)
+    if text is None:
+        return f"server module {module} not found"
+    return None if '__name__ == "__main__"' in text else f"{module} has no __main__ block"
+
+
+def _check_frontend_flags(src: tp.SourceTree) -> str | None:
+    """``--host`` / ``--port`` are FrontendArgs fields; engine flags come from EngineArgs fields."""
+    for module in _FRONTEND_MODULES:
+        fields = src.class_fields(f"{module}:FrontendArgs")
+        if fields:
+            missing = {"host", "port"} - fields
+            return f"FrontendArgs lacks {', '.join(sorted(missing))}" if missing else None
+    return "no FrontendArgs found"
+
+
+def _check_engine_flags(src: tp.SourceTree) -> str | None:
+    """``--served-model-name``, ``--no-<flag>`` for booleans, ``--speculative-config`` as JSON."""
+    if "served_model_name" not in src.class_fields("vllm.engine.arg_utils:EngineArgs"):
+        return "EngineArgs has no served_model_name"
+    text = src.text("vllm.engine.arg_utils") or ""
+    if "BooleanOptionalAction" not in text:
+        return "EngineArgs flags are not BooleanOptionalAction (no --no-<flag>)"
+    if 'vllm_kwargs["speculative_config"]["type"] = optional_type(json.loads)' not in text:
+        return "--speculative-config is not parsed as JSON"
+    return None
+
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.custom("server.module", _check_module, ["vllm.entrypoints.openai.api_server",
+                                               "vllm.entrypoints.launchers.api_server.entry"]),
+    tp.custom("server.frontend_flags", _check_frontend_flags, [f"{m}:FrontendArgs" for m in _FRONTEND_MODULES]),
+    tp.custom("server.engine_flags", _check_engine_flags, ["vllm.engine.arg_utils:EngineArgs"]),
+)

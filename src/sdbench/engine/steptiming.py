@@ -521,3 +521,60 @@ def read_step_dir(directory: str | os.PathLike[str]) -> pd.DataFrame:
     for col in ("step_s", *STAGE_COLUMNS, "other_s"):
         out[col] = out[col].astype("float64")
     return out
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+_CORE = "vllm.v1.engine.core:EngineCore"
+
+
+def _hook_targets(hooks: Hooks) -> list[str]:
+    targets = [f"{_RUNNER}.execute_model", hooks.propose, *hooks.sample]
+    if hooks.verify is not None:
+        targets.append(hooks.verify)
+    if hooks.split_execute:
+        targets.append(f"{_RUNNER}.sample_tokens")
+    return [t if ":" in t else t for t in targets]
+
+
+def _check_hooks(src: tp.SourceTree) -> str | None:
+    """Every hook target of this build exists, and the hooks' shape matches the build's runner."""
+    hooks = hooks_for(src.version)
+    missing = [t for t in _hook_targets(hooks) if not src.has(t)]
+    if missing:
+        return f"hook target {missing[0]} not found"
+    has_sample_tokens = src.has(f"{_RUNNER}.sample_tokens")
+    if hooks.split_execute != has_sample_tokens:
+        return (f"the hooks {'split' if hooks.split_execute else 'do not split'} execution into execute_model + "
+                f"sample_tokens, but the runner {'has' if has_sample_tokens else 'lacks'} sample_tokens")
+    if hooks.post_step != src.has(f"{_CORE}.post_step"):
+        return f"EngineQuirks post_step={hooks.post_step} but EngineCore.post_step {'is absent' if hooks.post_step else 'exists'}"
+    return None
+
+
+def _check_step_result(src: tp.SourceTree) -> str | None:
+    """``EngineCore.step`` returns ``(outputs, model_executed)``: the hook reads item 1."""
+    returns = tp.return_names(src, f"{_CORE}.step")
+    if not returns:
+        return "EngineCore.step returns no tuple"
+    if any(len(r) != 2 for r in returns):
+        return f"EngineCore.step returns {returns}"
+    return None
+
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.custom("breakdown.hooks", _check_hooks,
+              [f"{_RUNNER}.execute_model", f"{_RUNNER}.sample_tokens", f"{_RUNNER}._model_forward", f"{_RUNNER}._sample",
+               f"{_RUNNER}.propose_draft_token_ids", "vllm.v1.sample.sampler:Sampler.forward",
+               "vllm.v1.sample.rejection_sampler:RejectionSampler.forward", f"{_CORE}.post_step"]),
+    tp.custom("breakdown.step_result", _check_step_result, [f"{_CORE}.step"]),
+    tp.defined("breakdown.batch_queue_step", f"{_CORE}.step_with_batch_queue"),
+    tp.fields("breakdown.scheduler_output", "vllm.v1.core.sched.output:SchedulerOutput",
+              ["scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "total_num_scheduled_tokens",
+               "scheduled_spec_decode_tokens"]),
+    tp.fields("breakdown.new_request", "vllm.v1.core.sched.output:NewRequestData", ["num_computed_tokens"]),
+    tp.fields("breakdown.cached_requests", "vllm.v1.core.sched.output:CachedRequestData", ["num_computed_tokens"]),
+    tp.defined("breakdown.tp_rank", "vllm.distributed.parallel_state:get_tensor_model_parallel_rank"),
+)

@@ -106,6 +106,11 @@ _V0_32_0 = EngineQuirks(
 _KNOWN: dict[str, EngineQuirks] = {q.version: q for q in (_V0_10_1_1, _V0_11_1, _V0_32_0)}
 
 
+def known_versions() -> list[str]:
+    """Every vLLM release sdbench has quirks for (those a config may name), sorted."""
+    return sorted(_KNOWN, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
 def quirks_for(vllm_version: str) -> EngineQuirks:
     """Quirks of a vLLM release; raises ``ValueError`` for an unknown version."""
     try:
@@ -217,6 +222,10 @@ def _worker_memory(worker: Any) -> dict[str, float]:
     return {"weights_bytes": float(weights) if weights else float("nan"), "kv_bytes": float(kv) or float("nan")}
 
 
+# What engine_memory() hands LLM.collective_rpc (the transport touchpoint checks how it travels).
+WORKER_MEMORY_RPC: Any = _worker_memory
+
+
 def engine_memory(llm: Any) -> dict[str, float]:
     """Engine-reported memory, summed over workers: weights and KV cache (GiB), KV capacity (tokens).
 
@@ -226,7 +235,7 @@ def engine_memory(llm: Any) -> dict[str, float]:
     out = {"measured_weights_gib": float("nan"), "measured_kv_cache_gib": float("nan"),
            "kv_cache_capacity_tokens": float("nan")}
     try:
-        per_worker = llm.collective_rpc(_worker_memory)
+        per_worker = llm.collective_rpc(WORKER_MEMORY_RPC)
         out["measured_weights_gib"] = sum(w["weights_bytes"] for w in per_worker) / 2**30
         out["measured_kv_cache_gib"] = sum(w["kv_bytes"] for w in per_worker) / 2**30
     except Exception:  # noqa: BLE001 - memory accounting must never fail a timed run
@@ -237,3 +246,91 @@ def engine_memory(llm: Any) -> dict[str, float]:
     except Exception:  # noqa: BLE001
         pass
     return out
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+_SPEC_MODULE = "vllm.config.speculative"
+_TREE_VERSIONS = [q.version for q in _KNOWN.values() if q.tree_env]
+
+
+def _release_methods(src: tp.SourceTree) -> set[str]:
+    module = _SPEC_MODULE if src.module_file(_SPEC_MODULE) else "vllm.config"
+    return src.literal_values(module, "SpeculativeMethod")
+
+
+def _check_methods(src: tp.SourceTree) -> str | None:
+    """Every method the quirks let run (and every alias target) is a method name of the release."""
+    quirks = quirks_for(src.version)
+    accepted = _release_methods(src)
+    if not accepted:
+        return "no SpeculativeMethod Literal found"
+    names = (quirks.methods - set(quirks.aliases)) | set(quirks.aliases.values())
+    missing = sorted(names - accepted)
+    return f"SpeculativeMethod lacks {', '.join(missing)}" if missing else None
+
+
+def _check_inprocess(src: tp.SourceTree) -> str | None:
+    """``inprocess_spec_decode`` matches whether the in-process client hands drafts to the scheduler."""
+    has_post_step = src.has("vllm.v1.engine.core:EngineCore.post_step")
+    calls_post = any(
+        tp.call_name(c).endswith("post_step") for c in src.calls_in("vllm.v1.engine.core_client:InprocClient.get_output")
+    )
+    works = not has_post_step or calls_post
+    if works != quirks_for(src.version).inprocess_spec_decode:
+        return (f"EngineCore.post_step {'exists' if has_post_step else 'is absent'} and InprocClient.get_output "
+                f"{'calls' if calls_post else 'never calls'} it: in-process SD {'drafts' if works else 'never drafts'}, "
+                f"but EngineQuirks.inprocess_spec_decode={not works}")
+    return None
+
+
+def _check_rpc_transport(src: tp.SourceTree) -> str | None:
+    """How ``LLM.collective_rpc(WORKER_MEMORY_RPC)`` reaches the workers on every client."""
+    if isinstance(WORKER_MEMORY_RPC, str):
+        for module in ("vllm.v1.serial_utils", "vllm.utils"):
+            text = src.source_of(f"{module}:run_method")
+            if text:
+                if "isinstance(method, str)" in text and "getattr(obj, method)" in text:
+                    return None
+                return f"{module}.run_method does not look a str method up on the worker"
+        return "no run_method found"
+    text = src.source_of("vllm.v1.serial_utils:MsgpackEncoder.enc_hook")
+    guard, func = text.find("VLLM_ALLOW_INSECURE_SERIALIZATION"), text.find("FunctionType")
+    if guard != -1 and func != -1 and guard < func:
+        return ("a function passed to collective_rpc: the multiprocess engine client's msgpack encoder "
+                "(v1/serial_utils.py MsgpackEncoder.enc_hook) refuses it unless VLLM_ALLOW_INSECURE_SERIALIZATION=1, "
+                "so engine_memory() returns NaN on every cell whose engine core runs in another process")
+    return None
+
+
+def _check_tree_backend(src: tp.SourceTree) -> str | None:
+    backend = quirks_for(src.version).tree_env.get("VLLM_ATTENTION_BACKEND")
+    if backend is None:
+        return None
+    for module in ("vllm.attention.backends.registry", "vllm.platforms.interface"):
+        text = src.text(module) or ""
+        if f"{backend} =" in text or f"{backend}=" in text:
+            return None
+    return f"no attention backend named {backend}"
+
+
+TOUCHPOINTS = tp.declare(
+    __name__,
+    tp.custom("spec.methods", _check_methods, [f"{_SPEC_MODULE}:SpeculativeMethod"]),
+    # Keys speculative_config() writes (those a config passes are checked by sdbench.engine.conformance).
+    tp.fields("spec.config_keys", "vllm.config:SpeculativeConfig",
+              ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"]),
+    tp.fields("spec.token_tree", "vllm.config:SpeculativeConfig", ["speculative_token_tree"],
+              versions=_TREE_VERSIONS),
+    tp.custom("engine.inprocess_spec_decode", _check_inprocess,
+              ["vllm.v1.engine.core:EngineCore.post_step", "vllm.v1.engine.core_client:InprocClient.get_output"]),
+    tp.env_vars("env.process_layout", ["VLLM_ENABLE_V1_MULTIPROCESSING"]),
+    tp.env_vars("env.tree_backend", ["VLLM_ATTENTION_BACKEND"], versions=_TREE_VERSIONS),
+    tp.custom("env.tree_backend_name", _check_tree_backend, ["vllm.attention.backends.registry"],
+              versions=_TREE_VERSIONS),
+    tp.custom("memory.collective_rpc_transport", _check_rpc_transport,
+              ["vllm.v1.serial_utils:MsgpackEncoder.enc_hook", "vllm.v1.serial_utils:run_method"]),
+    tp.defined("memory.collective_rpc", "vllm:LLM.collective_rpc", ["method"]),
+    tp.fields("memory.kv_capacity", "vllm.config:CacheConfig", ["num_gpu_blocks", "block_size"]),
+)
