@@ -148,3 +148,27 @@ def test_a_new_image_changes_exactly_its_cells_params(paper_jobs: list, tmp_path
     }
     expected = {(j.rule.name, str(j.wildcards)) for j in cells if j.wildcards.engine == "vllm-0.11.1"}
     assert rerun == expected and expected
+
+
+def test_one_gpu_first_run_plans(tmp_path: Path) -> None:
+    """``snakemake -n --profile profiles/gpu --configfile config/gpu-smoke.yaml`` (README, cluster
+    section): 12 cells on three engine groups, two trace groups and three breakdown groups, every
+    engine job asking for the one GPU the profile has, and the figures they feed."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(DOUBLES), str(BIN), os.environ["PATH"]])}
+    result = subprocess.run(
+        [str(BIN / "snakemake"), "-n", "--profile", str(REPO / "profiles" / "gpu"),
+         "--configfile", str(REPO / "config" / "gpu-smoke.yaml"), "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, re.MULTILINE))
+    assert {k: int(counts[k]) for k in ("run_cell", "run_engine", "trace_group", "breakdown_group")} == {
+        "run_cell": 12, "run_engine": 3, "trace_group": 2, "breakdown_group": 3,
+    }  # fmt: skip
+    for figure in ("fig01_end_to_end", "fig03_runtime_breakdown", "fig04_acceptance_heatmap", "tab02_memory"):
+        assert int(counts.get(figure, 0)) >= 1, figure
+    engine_resources = re.findall(r"^rule (?:run_engine|trace_group|breakdown_group):.*?resources: ([^\n]*)",
+                                  result.stdout, re.MULTILINE | re.DOTALL)  # fmt: skip
+    assert len(engine_resources) == 8 and all("gpu=1" in r for r in engine_resources)
+    assert yaml.safe_load((REPO / "profiles" / "gpu" / "config.yaml").read_text())["resources"] == ["gpu=1"]

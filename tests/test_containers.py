@@ -252,6 +252,50 @@ def _calls(tmp_path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
 
 
+# --- source builds ---------------------------------------------------------------------------
+
+
+def test_the_011_image_builds_arctic_inference_with_pinned_requirements() -> None:
+    image = next(i for i in _images().images if i.name == "sdbench-vllm-0.11.1")
+    (build,) = image.source_builds
+    assert build.requirement == "arctic-inference==0.1.1" and build.from_image == ("torch",)
+    assert not any(p.startswith("arctic-inference") for p in image.pip)
+    post = (CONTAINERS / "sdbench-vllm-0.11.1.def").read_text()
+    wheel = post.index("wheel --no-deps --no-build-isolation")
+    assert post.index("g++=4:11.2.0-1ubuntu1") < post.index("nanobind==2.9.2") < wheel
+    assert f"arctic_inference-0.1.1.tar.gz#sha256={build.sha256}" in post[wheel:]
+    assert post.index("rm -rf /tmp/sdbench-build-env") < post.index("/opt/sdbench/datasets \\")
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda b: b["build_pip"].remove("nanobind==2.9.2"), r"'nanobind==2.9.2' is neither in build_pip nor from_image"),
+        (lambda b: b["build_pip"].append("protobuf==6.31.1") or b["build_pip"].remove("protobuf==5.29.5"),
+         r"pins protobuf==6.31.1, the archive requires 'protobuf==5.29.5'"),
+        (lambda b: b.update(apt=["make=4.3-4.1build1"]), r"compiles C/C\+\+ but apt pins no compiler"),
+        (lambda b: b.update(from_image=["torch", "numpy"]), r"from_image names numpy, which the archive does not"),
+    ],
+)
+def test_check_reads_the_archive_and_names_an_uncovered_build_requirement(tmp_path: Path, change, message) -> None:
+    """The real arctic-inference 0.1.1 archive (PyPI, sha256-pinned; cached in resources/)."""
+    data = yaml.safe_load(IMAGES.read_text())
+    change(data["images"]["sdbench-vllm-0.11.1"]["source_builds"][0])
+    data["images"] = {"sdbench-vllm-0.11.1": data["images"]["sdbench-vllm-0.11.1"]}
+    data.pop("unresolved")
+    images = _write(tmp_path, data)
+    containers.render_all(images, tmp_path / "containers")
+    problems, _ = containercheck.check_all(images, tmp_path / "containers", archives=REPO / containercheck.SOURCE_ARCHIVES)
+    assert any(re.search(message, p) for p in problems), problems
+
+
+def test_bad_source_build_names_the_key(tmp_path: Path) -> None:
+    data = yaml.safe_load(IMAGES.read_text())
+    data["images"]["sdbench-vllm-0.11.1"]["source_builds"][0]["os"] = "jammy"
+    with pytest.raises(ConfigError, match=r"image 'sdbench-vllm-0.11.1': key 'source_builds\[0\].os'"):
+        containers.load_images(_write(tmp_path, data))
+
+
 def test_double_answers_version(tmp_path: Path) -> None:
     env = _double_env(tmp_path)
     for args in (["--version"], ["version"]):

@@ -207,12 +207,19 @@ def test_engine_checks_refuse_overlapping_steps(monkeypatch):
         st._raise_batch_queue()  # what EngineCore.step_with_batch_queue does in breakdown mode
 
 
-def test_hooks_for():
-    assert st.hooks_for("0.32.0+cpu").verify.endswith("GPUModelRunner._model_forward")
-    assert st.hooks_for("0.10.1.1").verify is None  # inline self.model(...) call: proxied
-    assert not st.hooks_for("0.10.1.1").post_step and st.hooks_for("0.11.1").split_execute
-    with pytest.raises(ValueError, match="no hook points known for vLLM 0.9.2"):
-        st.hooks_for("0.9.2")
+def test_hooks_are_chosen_by_what_the_build_defines():
+    runner = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+    split = st.select_hooks(lambda target: True)  # 0.11.1 and later: every hook point exists
+    assert split.verify == f"{runner}._model_forward" and split.sample == (f"{runner}._sample",)
+    assert split.split_execute and split.post_step
+    inline = st.select_hooks(lambda target: False)  # 0.10.1.1: forward and sampling inline
+    assert inline.verify is None  # inline self.model(...) call: proxied
+    assert inline.sample == ("vllm.v1.sample.sampler:Sampler.forward",
+                             "vllm.v1.sample.rejection_sampler:RejectionSampler.forward")
+    assert not inline.split_execute and not inline.post_step
+    # A fork that keeps 0.11.1's version string but samples inside execute_model.
+    fork = st.select_hooks(lambda target: not target.endswith(".sample_tokens"))
+    assert not fork.split_execute and fork.verify == f"{runner}._model_forward"
 
 
 def test_cli_breakdown_plot(tmp_path):

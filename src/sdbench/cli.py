@@ -127,6 +127,9 @@ def _add_containers(subparsers: argparse._SubParsersAction) -> None:
         q = sub.add_parser(name, help=help_)
         q.add_argument("--images", help="images file (default: <output-dir>/images.yaml)")
         q.add_argument("--output-dir", default="containers", help="directory of the .def files (default: containers)")
+        if name == "check":
+            q.add_argument("--offline", action="store_true",
+                           help="do not download source archives to check their build requirements (warn instead)")
         q.set_defaults(func=lazy(module, f"_cmd_{name}"))
 
 

@@ -141,8 +141,80 @@ def check_image(image: ImageSpec, path: Path, sdbench_version: str | None = None
     return problems
 
 
-def check_all(images_path: str | Path, output_dir: str | Path) -> tuple[list[str], list[str]]:
-    """(problems, warnings) of every rendered definition in ``output_dir``."""
+# Where `containers check` keeps the source archives it reads (downloaded once, sha256-checked).
+SOURCE_ARCHIVES = Path("resources/source-archives")
+_COMPILED_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu"}
+_COMPILERS = ("g++", "gcc", "clang", "build-essential")
+
+
+def archive_build_facts(archive: Path) -> tuple[list[str], bool]:
+    """(``[build-system] requires`` of a source archive's pyproject.toml, whether it compiles code)."""
+    import tarfile
+    import tomllib
+
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        tops = [m for m in members if m.name.count("/") == 1 and m.name.endswith("/pyproject.toml")]
+        if not tops:
+            raise ValueError(f"{archive.name}: no top-level pyproject.toml")
+        handle = tar.extractfile(tops[0])
+        assert handle is not None
+        requires = tomllib.loads(handle.read().decode())["build-system"]["requires"]
+        compiles = any(Path(m.name).suffix in _COMPILED_SUFFIXES or m.name.endswith("/CMakeLists.txt") for m in members)
+    return list(requires), compiles
+
+
+def _check_source_builds(images: ImagesFile, cache: Path, offline: bool) -> tuple[list[str], list[str]]:
+    """Every build requirement of every source archive an image builds is pinned (or the image's).
+
+    Reads each archive's own ``pyproject.toml`` (downloaded once, sha256-checked): a requirement
+    must be in ``build_pip`` at a version its specifier admits, or named in ``from_image``; an
+    archive with C/C++ sources needs a pinned compiler in ``apt``.
+    """
+    from packaging.requirements import Requirement
+
+    from sdbench.download import DownloadError, download_verified
+
+    problems: list[str] = []
+    warnings: list[str] = []
+    for image in images.images:
+        for build in image.source_builds:
+            where = f"{images.path}: image {image.name!r}: source build {build.requirement}"
+            archive = cache / build.url.rsplit("/", 1)[-1]
+            if offline and not archive.is_file():
+                warnings.append(f"{where}: build requirements not verified (--offline, {archive} not cached)")
+                continue
+            try:
+                download_verified(build.url, archive, build.sha256, timeout=60.0)
+            except DownloadError as exc:
+                problems.append(f"{where}: {exc} (or pass --offline to skip this check)")
+                continue
+            requires, compiles = archive_build_facts(archive)
+            pinned = {canonical_name(p.split("==")[0]): p.split("==")[1] for p in build.build_pip}
+            image_side = {canonical_name(n) for n in build.from_image}
+            for text in requires:
+                req = Requirement(text)
+                name = canonical_name(req.name)
+                if name in image_side:
+                    continue
+                if name not in pinned:
+                    problems.append(f"{where}: build requirement {text!r} is neither in build_pip nor from_image")
+                elif not req.specifier.contains(pinned[name], prereleases=True):
+                    problems.append(f"{where}: build_pip pins {req.name}=={pinned[name]}, the archive requires {text!r}")
+            unused = sorted(image_side - {canonical_name(Requirement(t).name) for t in requires})
+            if unused:
+                problems.append(f"{where}: from_image names {', '.join(unused)}, which the archive does not require")
+            if compiles and not any(p.split("=")[0].startswith(_COMPILERS) for p in build.apt):
+                problems.append(f"{where}: the archive compiles C/C++ but apt pins no compiler ({', '.join(_COMPILERS)})")
+    return problems, warnings
+
+
+def check_all(
+    images_path: str | Path, output_dir: str | Path, offline: bool = False, archives: Path = SOURCE_ARCHIVES
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of every rendered definition in ``output_dir``, and of the build
+    requirements of every source archive an image builds (read from the archive; ``offline``
+    skips those not cached)."""
     images = load_images(images_path)
     out = Path(output_dir)
     problems: list[str] = []
@@ -154,11 +226,12 @@ def check_all(images_path: str | Path, output_dir: str | Path) -> tuple[list[str
             problems.append(f"{path}: not rendered from {images.path} (delete it or add the image there)")
     problems += _check_pins(images, out.resolve().parent)
     warnings = [f"{name}: no definition: {reason}" for name, reason in images.unresolved.items()]
-    return problems, warnings
+    build_problems, build_warnings = _check_source_builds(images, archives, offline)
+    return problems + build_problems, warnings + build_warnings
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    problems, warnings = check_all(images_path(args), args.output_dir)
+    problems, warnings = check_all(images_path(args), args.output_dir, offline=args.offline)
     for warning in warnings:
         print(f"warning: {warning}")
     for problem in problems:

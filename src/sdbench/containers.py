@@ -39,11 +39,12 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "analysis": ("kind", "base", "requirements", "build_backend"),
 }
 _OPTIONAL: dict[str, tuple[str, ...]] = {
-    "engine": ("fork", "apt", "build_backend"),
+    "engine": ("fork", "apt", "build_backend", "source_builds"),
     "cpu-engine": ("pip", "apt", "pip_extra_index_url"),
     "analysis": ("pip", "apt", "pip_extra_index_url"),
 }
 _FORK_KEYS = ("repo", "branch", "commit", "adds")
+_SOURCE_BUILD_KEYS = ("requirement", "url", "sha256", "os", "apt", "build_pip", "from_image")
 _TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults", "engine_sources")
 
 # vLLM general plugins this package registers (pyproject.toml entry points): name -> module.
@@ -51,6 +52,7 @@ VLLM_PLUGINS: dict[str, str] = {
     "sdbench_trace": "sdbench.engine.acceptancetrace",
     "sdbench_step_timing": "sdbench.engine.steptiming",
     "sdbench_engine_fixes": "sdbench.engine.enginefixes",
+    "sdbench_worker_probe": "sdbench.engine.workerprobe",
 }
 # sdbench modules the analysis steps run (imported by the analysis image's %test).
 ANALYSIS_MODULES = (
@@ -127,6 +129,35 @@ class Fork:
 
 
 @dataclass(frozen=True)
+class SourceBuild:
+    """A package PyPI has only as a source archive, built into a wheel while the image is built.
+
+    It is built in a throwaway venv that sees the image's packages (``from_image``, e.g. torch)
+    and holds its pinned ``build_pip``, without build isolation (an isolated build would
+    download unpinned build requirements), then installed with ``--no-deps``. ``apt`` pins the
+    compiler for ``os`` (checked against /etc/os-release before installing).
+    """
+
+    requirement: str
+    url: str
+    sha256: str
+    os: str
+    apt: tuple[str, ...]
+    build_pip: tuple[str, ...]
+    from_image: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """The distribution name of ``requirement``."""
+        return self.requirement.split("==")[0]
+
+    @property
+    def version(self) -> str:
+        """The pinned version of ``requirement``."""
+        return self.requirement.split("==")[1]
+
+
+@dataclass(frozen=True)
 class ImageSpec:
     """One image's facts, validated."""
 
@@ -141,6 +172,7 @@ class ImageSpec:
     apt: tuple[str, ...] = ()
     pip_extra_index_url: str | None = None
     fork: Fork | None = None
+    source_builds: tuple[SourceBuild, ...] = ()
 
     @property
     def base_ref(self) -> str:
@@ -229,6 +261,46 @@ def _fork(where: str, value: Any) -> Fork:
     return Fork(**fields_)
 
 
+def _source_builds(where: str, value: Any) -> tuple[SourceBuild, ...]:
+    """The ``source_builds`` list."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: key 'source_builds': expected a non-empty list of mappings")
+    out = []
+    for i, raw in enumerate(value):
+        at = f"{where}: key 'source_builds[{i}]"
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{at}': expected a mapping with keys {', '.join(_SOURCE_BUILD_KEYS)}")
+        missing = [k for k in _SOURCE_BUILD_KEYS if k not in raw]
+        if missing:
+            raise ConfigError(f"{at}.{missing[0]}': missing")
+        extra = sorted(set(raw) - set(_SOURCE_BUILD_KEYS))
+        if extra:
+            raise ConfigError(f"{at}.{extra[0]}': unknown key")
+        requirement = _pins(where, f"source_builds[{i}].requirement", [raw["requirement"]], _PIN_RE, "<name>==<version>")[0]
+        url = _text(where, f"source_builds[{i}].url", raw["url"])
+        if not url.startswith("https://"):
+            raise ConfigError(f"{at}.url': expected an https:// URL, got {url!r}")
+        sha = _text(where, f"source_builds[{i}].sha256", raw["sha256"])
+        if not HEX64_RE.match(sha):
+            raise ConfigError(f"{at}.sha256': {sha!r} is not 64 lowercase hex characters")
+        os_name = _text(where, f"source_builds[{i}].os", raw["os"])
+        if not re.fullmatch(r"[a-z]+ [0-9.]+", os_name):
+            raise ConfigError(f"{at}.os': expected '<ID> <VERSION_ID>' of /etc/os-release, e.g. 'ubuntu 22.04'")
+        from_image = raw["from_image"] or []
+        if not isinstance(from_image, list) or not all(isinstance(x, str) and _NAME_RE.match(x) for x in from_image):
+            raise ConfigError(f"{at}.from_image': expected a list of distribution names")
+        out.append(SourceBuild(
+            requirement=requirement,
+            url=url,
+            sha256=sha,
+            os=os_name,
+            apt=_pins(where, f"source_builds[{i}].apt", raw["apt"], _APT_RE, "<package>=<version>"),
+            build_pip=_pins(where, f"source_builds[{i}].build_pip", raw["build_pip"], _PIN_RE, "<name>==<version>"),
+            from_image=tuple(from_image),
+        ))
+    return tuple(out)
+
+
 def _image(path: Path, name: Any, raw: Any) -> ImageSpec:
     """Validate one entry of ``images``."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -275,6 +347,8 @@ def _image(path: Path, name: Any, raw: Any) -> ImageSpec:
         spec["pip_extra_index_url"] = url
     if "fork" in raw:
         spec["fork"] = _fork(where, raw["fork"])
+    if "source_builds" in raw:
+        spec["source_builds"] = _source_builds(where, raw["source_builds"])
     return ImageSpec(**spec)
 
 
@@ -365,6 +439,8 @@ def _section_post(image: ImageSpec) -> list[str]:
             f'cp -R {src}/vllm/. "$site/"',
             f"rm -rf {src}",
         ]
+    for build in image.source_builds:
+        lines += ["", *_section_source_build(build)]
     if image.build_backend:
         lines += ["", "# Build backend for sdbench, pinned.", f"{pip} {image.build_backend}"]
     if image.requirements:
@@ -394,6 +470,36 @@ def _section_post(image: ImageSpec) -> list[str]:
     lines += ["", "# sdbench itself (entry points: the sdbench command, the vLLM plugins)."]
     lines.append(f"{pip} --no-build-isolation {SOURCE_DIR}")
     return lines
+
+
+SOURCE_BUILD_VENV = "/tmp/sdbench-build-env"
+SOURCE_BUILD_WHEELS = "/tmp/sdbench-wheels"
+
+
+def _section_source_build(build: SourceBuild) -> list[str]:
+    """Build ``build`` into a wheel with its pinned build requirements, install it, clean up."""
+    venv, wheels = SOURCE_BUILD_VENV, SOURCE_BUILD_WHEELS
+    in_venv = f"PATH={venv}/bin:$PATH {venv}/bin/python -m pip"
+    return [
+        *_comment(
+            f"{build.requirement}: PyPI has only its source archive. Built here without build isolation "
+            f"(pinned build requirements; {', '.join(build.from_image) or 'nothing'} from the image), "
+            "in a venv that sees the image's packages and is removed afterwards."
+        ),
+        f'. /etc/os-release; [ "$ID $VERSION_ID" = "{build.os}" ] || '
+        f'{{ echo "{build.name}: the apt pins are for {build.os}, the base is $ID $VERSION_ID" >&2; exit 1; }}',
+        "export DEBIAN_FRONTEND=noninteractive",
+        "apt-get update",
+        *_continued("apt-get install -y --no-install-recommends", build.apt),
+        "rm -rf /var/lib/apt/lists/*",
+        "python3 -c 'import os, sys, sysconfig; h = os.path.join(sysconfig.get_paths()[\"include\"], \"Python.h\"); "
+        "sys.exit(0 if os.path.exists(h) else \"no \" + h + \": the base lacks the Python headers\")'",
+        f"python3 -m venv --system-site-packages {venv}",
+        *_continued(f"{in_venv} install --no-deps", build.build_pip),
+        f'{in_venv} wheel --no-deps --no-build-isolation -w {wheels} "{build.name} @ {build.url}#sha256={build.sha256}"',
+        f"python3 -m pip install --no-deps {wheels}/{canonical_name(build.name).replace('-', '_')}-{build.version}-*.whl",
+        f"rm -rf {venv} {wheels}",
+    ]
 
 
 def _section_environment(image: ImageSpec) -> list[str]:

@@ -134,12 +134,27 @@ def vllm_bench_argv(
     ]  # fmt: skip
 
 
+# vLLM 0.11 moved FlexibleArgumentParser from vllm.utils into vllm.utils.argparse_utils.
+ARGUMENT_PARSER_HOMES = ("vllm.utils.argparse_utils", "vllm.utils")
+
+
+def flexible_argument_parser() -> argparse.ArgumentParser:
+    """A new ``FlexibleArgumentParser`` (the parser vLLM's CLI tools build), wherever this release keeps it."""
+    import importlib
+
+    for module in ARGUMENT_PARSER_HOMES:
+        try:
+            return importlib.import_module(module).FlexibleArgumentParser()
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"no FlexibleArgumentParser in {' or '.join(ARGUMENT_PARSER_HOMES)}")
+
+
 def vllm_bench_parser() -> argparse.ArgumentParser:
     """The parser ``vllm bench throughput`` uses (imports vLLM)."""
     from vllm.benchmarks.throughput import add_cli_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser()
+    parser = flexible_argument_parser()
     add_cli_args(parser)
     return parser
 
@@ -196,10 +211,18 @@ def engine_args_diff(kwargs: dict[str, Any], argv: Sequence[str], parser: argpar
 # ----------------------------------------------------------------------------- touchpoints
 from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
 
+
+
+def _check_argument_parser(src: tp.SourceTree) -> str | None:
+    homes = [m for m in ARGUMENT_PARSER_HOMES if src.has(f"{m}:FlexibleArgumentParser")]
+    return None if homes else f"no FlexibleArgumentParser in {' or '.join(ARGUMENT_PARSER_HOMES)}"
+
+
 TOUCHPOINTS = tp.declare(
     __name__,
     tp.defined("parity.bench_throughput_args", "vllm.benchmarks.throughput:add_cli_args", ["parser"]),
-    tp.defined("parity.argument_parser", "vllm.utils.argparse_utils:FlexibleArgumentParser"),
+    tp.custom("parity.argument_parser", _check_argument_parser,
+              [f"{m}:FlexibleArgumentParser" for m in ARGUMENT_PARSER_HOMES]),
     tp.defined("parity.engine_args", "vllm.engine.arg_utils:EngineArgs.from_cli_args"),
     tp.defined("parity.llm_engine", "vllm.entrypoints.llm:LLMEngine.from_engine_args"),
 )

@@ -29,9 +29,9 @@ import numpy as np
 
 BENCH_SNIPPET = (
     "import sys\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
+    "from sdbench.bench.paritytool import flexible_argument_parser\n"
+    "p = flexible_argument_parser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
 )
 
 

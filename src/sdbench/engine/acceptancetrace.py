@@ -12,13 +12,19 @@ Enabled per process by the environment variable ``SDBENCH_TRACE_DIR``; vLLM
 loads the plugin (entry point ``vllm.general_plugins``) in every engine process,
 and only tensor-parallel rank 0 writes ``trace-<pid>.jsonl`` there.
 
-Hook points differ by vLLM version and are isolated in :data:`HOOKS`:
+Two hooks, chosen by what the build has (:func:`select_hooks`, the same predicate the
+conformance check evaluates on the release sources):
 
-* ``RejectionSampler.parse_output`` (all versions): turns the rejection sampler's
-  padded output into per-request token lists -> record lengths, keep ``row[:1]``.
-* the runner method that calls it and knows the request ids: 0.10.1.1
-  ``GPUModelRunner.execute_model`` (returns ``ModelRunnerOutput``); 0.11.1 and
-  0.32 ``GPUModelRunner._bookkeeping_sync`` (returns a tuple whose layout differs).
+* the cut, ``RejectionSampler.forward`` (every release): records each row's valid tokens and
+  overwrites all but the first with the placeholder id, in place. Everything after it in the step
+  sees one committed token -- the bookkeeping and, what matters, the drafter: from vLLM 0.11 an
+  EAGLE-style or draft-model drafter proposes from the sampler's output *before* bookkeeping
+  (the padded drafter batch), so a cut made later (at ``parse_output``, as this module did before)
+  let it propose after the whole accepted run while the sequence advanced one token, and every
+  later draft was offset;
+* the runner method that knows the request ids of the committed rows: ``_bookkeeping_sync``
+  where it exists (a tuple; positions read from its own ``return`` in the installed source), else
+  ``execute_model`` (a ``ModelRunnerOutput``, vLLM 0.10).
 """
 
 from __future__ import annotations
@@ -26,52 +32,40 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdbench.engine import touchpoints as tp
+
 ENV_TRACE_DIR = "SDBENCH_TRACE_DIR"
+
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_SAMPLER = "vllm.v1.sample.rejection_sampler:RejectionSampler"
+CUT = f"{_SAMPLER}.forward"
+# Names in _bookkeeping_sync's return tuple: request ids and committed rows.
+TUPLE_NAMES = ("req_ids_output_copy", "valid_sampled_token_ids")
 
 
 @dataclass(frozen=True)
 class Hooks:
-    """Where trace mode hooks into one vLLM version."""
+    """Where trace mode reads the committed rows and their request ids."""
 
-    runner_method: str
-    # runner_method returns a tuple: positions of the request ids and of the committed token rows
-    # (row i <-> request i); None: it returns a ModelRunnerOutput (req_ids, sampled_token_ids).
-    tuple_items: tuple[int, int] | None
-    # parse_output returns (rows, logprobs) instead of rows.
-    parse_returns_tuple: bool
+    runner_method: str  # "_bookkeeping_sync" (returns a tuple) or "execute_model" (a ModelRunnerOutput)
 
-    def extract(self, out: Any) -> tuple[Sequence[str], Sequence[Sequence[int]]] | None:
-        """(request ids, committed token rows) of one result of ``runner_method``."""
-        if self.tuple_items is not None:
-            ids, rows = self.tuple_items
-            return out[ids], out[rows]
-        if not hasattr(out, "sampled_token_ids"):  # IntermediateTensors (pipeline parallel)
-            return None
-        return out.req_ids, out.sampled_token_ids
+    @property
+    def returns_tuple(self) -> bool:
+        """Whether ``runner_method`` returns a tuple (else a ``ModelRunnerOutput``)."""
+        return self.runner_method == "_bookkeeping_sync"
 
 
-HOOKS: dict[str, Hooks] = {
-    "0.10.1.1": Hooks("execute_model", None, parse_returns_tuple=False),
-    # _bookkeeping_sync -> (nans, logprobs, valid_sampled_token_ids, prompt_logprobs, req_ids, ...)
-    "0.11.1": Hooks("_bookkeeping_sync", (4, 2), parse_returns_tuple=False),
-    # _bookkeeping_sync -> (nans, num_nans, logprobs, valid_sampled_token_ids, prompt_logprobs, req_ids, ...)
-    "0.32.0": Hooks("_bookkeeping_sync", (5, 3), parse_returns_tuple=True),
-}
+def select_hooks(has: Callable[[str], bool]) -> Hooks:
+    """The hooks of a build, from what it defines (``has``: :meth:`SourceTree.has` or :func:`live_has`)."""
+    return Hooks("_bookkeeping_sync" if has(f"{_RUNNER}._bookkeeping_sync") else "execute_model")
+
 
 _state: dict[str, Any] = {"installed": False, "lengths": None, "fh": None}
-
-
-def hooks_for(version: str) -> Hooks:
-    """The hook points of a vLLM version (``ValueError`` if unknown)."""
-    base = version.split("+")[0]
-    if base not in HOOKS:
-        raise ValueError(f"sdbench trace mode: no hook points known for vLLM {version} (known: {sorted(HOOKS)})")
-    return HOOKS[base]
 
 
 def _is_rank0() -> bool:
@@ -91,42 +85,75 @@ def _writer() -> Any:
     return _state["fh"]
 
 
-def install(version: str) -> None:
+def cut_rows(token_ids: Any, placeholder: int) -> list[int]:
+    """Valid tokens per row of the rejection sampler's output; keeps only column 0, in place."""
+    lengths = (token_ids != placeholder).sum(dim=1).tolist()
+    token_ids[:, 1:] = placeholder
+    return [int(n) for n in lengths]
+
+
+def install() -> None:
     """Patch vLLM for trace mode (idempotent)."""
     if _state["installed"]:
         return
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.sample import rejection_sampler
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    hooks = hooks_for(version)
-    original_parse = RejectionSampler.parse_output
+    hooks = select_hooks(tp.live_has)
+    sampler = rejection_sampler.RejectionSampler
+    placeholder = int(rejection_sampler.PLACEHOLDER_TOKEN_ID)
+    original_forward = sampler.forward
 
-    def parse_output(*args: Any, **kwargs: Any) -> Any:
-        result = original_parse(*args, **kwargs)
-        rows = result[0] if hooks.parse_returns_tuple else result
-        _state["lengths"] = [len(row) for row in rows]
-        truncated = [row[:1] for row in rows]
-        return (truncated, *result[1:]) if hooks.parse_returns_tuple else truncated
+    @functools.wraps(original_forward)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original_forward(self, *args, **kwargs)
+        # vLLM 0.10 returns the token tensor, later releases a SamplerOutput holding it.
+        _state["lengths"] = cut_rows(getattr(out, "sampled_token_ids", out), placeholder)
+        return out
 
-    RejectionSampler.parse_output = staticmethod(parse_output)
+    sampler.forward = forward
 
     original_method = getattr(GPUModelRunner, hooks.runner_method)
+    if hooks.returns_tuple:
+        layout = tp.live_layout(original_method, TUPLE_NAMES)
+        ids_at, rows_at = (layout[name] for name in TUPLE_NAMES)
+
+        def extract(out: Any) -> tuple[Sequence[str], Sequence[Sequence[int]]] | None:
+            return out[ids_at], out[rows_at]
+    else:
+
+        def extract(out: Any) -> tuple[Sequence[str], Sequence[Sequence[int]]] | None:
+            if not hasattr(out, "sampled_token_ids"):  # IntermediateTensors (pipeline parallel)
+                return None
+            return out.req_ids, out.sampled_token_ids
 
     @functools.wraps(original_method)
     def traced(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        _state["lengths"] = None
         result = original_method(self, scheduler_output, *args, **kwargs)
-        extracted = hooks.extract(result)
+        extracted = extract(result)
         if extracted is not None and _is_rank0():
             _record(scheduler_output, *extracted)
+        _state["lengths"] = None
         return result
 
     setattr(GPUModelRunner, hooks.runner_method, traced)
+    # A step starts in execute_model: lengths of an earlier forward (vLLM's dummy sampler run
+    # at start-up) must not reach a step whose rows were never cut (no drafts scheduled).
+    original_execute = GPUModelRunner.execute_model
+
+    @functools.wraps(original_execute)
+    def execute_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _state["lengths"] = None
+        return original_execute(self, *args, **kwargs)
+
+    GPUModelRunner.execute_model = execute_model
     _state["installed"] = True
 
 
 def _record(scheduler_output: Any, req_ids: Sequence[str], rows: Sequence[Sequence[int]]) -> None:
     lengths = _state["lengths"]
+    if lengths is not None and len(lengths) != len(rows):
+        raise RuntimeError(f"sdbench trace mode: the rejection sampler cut {len(lengths)} rows, the step committed {len(rows)}")
     spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", {}) or {}
     fh = _writer()
     for i, (req_id, row) in enumerate(zip(req_ids, rows)):
@@ -141,9 +168,7 @@ def register() -> None:
     """vLLM general-plugin entry point: install the hooks when trace mode is requested."""
     if not os.environ.get(ENV_TRACE_DIR):
         return
-    import vllm
-
-    install(vllm.__version__)
+    install()
 
 
 def read_trace_dir(directory: str | os.PathLike[str]) -> dict[str, list[tuple[int, int]]]:
@@ -158,73 +183,63 @@ def read_trace_dir(directory: str | os.PathLike[str]) -> dict[str, list[tuple[in
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
-
-_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-_SAMPLER = "vllm.v1.sample.rejection_sampler:RejectionSampler"
 # The runner methods that drive one step (0.11+ splits it: execute_model, then sample_tokens).
 STEP_METHODS = ("execute_model", "sample_tokens")
 
 
-def _check_parse_output(src: tp.SourceTree) -> str | None:
-    hooks = hooks_for(src.version)
-    params = src.params(f"{_SAMPLER}.parse_output")
-    if params is None:
-        return f"{_SAMPLER}.parse_output not found"
-    if params[:2] != ["output_token_ids", "vocab_size"]:
-        return f"parse_output takes ({', '.join(params)})"
-    returns_tuple = bool(tp.return_names(src, f"{_SAMPLER}.parse_output"))
-    if returns_tuple != hooks.parse_returns_tuple:
-        return f"parse_output returns {'a tuple' if returns_tuple else 'rows'}, the hook expects the other"
-    return None
+def _check_cut(src: tp.SourceTree) -> str | None:
+    """The rejection sampler's forward returns the padded token rows the cut overwrites."""
+    if not src.has(CUT):
+        return f"{CUT} not found"
+    if not src.has("vllm.v1.sample.rejection_sampler:PLACEHOLDER_TOKEN_ID"):
+        return "no PLACEHOLDER_TOKEN_ID"
+    text = src.source_of(CUT)
+    if "return output_token_ids" in text or "sampled_token_ids=" in text:
+        return None
+    return "RejectionSampler.forward returns neither the token rows nor a SamplerOutput(sampled_token_ids=...)"
 
 
 def _check_runner_result(src: tp.SourceTree) -> str | None:
-    """The runner method the hook wraps returns request ids and committed rows where it reads them."""
-    hooks = hooks_for(src.version)
+    """The runner method the hook wraps returns request ids and committed rows."""
+    hooks = select_hooks(src.has)
     target = f"{_RUNNER}.{hooks.runner_method}"
     if not src.has(target):
         return f"{target} not found"
-    if hooks.tuple_items is None:
+    if not hooks.returns_tuple:
         missing = {"req_ids", "sampled_token_ids"} - src.class_fields("vllm.v1.outputs:ModelRunnerOutput")
         return f"ModelRunnerOutput lacks {', '.join(sorted(missing))}" if missing else None
     try:
-        layout = tp.tuple_layout(tp.return_names(src, target), ["req_ids_output_copy", "valid_sampled_token_ids"])
+        tp.tuple_layout(tp.return_names(src, target), TUPLE_NAMES)
     except ValueError as exc:
         return f"{hooks.runner_method}: {exc}"
-    read = dict(zip(("req_ids_output_copy", "valid_sampled_token_ids"), hooks.tuple_items))
-    if layout != read:
-        return f"{hooks.runner_method} returns request ids / rows at {layout}, the hook reads {read}"
     return None
 
 
-def _truncates(name: str) -> bool:
-    # Where the hook cuts a step to one committed token.
-    return name.endswith("parse_output")
+def _cuts(name: str) -> bool:
+    # A call of the rejection sampler module (``self.rejection_sampler(...)``) runs its forward.
+    return name.endswith("rejection_sampler")
 
 
 def _check_drafts_aligned(src: tp.SourceTree) -> str | None:
-    """Every drafter call of a step comes after the truncation, so the next drafts start at the
-    one committed token (else they continue from the whole accepted run and the trace is offset)."""
+    """Every drafter call of a step comes after the cut, so the next drafts start at the one
+    committed token (else they continue from the whole accepted run and the trace is offset)."""
     for method in STEP_METHODS:
         target = f"{_RUNNER}.{method}"
         if not src.has(target):
             continue
-        order = tp.call_order(
-            src, target, {"cut": _truncates, "draft": lambda n: n.endswith("propose_draft_token_ids")}
-        )
+        order = tp.call_order(src, target, {"cut": _cuts, "draft": lambda n: n.endswith("propose_draft_token_ids")})
         if order["draft"] and not order["cut"]:
-            return f"{method} drafts (line {order['draft'][0]}) but never reaches the trace hook's truncation"
-        early = [line for line in order["draft"] if order["cut"] and line < order["cut"][0]]
+            return f"{method} drafts (line {order['draft'][0]}) but never reaches the trace hook's cut"
+        early = [line for line in order["draft"] if line < order["cut"][0]] if order["cut"] else []
         if early:
-            return (f"{method} drafts at line {early[0]} before the trace hook truncates the step (line "
+            return (f"{method} drafts at line {early[0]} before the trace hook cuts the step (line "
                     f"{order['cut'][0]}): the drafter proposes from the whole accepted run, the next drafts are offset")
     return None
 
 
 TOUCHPOINTS = tp.declare(
     __name__,
-    tp.custom("trace.parse_output", _check_parse_output, [f"{_SAMPLER}.parse_output"]),
+    tp.custom("trace.cut", _check_cut, [CUT, "vllm.v1.sample.rejection_sampler:PLACEHOLDER_TOKEN_ID"]),
     tp.custom("trace.runner_result", _check_runner_result,
               [f"{_RUNNER}.execute_model", f"{_RUNNER}._bookkeeping_sync", "vllm.v1.outputs:ModelRunnerOutput"]),
     tp.custom("trace.drafts_aligned", _check_drafts_aligned, [f"{_RUNNER}.sample_tokens"]),

@@ -19,15 +19,12 @@ Output: one line per touchpoint and release, ``touchpoint | release | ok`` or
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -90,30 +87,6 @@ class SourceUnavailable(RuntimeError):
     """A release's source could not be had (no network, no cache, no --source-dir)."""
 
 
-def _download(pin: SourcePin, dest: Path, timeout_s: float = 60.0) -> None:
-    """Stream ``pin.url`` to ``dest``, verifying its sha256 (a mismatch leaves nothing behind)."""
-    digest = hashlib.sha256()
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    try:
-        with urllib.request.urlopen(pin.url, timeout=timeout_s) as resp, open(tmp, "wb") as out:  # noqa: S310
-            while chunk := resp.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-    except (urllib.error.URLError, OSError) as exc:
-        tmp.unlink(missing_ok=True)
-        raise SourceUnavailable(
-            f"vLLM {pin.version}: cannot download {pin.url} ({exc}); give the unpacked wheel with "
-            f"--source-dir {pin.version}=DIR (pip download --no-deps {pin.distribution}=={pin.version}; "
-            f"unzip -q the .whl 'vllm/*' -d DIR)"
-        ) from None
-    if digest.hexdigest() != pin.sha256:
-        tmp.unlink(missing_ok=True)
-        raise SourceUnavailable(
-            f"vLLM {pin.version}: {pin.filename} has sha256 {digest.hexdigest()}, images.yaml pins {pin.sha256}"
-        )
-    tmp.replace(dest)
-
-
 def _unpack(wheel: Path, dest: Path, pin: SourcePin) -> None:
     """Keep the wheel's Python sources and metadata in ``dest`` (written aside, then renamed)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -145,9 +118,18 @@ def obtain(pin: SourcePin, cache_dir: str | Path, offline: bool = False) -> Path
         raise SourceUnavailable(
             f"vLLM {pin.version}: not in {cache} and --offline; give it with --source-dir {pin.version}=DIR"
         )
-    cache.mkdir(parents=True, exist_ok=True)
+    from sdbench.download import ChecksumError, DownloadError, download_verified
+
     wheel = cache / pin.filename
-    _download(pin, wheel)
+    try:
+        download_verified(pin.url, wheel, pin.sha256, timeout=60.0)
+    except DownloadError as exc:
+        raise SourceUnavailable(
+            f"vLLM {pin.version}: {exc}; give the unpacked wheel with --source-dir {pin.version}=DIR "
+            f"(pip download --no-deps {pin.distribution}=={pin.version}; unzip -q the .whl 'vllm/*' -d DIR)"
+        ) from None
+    except ChecksumError as exc:
+        raise SourceUnavailable(f"vLLM {pin.version}: {exc} (images.yaml engine_sources)") from None
     try:
         _unpack(wheel, dest, pin)
     finally:

@@ -57,17 +57,5 @@ def provenance() -> dict[str, object]:
 
 
 def peak_rss_gib() -> float:
-    """Peak resident set size of this process (GiB); the engine runs in-process."""
+    """Peak resident set size of this process (GiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def peak_device_gib() -> float:
-    """Peak CUDA memory reserved by this process (GiB); NaN without CUDA."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return sum(torch.cuda.max_memory_reserved(i) for i in range(torch.cuda.device_count())) / 2**30
-    except Exception:  # noqa: BLE001 - provenance must never fail a run
-        pass
-    return float("nan")

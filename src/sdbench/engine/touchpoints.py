@@ -36,6 +36,7 @@ DECLARING_MODULES: tuple[str, ...] = (
     "sdbench.engine.acceptancetrace",
     "sdbench.engine.steptiming",
     "sdbench.engine.enginefixes",
+    "sdbench.engine.workerprobe",
     "sdbench.engine.server",
     "sdbench.engine.loadgen",
     "sdbench.bench.paritytool",
@@ -207,6 +208,19 @@ class SourceTree:
                 if found and isinstance(found[1], ast.ClassDef):
                     names |= self._fields(found[1], found[0], depth + 1)
         return names
+
+    def self_attributes(self, target: str) -> set[str]:
+        """Attributes a class's methods assign on ``self`` (``self.x = ...``, ``self.x: T = ...``)."""
+        cls = self.find(target)
+        out: set[str] = set()
+        for node in ast.walk(cls) if isinstance(cls, ast.ClassDef) else ():
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign | ast.AugAssign) else []
+            for t in targets:
+                for sub in ast.walk(t):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+                        out.add(sub.attr)
+        return out
 
     def params(self, target: str) -> list[str] | None:
         """Parameter names of a function or method (positional first), or ``None``."""
@@ -425,6 +439,19 @@ def env_vars(name: str, names: Iterable[str], versions: Iterable[str] | None = N
         return f"vllm.envs does not read {', '.join(missing)}" if missing else None
 
     return Touchpoint(name, check, _versions(versions), tuple(f"env:{n}" for n in wanted))
+
+
+def self_attributes(name: str, target: str, attrs: Iterable[str], versions: Iterable[str] | None = None) -> Touchpoint:
+    """A class's methods set the instance attributes ``attrs`` (read off a live object elsewhere)."""
+    wanted = tuple(attrs)
+
+    def check(src: SourceTree) -> str | None:
+        if src.find(target) is None:
+            return f"{target} not found"
+        missing = [a for a in wanted if a not in src.self_attributes(target)]
+        return f"{target} never sets self.{', self.'.join(missing)}" if missing else None
+
+    return Touchpoint(name, check, _versions(versions), (target,))
 
 
 def custom(

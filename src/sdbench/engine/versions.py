@@ -47,6 +47,9 @@ class EngineQuirks:
     server_module: str = "vllm.entrypoints.openai.api_server"
     # Fixes of this release's CPU build that sdbench.engine.enginefixes installs (vLLM plugin).
     fixes: tuple[str, ...] = ()
+    # Environment every cell of an engine on this release gets (engine_env; an engine's own
+    # ``env`` entries win).
+    env: dict[str, str] = field(default_factory=dict)
 
 
 # Both releases: SpeculativeConfig._validate_suffix_decoding raises ImportError without it.
@@ -103,7 +106,22 @@ _V0_32_0 = EngineQuirks(
     trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
 )
 
-_KNOWN: dict[str, EngineQuirks] = {q.version: q for q in (_V0_10_1_1, _V0_11_1, _V0_32_0)}
+# The paper grid's draft-model engine: the first release whose draft model replays CUDA graphs
+# (vLLM PR #47460; 0.15.0-0.25.1 draft eagerly at every step). It commits every accepted token
+# (no tracing build); draft models need the padded drafter batch there
+# (disable_padded_drafter_batch raises) and draft_tensor_parallel_size = the target's.
+_V0_26_0 = EngineQuirks(
+    version="0.26.0",
+    methods=frozenset({"ngram", "eagle", "eagle3", "draft_model", "mtp", "suffix", "medusa"}),
+    aliases={"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"},
+    requires={"suffix": ("arctic_inference", _SUFFIX_NEEDS.format(version="0.26.0") + (
+        "; the sdbench-vllm-0.26.0 image does not carry it"))},
+    # V2 is the default model runner for dense models on GPU, but draft models fall back to V1:
+    # every cell of the engine (its no-SD baseline too) runs V1, which sdbench's hooks instrument.
+    env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+)
+
+_KNOWN: dict[str, EngineQuirks] = {q.version: q for q in (_V0_10_1_1, _V0_11_1, _V0_26_0, _V0_32_0)}
 
 
 def known_versions() -> list[str]:
@@ -181,7 +199,8 @@ def engine_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str 
     """
     quirks = quirks_for(engine["vllm_version"])
     inprocess = method["method"] == "none" or quirks.inprocess_spec_decode
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if inprocess else "1"}
+    env: dict[str, str | None] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if inprocess else "1"}
+    env.update(quirks.env)
     env.update(engine.get("env", {}))
     if "speculative_token_tree" in method:
         env.update(quirks_for(engine["vllm_version"]).tree_env)
@@ -205,47 +224,52 @@ def apply_env(env: dict[str, str | None], target: dict[str, str] | None = None) 
     return target  # type: ignore[return-value]
 
 
-def _worker_memory(worker: Any) -> dict[str, float]:
-    """Runs inside each engine worker (``LLM.collective_rpc``): what the runner allocated."""
-    runner = getattr(worker, "model_runner", None)
-    weights = getattr(runner, "model_memory_usage", None)
-    if not weights:
-        # CPU runner: no profiled number; count the loaded tensors (target + drafter).
-        models = [getattr(runner, "model", None), getattr(getattr(runner, "drafter", None), "model", None)]
-        weights = sum(
-            p.numel() * p.element_size() for m in models if hasattr(m, "parameters") for p in m.parameters()
-        )
-    kv = 0
-    for tensor in getattr(runner, "kv_caches", None) or []:
-        if hasattr(tensor, "numel"):
-            kv += tensor.numel() * tensor.element_size()
-    return {"weights_bytes": float(weights) if weights else float("nan"), "kv_bytes": float(kv) or float("nan")}
-
-
-# What engine_memory() hands LLM.collective_rpc (the transport touchpoint checks how it travels).
-WORKER_MEMORY_RPC: Any = _worker_memory
-
-
 def engine_memory(llm: Any) -> dict[str, float]:
-    """Engine-reported memory, summed over workers: weights and KV cache (GiB), KV capacity (tokens).
+    """Memory of a started engine, as its workers report it (:mod:`sdbench.engine.workerprobe`).
 
-    ``model_memory_usage`` and ``kv_caches`` exist on the V1 GPU runner in 0.10.1.1, 0.11.1
-    and 0.32 (whose CPU runner subclasses it); anything missing is NaN, never an error.
+    - ``measured_weights_gib``, ``measured_kv_cache_gib``: what the runners allocated, summed
+      over workers (tensor-parallel ranks);
+    - ``peak_device_gib``: each rank's own device peak (``torch.cuda.max_memory_reserved``),
+      summed over ranks; NaN without CUDA;
+    - ``peak_rss_gib``: peak RSS of every distinct process (this one, the engine core's, each
+      worker's), summed;
+    - ``kv_cache_capacity_tokens``: KV blocks x block size.
+
+    The report travels by method name, which every engine client carries. Anything missing is
+    NaN with a warning in the log, never an error: memory accounting must not fail a timed run.
     """
-    out = {"measured_weights_gib": float("nan"), "measured_kv_cache_gib": float("nan"),
-           "kv_cache_capacity_tokens": float("nan")}
+    import logging
+
+    from sdbench.engine.hardware import peak_rss_gib
+
+    nan = float("nan")
+    out = {"peak_rss_gib": peak_rss_gib(), "peak_device_gib": nan, "measured_weights_gib": nan,
+           "measured_kv_cache_gib": nan, "kv_cache_capacity_tokens": nan}
     try:
         per_worker = llm.collective_rpc(WORKER_MEMORY_RPC)
+    except Exception as exc:  # noqa: BLE001 - see docstring
+        logging.getLogger(__name__).warning("worker memory report failed: %s: %s", type(exc).__name__, exc)
+        per_worker = []
+    if per_worker:
         out["measured_weights_gib"] = sum(w["weights_bytes"] for w in per_worker) / 2**30
         out["measured_kv_cache_gib"] = sum(w["kv_bytes"] for w in per_worker) / 2**30
-    except Exception:  # noqa: BLE001 - memory accounting must never fail a timed run
-        pass
+        out["peak_device_gib"] = sum(w["device_peak_bytes"] for w in per_worker) / 2**30
+        rss = {os.getpid(): out["peak_rss_gib"] * 2**30}
+        for w in per_worker:
+            pid = int(w["pid"])
+            rss[pid] = max(rss.get(pid, 0.0), w["peak_rss_bytes"])
+        out["peak_rss_gib"] = sum(rss.values()) / 2**30
     try:
         cache = llm.llm_engine.vllm_config.cache_config
         out["kv_cache_capacity_tokens"] = float(cache.num_gpu_blocks * cache.block_size)
     except Exception:  # noqa: BLE001
         pass
     return out
+
+
+# What engine_memory() hands LLM.collective_rpc: a worker method by name (the transport
+# touchpoint below checks that every client carries it).
+from sdbench.engine.workerprobe import RPC_METHOD as WORKER_MEMORY_RPC  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- touchpoints
@@ -304,6 +328,18 @@ def _check_rpc_transport(src: tp.SourceTree) -> str | None:
     return None
 
 
+def _check_v1_runner(src: tp.SourceTree) -> str | None:
+    """VLLM_USE_V2_MODEL_RUNNER=0 decides the runner before any default (sdbench hooks the V1 one)."""
+    text = src.source_of("vllm.config.vllm:VllmConfig.use_v2_model_runner")
+    if not text:
+        return "VllmConfig.use_v2_model_runner not found"
+    first_return = text.find("return")
+    env_read = text.find("envs.VLLM_USE_V2_MODEL_RUNNER")
+    if env_read == -1 or env_read > first_return:
+        return "VllmConfig.use_v2_model_runner does not read VLLM_USE_V2_MODEL_RUNNER first"
+    return None
+
+
 def _check_tree_backend(src: tp.SourceTree) -> str | None:
     backend = quirks_for(src.version).tree_env.get("VLLM_ATTENTION_BACKEND")
     if backend is None:
@@ -326,6 +362,9 @@ TOUCHPOINTS = tp.declare(
     tp.custom("engine.inprocess_spec_decode", _check_inprocess,
               ["vllm.v1.engine.core:EngineCore.post_step", "vllm.v1.engine.core_client:InprocClient.get_output"]),
     tp.env_vars("env.process_layout", ["VLLM_ENABLE_V1_MULTIPROCESSING"]),
+    *(tp.env_vars(f"env.quirks.{q.version}", sorted(q.env), versions=[q.version]) for q in _KNOWN.values() if q.env),
+    tp.custom("env.v1_runner", _check_v1_runner, ["vllm.config.vllm:VllmConfig.use_v2_model_runner"],
+              versions=[q.version for q in _KNOWN.values() if "VLLM_USE_V2_MODEL_RUNNER" in q.env]),
     tp.env_vars("env.tree_backend", ["VLLM_ATTENTION_BACKEND"], versions=_TREE_VERSIONS),
     tp.custom("env.tree_backend_name", _check_tree_backend, ["vllm.attention.backends.registry"],
               versions=_TREE_VERSIONS),

@@ -9,12 +9,18 @@ output appears (written atomically), so a corrupted or changed file never reache
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 from pathlib import Path
-from typing import BinaryIO
 
-from sdbench.io import atomic_path
+from sdbench.download import (
+    DEFAULT_TIMEOUT,
+    ChecksumError,  # noqa: F401 - callers catch it from here
+    DownloadError,
+    copy_verified,
+    download_verified,
+    sha256_file,  # noqa: F401 - re-exported
+)
+
 
 SIMULATOR_REPO = "SpecDecode-Bench/simulator"
 SIMULATOR_COMMIT = "2fdccbd61b62be339fb85fd90caf43f5e8392aa6"
@@ -26,11 +32,6 @@ PUBLISHED_SHA256: dict[str, str] = {
     "sharegpt": "748df2df1e89b986009aad1a42fee604b1fe57558b690aef0da7d9c7b9708b75",
     "cnn": "90637b8cb4c410b3de6cdf2898ef1104d41b0fc5bff5e8692a6bfc836101899b",
 }
-_CHUNK = 1 << 20
-
-
-class ChecksumError(ValueError):
-    """A fetched file does not have the pinned sha256."""
 
 
 def published_file_name(dataset: str) -> str:
@@ -46,32 +47,6 @@ def published_url(dataset: str) -> str:
     return URL_TEMPLATE.format(
         repo=SIMULATOR_REPO, commit=SIMULATOR_COMMIT, model=PUBLISHED_MODEL, dataset=dataset
     )
-
-
-def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _copy_verified(src: BinaryIO, source: str, output: Path, expected: str) -> None:
-    """Stream ``src`` to ``output`` atomically; raise ``ChecksumError`` (output untouched) on a
-    sha256 mismatch."""
-    digest = hashlib.sha256()
-    with atomic_path(output) as tmp:
-        with open(tmp, "wb") as dst:
-            while chunk := src.read(_CHUNK):
-                digest.update(chunk)
-                dst.write(chunk)
-        actual = digest.hexdigest()
-        if actual != expected:
-            raise ChecksumError(f"{source}: sha256 {actual} does not match the pinned {expected}")
-
-
-DEFAULT_TIMEOUT = 20.0  # seconds per connect/read: an offline machine fails fast
 
 
 def fetch_published_traces(
@@ -94,28 +69,18 @@ def fetch_published_traces(
     local = Path(local_dir) / name if local_dir is not None else None
     if local is not None and local.is_file():
         with open(local, "rb") as src:
-            _copy_verified(src, str(local), output, expected)
-    else:
-        import http.client  # the network modules only when downloading
-        import urllib.error
-        import urllib.request
-
-        url = published_url(dataset)
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as src:  # noqa: S310 (fixed https URL)
-                _copy_verified(src, url, output, expected)
-        except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            reason = "timed out" if isinstance(reason, TimeoutError) else " ".join(str(reason).split())
-            where = (
-                f"or in --local-dir, but {local} does not exist"
-                if local is not None
-                else "or pass --local-dir DIR holding it (offline machines)"
-            )
-            raise OSError(
-                f"{url}: download failed ({reason}; timeout {timeout:g} s): expected {name} "
-                f"(sha256 {expected[:12]}...) from this URL, {where}"
-            ) from exc
+            copy_verified(src, str(local), output, expected)
+        return output
+    url = published_url(dataset)
+    try:
+        download_verified(url, output, expected, timeout)
+    except DownloadError as exc:
+        where = (
+            f"or in --local-dir, but {local} does not exist"
+            if local is not None
+            else "or pass --local-dir DIR holding it (offline machines)"
+        )
+        raise OSError(f"{exc}: expected {name} (sha256 {expected[:12]}...) from this URL, {where}") from exc
     return output
 
 
