@@ -115,6 +115,15 @@ def _add_bundle(subparsers: argparse._SubParsersAction) -> None:
     r.set_defaults(func=lazy("sdbench.bundle", "_cmd_config"))
 
 
+def _add_compare(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench compare A B`` (:mod:`sdbench.analysis.runcompare`)."""
+    p = subparsers.add_parser(
+        "compare", help="two runs or bundles cell by cell: speedup, throughput, acceptance; a regression gate"
+    )
+    p.add_argument("runs", nargs=2, metavar="RUN", help="results directory, bundle (.tar.gz) or cells.parquet")
+    bench_cli.compare_options(p)
+
+
 def _add_containers(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench containers render`` (:mod:`sdbench.containers`) and ``containers check``
     (:mod:`sdbench.containercheck`)."""
@@ -150,6 +159,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "trace-tables": engine_cli.add_trace_tables,
     "serve-group": engine_cli.add_serve_group,
     "aggregate": analysis_cli.add_aggregate,
+    "verdict": analysis_cli.add_verdict,
     "plot-throughput": analysis_cli.add_plot_throughput,
     "download-model": models_cli.add_download_model,
     "memory-table": analysis_cli.add_memory_table,
@@ -172,6 +182,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "containers": _add_containers,
     "check-model": models_cli.add_check_model,
     "engines": engine_cli.add_engines,
+    "compare": _add_compare,
 }
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)

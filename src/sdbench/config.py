@@ -191,8 +191,18 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
                     f"datasets.{name}.num_prompts: {dataset['num_prompts']} > {dataset['matched_to']!r}'s "
                     f"{matched['num_prompts']}"
                 )
+        elif dataset["source"] == "file":
+            for key in ("path", "columns"):
+                if key not in dataset:
+                    problems.append(f"datasets.{name}.{key}: required for source 'file' (your prompts file "
+                                    "and which of its columns hold the prompt or messages)")
+            columns = dataset.get("columns", {})
+            if columns and ("prompt" in columns) == ("messages" in columns):
+                problems.append(f"datasets.{name}.columns: give exactly one of prompt and messages")
         elif "builder" not in dataset:
             problems.append(f"datasets.{name}.builder: required (which prompt builder formats this dataset)")
+        elif dataset["builder"] == "columns" and "columns" not in dataset:
+            problems.append(f"datasets.{name}.columns: required for builder 'columns' (which column holds what)")
     return problems
 
 

@@ -51,7 +51,9 @@ class Item:
         return stem + suffix
 
 
-SEC3, SEC5, SEC6, SEC7, SEC8, PRODUCTION = (
+# "A..." sorts first: the report lists sections by name, and the verdict is what a reader wants first.
+VERDICT, SEC3, SEC5, SEC6, SEC7, SEC8, PRODUCTION = (
+    "At a glance: does SD pay here?",
     "Sec. 3 End-to-end throughput",
     "Sec. 5 Memory and runtime breakdown",
     "Sec. 6 Acceptance",
@@ -62,6 +64,8 @@ SEC3, SEC5, SEC6, SEC7, SEC8, PRODUCTION = (
 PER_DATASET = "{scope}"
 
 ITEMS: tuple[Item, ...] = (
+    Item("ext00_verdict", "", "does SD pay, per model x method x dataset and batch size / concurrency; where it stops",
+         (".md", ".png"), "analysis.verdict.verdict_markdown", VERDICT),
     Item("fig01_end_to_end", "Fig. 1/2", "throughput and speedup vs batch size, 95% intervals",
          (".png",), "analysis.endtoend.plot_throughput", SEC3),
     Item("tab01_generation_length", "Tab. 1", "output length (mean ± sd) per method x batch size",
@@ -72,8 +76,8 @@ ITEMS: tuple[Item, ...] = (
          (".md",), "analysis.endtoend.output_divergence", SEC3, rule="aggregate"),
     Item("fig03_runtime_breakdown", "Fig. 3", "share of step time per stage, per method x batch size",
          (".png",), "analysis.breakdown.plot_breakdown", SEC5),
-    Item("tab02_memory", "Tab. 2/3", "analytical vs measured memory (static and per token)",
-         (".png",), "analysis.memory.plot_memory", SEC5),
+    Item("tab02_memory", "Tab. 2/3", "analytical vs measured memory (static and per token) per engine x model x method",
+         (".md", ".png"), "analysis.memory.memory_markdown", SEC5),
     Item("tab04_generated_length", "Tab. 4", "per-request mean accepted length by dataset x method",
          (".md",), "analysis.acceptance.table4", SEC6, scope="{source}"),
     Item("fig04_acceptance_heatmap", "Fig. 4", "accepted length per request x token position",

@@ -34,6 +34,15 @@ def method_key(base: str, k: int) -> str:
     return f"{base}.k{k}"
 
 
+def variant_keys(config: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Keys that exist only for a sweep: ``{"methods": {key: sweep}, "datasets": {key: sweep}}``
+    (entries marked ``sweep_of``). Cells on them belong to their sweep's item, not to the grid's."""
+    return {
+        "methods": {k: PROPOSAL_LENGTH for k, m in sorted(config["methods"].items()) if "sweep_of" in m},
+        "datasets": {k: TEMPERATURE for k, d in sorted(config["datasets"].items()) if "sweep_of" in d},
+    }
+
+
 def _same_engine_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
     strip = lambda m: {k: v for k, v in m.items() if k not in _COSMETIC}  # noqa: E731
     return strip(a) == strip(b)

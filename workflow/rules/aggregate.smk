@@ -17,12 +17,34 @@ rule aggregate:
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
         baseline=BASELINE,
+        sweeps=sweep_variants(),
     shell:
         "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
-        "--baseline {params.baseline} --cells {output.cells} "
+        "--baseline {params.baseline} --sweeps {params.sweeps} --cells {output.cells} "
         "--speedups-md {output.speedups} --lengths {output.lengths} "
         "--lengths-md {output.lengths_md} --divergence {output.divergence} "
         "--divergence-md {output.divergence_md} > {log} 2>&1"
+
+
+# The paper's question per model x method x dataset: does SD pay, up to which load (ext00).
+rule ext00_verdict:
+    input:
+        unpack(verdict_inputs),
+    output:
+        table="results/tables/verdict.parquet",
+        markdown=paper_report("ext00_verdict", ".md"),
+        figure=paper_report("ext00_verdict", ".png"),
+    log:
+        "logs/ext00_verdict.log",
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.verdict"),
+        labels=method_labels(),
+        server=lambda wildcards, input: (
+            f"--server {input.server}" if "server" in input.keys() else ""
+        ),
+    shell:
+        "sdbench verdict --cells {input.cells} {params.server} --labels {params.labels} "
+        "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
 
 
 rule fig01_end_to_end:
@@ -57,7 +79,8 @@ rule tab02_memory:
         models=built_model_dirs(),
     output:
         table="results/tables/memory.parquet",
-        figure=paper_report("tab02_memory"),
+        markdown=paper_report("tab02_memory", ".md"),
+        figure=paper_report("tab02_memory", ".png"),
     log:
         "logs/tab02_memory.log",
     params:
@@ -65,7 +88,7 @@ rule tab02_memory:
         models=memory_model_names(),
     shell:
         "sdbench memory-table --cells {input.cells} --models {params.models} "
-        "--output {output.table} --figure {output.figure} > {log} 2>&1"
+        "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
 
 
 # Cost per 1M output tokens (config `cost`; without it, not a target).

@@ -268,8 +268,9 @@ SPEED_BENCH_SAMPLE = "results/datasets/speed-bench-sample"
 
 
 def prepare_inputs(wildcards):
-    """The tokenizer, for a random_tokens dataset the same model's matched prompt table, and
-    the SPEED-Bench stand-in directory when the dataset reads it."""
+    """The tokenizer, for a random_tokens dataset the same model's matched prompt table, the
+    SPEED-Bench stand-in directory when the dataset reads it, and a user's prompts file.
+    """
     inputs = {"tokenizer": prompt_tokenizer_dir(wildcards)}
     entry = config["datasets"][wildcards.dataset]
     if entry["source"] == "random_tokens":
@@ -278,6 +279,8 @@ def prepare_inputs(wildcards):
         )
     if entry.get("local_path") == SPEED_BENCH_SAMPLE:
         inputs["sample"] = SPEED_BENCH_SAMPLE
+    if entry["source"] == "file":  # your prompts file: an edit reruns its prompt tables
+        inputs["prompts_file"] = entry["path"]
     return inputs
 
 
@@ -357,9 +360,29 @@ def cell_outputs(name):
     return [cell_file(c, name) for c in CELLS]
 
 
+def verdict_inputs(wildcards):
+    """The joined cells, and the server-mode table when the config has a server section."""
+    inputs = {"cells": "results/tables/cells.parquet"}
+    if SERVER_GROUPS:
+        inputs["server"] = "results/tables/server.parquet"
+    return inputs
+
+
+def method_labels():
+    """Method key -> the config's label (the verdict's words), as a shell-quoted JSON param."""
+    labels = {k: m.get("label", k) for k, m in sorted(config["methods"].items())}
+    return shlex.quote(json.dumps(labels, sort_keys=True))
+
+
+def sweep_variants():
+    """Keys only a sweep runs (sdbench.sweeps.variant_keys), as a shell-quoted JSON param."""
+    return shlex.quote(json.dumps(sweeps.variant_keys(config), sort_keys=True))
+
+
 def final_outputs():
     """Every item of the figure index this config draws (and the offline n-gram traces)."""
-    outputs = [
+    outputs = [paper_path("ext00_verdict", s) for s in (".md", ".png")]
+    outputs += [
         paper_path(name)
         for name in (
             "fig01_end_to_end",
@@ -367,9 +390,9 @@ def final_outputs():
             "ext01_speedups",
             "ext02_acceptance_per_position",
             "ext06_output_divergence",
-            "tab02_memory",
         )
     ]
+    outputs += [paper_path("tab02_memory", s) for s in (".md", ".png")]
     sources = (["grid"] if TRACES else []) + (
         ["published"] if PUBLISHED.get("datasets") else []
     )

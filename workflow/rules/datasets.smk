@@ -14,6 +14,7 @@ rule prepare_dataset:
             "sdbench.datasets.prompts",
             "sdbench.datasets.randomtokens",
             "sdbench.datasets.speedbench",
+            "sdbench.datasets.userprompts",
         ),
         entry=dataset_entry,
         chat=chat_template_kwargs,

@@ -195,47 +195,70 @@ def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
 
 
 def plot_heatmaps(traces: pd.DataFrame, dataset: str, max_position: int | None = 512):
-    """Fig. 4 for one dataset: one heatmap panel per method."""
+    """Fig. 4 for one dataset: one heatmap panel per method, wrapped into a grid."""
+    from sdbench.plotting import method_style, panel_axes, panel_grid
+
     sub = traces[traces["dataset"] == dataset]
     methods = _ordered(sub["method"])
-    fig, axes = subplots(1, len(methods), figsize=(6 * len(methods), 4.5), squeeze=False)
-    for ax, method in zip(axes[0], methods):
+    fig, axes = panel_grid(len(methods), 5.0, 3.8, 110)
+    im = None
+    for i, method in enumerate(methods):
+        ax = panel_axes(axes, i)
         mat, _ = heatmap_matrix(sub[sub["method"] == method], max_position)
         im = ax.imshow(mat, aspect="auto", interpolation="nearest", cmap="Blues", vmin=1, vmax=MAX_ACC_LEN)
-        ax.set(title=f"{dataset}, {method}", xlabel="output position", ylabel="request (by output length)")
-    fig.colorbar(im, ax=axes[0].tolist(), label="generated tokens per step (acc_len)")
+        ax.set_title(f"{dataset}, {method_style(method).label}", fontsize=9, color=method_style(method).color)
+        ax.set(xlabel="output position", ylabel="request (by output length)")
+    fig.colorbar(im, ax=[a for a in axes.ravel() if a.get_visible()], label="generated tokens per step (acc_len)")
     return fig
 
 
 def plot_position_deciles(deciles: pd.DataFrame, dataset: str):
     """Fig. 5 for one dataset: a panel per output-length class, a line (95% CI band) per method."""
+    from sdbench.plotting import figure_legend, method_style, panel_axes, panel_grid
+
     sub = deciles[deciles["dataset"] == dataset]
     classes = [c for c in sub["length_class"].cat.categories if (sub["length_class"] == c).any()]
-    fig, axes = subplots(1, len(classes), figsize=(5 * len(classes), 3.8), squeeze=False)
-    for ax, cls in zip(axes[0], classes):
-        for method in _ordered(sub["method"]):
+    methods = _ordered(sub["method"])
+    styles = {m: method_style(m) for m in methods}
+    fig, axes = panel_grid(len(classes), 4.4, 3.4, 110)
+    for i, cls in enumerate(classes):
+        ax = panel_axes(axes, i)
+        for method in methods:
             d = sub[(sub["length_class"] == cls) & (sub["method"] == method)]
             n = int(d["n_requests"].max()) if len(d) else 0
-            ax.plot(d["interval"] + 1, d["mean"], marker="o", label=f"{method} (n={n})")
-            ax.fill_between(d["interval"] + 1, d["ci95_low"], d["ci95_high"], alpha=0.25)
-        ax.set(title=f"{dataset}: outputs {cls} tokens", xlabel="position decile", ylabel="mean acc_len")
-        ax.legend()
-    fig.tight_layout()
+            ax.plot(d["interval"] + 1, d["mean"], color=styles[method].color, marker=styles[method].marker)
+            ax.fill_between(d["interval"] + 1, d["ci95_low"], d["ci95_high"], alpha=0.2, color=styles[method].color)
+            if n:
+                ax.annotate(f"n={n}", (d["interval"].iloc[-1] + 1, d["mean"].iloc[-1]), fontsize=6,
+                            color=styles[method].color, xytext=(3, 0), textcoords="offset points")  # fmt: skip
+        ax.set_title(f"{dataset}: outputs {cls} tokens", fontsize=9)
+        ax.set(xlabel="position decile", ylabel="mean acc_len")
+        ax.grid(alpha=0.3)
+    figure_legend(fig, styles)
     return fig
 
 
 def plot_request_boxes(box: pd.DataFrame):
     """Fig. 6/13: per-request mean ``acc_len`` boxes (25-75) with 5-95 whiskers, per dataset x method."""
+    from sdbench.plotting import method_style, panel_axes, panel_grid
+
     datasets = _ordered(box["dataset"])
-    fig, axes = subplots(1, len(datasets), figsize=(3.2 * len(datasets) + 1, 4), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets):
+    widest = max((int((box["dataset"] == d).sum()) for d in datasets), default=1)
+    fig, axes = panel_grid(len(datasets), 1.0 + 0.55 * widest, 4.0, 110)
+    for i, dataset in enumerate(datasets):
+        ax = panel_axes(axes, i)
         d = box[box["dataset"] == dataset]
         stats = [
-            {"label": m, "med": p50, "q1": p25, "q3": p75, "whislo": p5, "whishi": p95, "fliers": []}
+            {"label": method_style(m).label, "med": p50, "q1": p25, "q3": p75, "whislo": p5, "whishi": p95, "fliers": []}
             for m, p5, p25, p50, p75, p95 in zip(d["method"], d["p5"], d["p25"], d["p50"], d["p75"], d["p95"])
         ]
-        ax.bxp(stats, showfliers=False)
-        ax.set(title=dataset, ylabel="per-request mean acc_len")
+        boxes = ax.bxp(stats, showfliers=False, patch_artist=True)
+        for patch, m in zip(boxes["boxes"], d["method"]):
+            patch.set_facecolor(method_style(m).color)
+            patch.set_alpha(0.45)
+        ax.set_title(dataset, fontsize=9)
+        ax.set_ylabel("per-request mean acc_len")
+        ax.tick_params(axis="x", labelrotation=35, labelsize=7)
     fig.tight_layout()
     return fig
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from sdbench.engine.steptiming import STAGE_COLUMNS
 from sdbench.io import write_parquet
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import method_style, save_png, subplots
 
 # Stages of the breakdown, in plot order (bottom to top), with Fig. 3's labels.
 STAGES: tuple[str, ...] = ("propose", "verify", "sample", "other")
@@ -109,7 +109,8 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     for method in dict.fromkeys(r.method for r in rows):
         xs = [p for p, r in zip(positions, rows) if r.method == method]
         ax.text(
-            sum(xs) / len(xs), -0.1, str(method), ha="center", va="top", fontsize=8,
+            sum(xs) / len(xs), -0.1, method_style(str(method)).label, ha="center", va="top", fontsize=8,
+            color=method_style(str(method)).color,
             transform=ax.get_xaxis_transform(),
         )  # fmt: skip
     ax.set_xlabel("batch size, per method", labelpad=16)

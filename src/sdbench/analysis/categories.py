@@ -38,7 +38,7 @@ import pandas as pd
 
 from sdbench.analysis.stats import NUM_RESAMPLES, interval
 from sdbench.io import read_parquet, write_parquet, write_text
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import save_png
 
 KEYS = ["engine", "model", "dataset", "method", "batch_size"]
 GROUP = [*KEYS, "category"]
@@ -207,16 +207,13 @@ def category_acceptance_markdown(table: pd.DataFrame) -> str:
 def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> None:
     """Per-request mean acceptance length with its 95% interval: a group of bars per category,
     one bar per method, a panel per engine / model / dataset / batch size."""
+    from sdbench.plotting import method_styles, panel_grid
+
     panels = list(table.groupby(["engine", "model", "dataset", "batch_size"], sort=True))
     methods = sorted(table["method"].unique())
-    colour = {m: f"C{i % 10}" for i, m in enumerate(methods)}
-    n = max(len(panels), 1)
-    ncols = min(n, 3)
-    nrows = math.ceil(n / ncols)
+    styles = method_styles(table)
     width_per_panel = max(4.5, 0.5 * table["category"].nunique() * max(len(methods), 1) + 1.5)
-    fig, axes = subplots(nrows, ncols, figsize=(width_per_panel * ncols, 3.8 * nrows), squeeze=False)
-    for ax in axes.flat[len(panels) :]:
-        ax.set_visible(False)
+    fig, axes = panel_grid(len(panels), width_per_panel, 3.8, 110)
     for ax, (keys, sub) in zip(axes.flat, panels):
         categories = sorted(sub["category"].unique())
         x = np.arange(len(categories))
@@ -231,7 +228,8 @@ def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> None:
                 np.clip(rows["request_mean_ci_high"].to_numpy(dtype=float) - y, 0, None).tolist(),
             ]
             offset = (i - (len(here) - 1) / 2) * width
-            ax.bar(x + offset, y, width=width, yerr=err, capsize=2, color=colour[method], label=method)
+            ax.bar(x + offset, y, width=width, yerr=err, capsize=2, color=styles[method].color,
+                   label=styles[method].label)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(x, [c or "(none)" for c in categories], fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("acceptance length, per-request mean")

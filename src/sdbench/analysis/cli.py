@@ -35,7 +35,21 @@ def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lengths-md", required=True, help="output: Tab. 1 rendered as Markdown")
     p.add_argument("--divergence", required=True, help="output: share of outputs differing from no-SD")
     p.add_argument("--divergence-md", required=True, help="output: the same, rendered as Markdown")
+    p.add_argument("--sweeps", default="{}",
+                   help='JSON {"methods": {key: sweep}, "datasets": {key: sweep}}: keys only a sweep runs (column sweep)')
     p.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_aggregate"))
+
+
+def add_verdict(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench verdict``."""
+    p = subparsers.add_parser("verdict", help="does SD pay, per model x method x dataset and load (ext00)")
+    p.add_argument("--cells", required=True, help="results/tables/cells.parquet")
+    p.add_argument("--server", default=None, help="results/tables/server.parquet (server mode), if any")
+    p.add_argument("--labels", default=None, help="JSON: method key -> label (the config's)")
+    p.add_argument("--output", required=True, help="output: one row per SD point with its verdict (parquet)")
+    p.add_argument("--markdown", required=True, help="output: the verdict in words and tables")
+    p.add_argument("--figure", required=True, help="output: PNG")
+    p.set_defaults(func=lazy("sdbench.analysis.verdict", "_cmd_verdict"))
 
 
 def add_plot_throughput(subparsers: argparse._SubParsersAction) -> None:
@@ -55,6 +69,7 @@ def add_memory_table(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--dtype", choices=DTYPES, default=None)
     t.add_argument("--output", required=True, help="parquet")
     t.add_argument("--figure", required=True, help="PNG")
+    t.add_argument("--markdown", default=None, help="Tab. 2/3 per engine x model x method (Markdown)")
     t.set_defaults(func=lazy("sdbench.analysis.memory", "_run_cells_table"))
 
 
@@ -275,6 +290,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for add in (
         add_acceptance,
         add_aggregate,
+        add_verdict,
         add_plot_throughput,
         add_memory_table,
         add_cost,

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.io import write_parquet, write_text
-from sdbench.plotting import save_png, subplots
+
 
 KEYS = ["engine", "model", "dataset", "method", "batch_size"]
 NEEDED = [*KEYS, "sd_method", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "output_len_mean",
@@ -118,25 +118,13 @@ def cost_markdown(table: pd.DataFrame, source: str = "") -> str:
 
 def plot_cost(table: pd.DataFrame, out_png: str | Path) -> None:
     """Cost per 1M output tokens vs batch size, one line per method, a panel per engine x model x dataset."""
-    panels = list(table.groupby(["engine", "model", "dataset"], sort=True))
-    fig, axes = subplots(1, max(len(panels), 1), figsize=(4.4 * max(len(panels), 1), 3.8), squeeze=False)
-    for col, (keys, sub) in enumerate(panels):
-        ax = axes[0, col]
-        for method, line in sub.groupby("method", sort=True):
-            line = line.sort_values("batch_size")
-            y = line["cost_per_1m_tokens"]
-            err = [(y - line["cost_per_1m_tokens_ci_low"]).clip(lower=0), (line["cost_per_1m_tokens_ci_high"] - y).clip(lower=0)]
-            ax.errorbar(line["batch_size"], y, yerr=err, marker="o", capsize=3, label=method)
-        ax.set_title("\n".join(map(str, keys)), fontsize=9)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("batch size (requests in flight)")
-        ax.set_ylabel(f"{sub['currency'].iloc[0]} per 1M output tokens")
-        ax.grid(alpha=0.3, which="both")
-    if panels:
-        axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+    from sdbench.plotting import method_lines
+
+    currency = table["currency"].iloc[0] if len(table) else ""
+    method_lines(table, out_png, panel_keys=["engine", "model", "dataset"], x="batch_size",
+                 rows=[("cost_per_1m_tokens", "cost_per_1m_tokens_ci_low", "cost_per_1m_tokens_ci_high",
+                        f"{currency} per 1M output tokens")],
+                 xlabel="batch size (requests in flight)", xlog=2, ylog=True)  # fmt: skip
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
@@ -145,7 +133,9 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     bad = {k: v for k, v in prices.items() if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0}
     if bad:
         raise ValueError(f"cost.price_per_device_hour: not a price: {bad}")
-    table = cost_table(pd.read_parquet(args.cells), prices, devices, args.currency)
+    from sdbench.analysis.endtoend import grid_cells
+
+    table = cost_table(grid_cells(pd.read_parquet(args.cells)), prices, devices, args.currency)
     write_parquet(table, args.output)
     write_text(cost_markdown(table, args.source), args.markdown)
     plot_cost(table, args.figure)

@@ -12,10 +12,17 @@ from pathlib import Path
 import pandas as pd
 
 from sdbench.io import write_parquet, write_text
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import save_png
 
 GROUP = ["engine", "model", "dataset", "batch_size"]
 SORT = ["engine", "model", "dataset", "method", "batch_size"]
+
+
+def mark_sweeps(cells: pd.DataFrame, sweeps: dict[str, dict[str, str]]) -> pd.DataFrame:
+    """Add ``sweep``: the sweep a cell exists for (its method or dataset is a sweep variant,
+    sdbench.sweeps.variant_keys), "" for the grid's own cells."""
+    methods, datasets = sweeps.get("methods", {}), sweeps.get("datasets", {})
+    return cells.assign(sweep=[methods.get(m) or datasets.get(d) or "" for m, d in zip(cells["method"], cells["dataset"])])
 
 
 def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
@@ -149,64 +156,91 @@ def speedup_markdown(cells: pd.DataFrame) -> str:
     return "\n".join(parts)
 
 
+def grid_cells(cells: pd.DataFrame) -> pd.DataFrame:
+    """The grid's own cells: sweep variants (column ``sweep``) belong to their sweep's item."""
+    return cells[cells["sweep"].fillna("") == ""] if "sweep" in cells else cells
+
+
 def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
-    """Fig. 1/2: throughput and speedup vs batch size per method, one column per model x dataset."""
+    """Fig. 1/2: throughput (top) and speedup (bottom) vs batch size per method, a panel per
+    engine x model x dataset, wrapped into a grid; one legend for every method drawn."""
+    from matplotlib.lines import Line2D
+
+    from sdbench.plotting import figure_legend, method_styles, panel_axes, panel_grid
+
+    cells = grid_cells(cells)
     panels = list(cells.groupby(["engine", "model", "dataset"], sort=True))
-    fig, axes = subplots(2, len(panels), figsize=(4.2 * len(panels), 7), squeeze=False)
-    for col, (keys, sub) in enumerate(panels):
-        metrics = (
-            ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"),
-            ("speedup", "speedup_ci_low", "speedup_ci_high"),
-        )
-        for method, line in sub.groupby("method", sort=True):
-            line = line.sort_values("batch_size")
-            for row, (y, lo, hi) in enumerate(metrics):
+    styles = method_styles(cells)
+    dpi = 110
+    fig, axes = panel_grid(len(panels), 4.0, 3.3, dpi, rows_per_panel=2)
+    metrics = (
+        ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "output tokens / s"),
+        ("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD"),
+    )
+    flagged_any = False
+    for i, (keys, sub) in enumerate(panels):
+        for row, (y, lo, hi, ylabel) in enumerate(metrics):
+            ax = panel_axes(axes, i, row, 2)
+            for method, line in sub.groupby("method", sort=True):
+                line = line.sort_values("batch_size")
                 err = None
                 if lo in line and line[lo].notna().any():  # 95% bootstrap interval
                     err = [(line[y] - line[lo]).clip(lower=0), (line[hi] - line[y]).clip(lower=0)]
-                axes[row, col].errorbar(line["batch_size"], line[y], yerr=err, marker="o", capsize=3, label=method)
-        flagged = sub[sub["contaminated"].astype(bool)] if "contaminated" in sub else sub.iloc[:0]
-        for row, (y, _, _) in enumerate(metrics):
-            if len(flagged):  # timed beside other work (README: "Quiet machine")
-                axes[row, col].scatter(
-                    flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
-                    linewidths=1.5, zorder=5, label="flagged: busy machine",
-                )
-        axes[0, col].set_title("\n".join(map(str, keys)), fontsize=9)
-        axes[0, col].set_ylabel("output tokens / s")
-        axes[1, col].axhline(1.0, color="grey", lw=0.8, ls="--")
-        axes[1, col].set_ylabel("speedup over no-SD")
-        for ax in axes[:, col]:
+                style = styles[method]
+                ax.errorbar(line["batch_size"], line[y], yerr=err, capsize=3, color=style.color, marker=style.marker)
+            flagged = sub[sub["contaminated"].astype(bool)] if "contaminated" in sub else sub.iloc[:0]
+            if len(flagged):  # timed beside other work (docs: quiet machine)
+                flagged_any = True
+                ax.scatter(flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
+                           linewidths=1.5, zorder=5)  # fmt: skip
+            if row == 1:
+                ax.axhline(1.0, color="grey", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("batch size")
+            ax.set_xlabel("batch size", fontsize=8)
+            ax.set_ylabel(ylabel, fontsize=8)
             ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+        panel_axes(axes, i, 0, 2).set_title(f"{keys[1]} / {keys[2]}\n{keys[0]}", fontsize=9)
+    extra = []
+    if flagged_any:
+        extra.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="red",
+                            markersize=10, label="timed on a busy machine"))  # fmt: skip
+    figure_legend(fig, styles, extra)
+    save_png(fig, out_png, dpi=dpi)
 
 
 def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> None:
-    """Acceptance rate by draft position (run-cell counters), one panel per model x dataset."""
+    """Acceptance rate by draft position (run-cell counters, mean over the batch sizes), one
+    panel per engine x model x dataset, one line per method."""
+    import numpy as np
+
+    from sdbench.plotting import figure_legend, method_styles, panel_axes, panel_grid
+
+    cells = grid_cells(cells)
     sd = cells[cells["acceptance_rate_per_pos"].map(len) > 0]
     panels = list(sd.groupby(["engine", "model", "dataset"], sort=True))
-    fig, axes = subplots(1, max(len(panels), 1), figsize=(4.2 * max(len(panels), 1), 3.6), squeeze=False)
-    for col, (keys, sub) in enumerate(panels):
-        ax = axes[0, col]
-        for (method, bs), row in sub.groupby(["method", "batch_size"], sort=True):
-            rates = list(row["acceptance_rate_per_pos"].iloc[0])
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=f"{method} bs{bs}")
-        ax.set_title("\n".join(map(str, keys)), fontsize=9)
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("acceptance rate")
+    styles = method_styles(sd)
+    dpi = 110
+    fig, axes = panel_grid(len(panels), 4.0, 3.2, dpi)
+    for i, (keys, sub) in enumerate(panels):
+        ax = panel_axes(axes, i)
+        for method, rows in sub.groupby("method", sort=True):
+            width = max(len(r) for r in rows["acceptance_rate_per_pos"])
+            rates = np.nanmean([list(r) + [np.nan] * (width - len(r)) for r in rows["acceptance_rate_per_pos"]], axis=0)
+            style = styles[method]
+            ax.plot(range(1, width + 1), rates, color=style.color, marker=style.marker)
+        ax.set_title(f"{keys[1]} / {keys[2]}\n{keys[0]}", fontsize=9)
+        ax.set_xlabel("draft position", fontsize=8)
+        ax.set_ylabel("acceptance rate", fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+    figure_legend(fig, styles)
+    save_png(fig, out_png, dpi=dpi)
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:
-    cells = join_cells([pd.read_parquet(p) for p in args.summaries], args.baseline)
+    import json
+
+    cells = mark_sweeps(join_cells([pd.read_parquet(p) for p in args.summaries], args.baseline), json.loads(args.sweeps))
     requests = pd.concat([pd.read_parquet(p) for p in args.requests], ignore_index=True)
     lengths = generation_length_table(requests)
     write_parquet(cells, args.cells)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from sdbench.analysis.cost import TOKENS, per_million_tokens
 from sdbench.io import read_parquet, write_parquet, write_text
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import save_png
 from sdbench.servermode import SERVER_CELL_KEYS
 
 KEYS = list(SERVER_CELL_KEYS)
@@ -100,12 +100,15 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
 
 
 def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> None:
-    """TPOT p50 vs output tokens/s per device, one curve per method, points labelled by concurrency."""
+    """TPOT p50 vs output tokens/s per device, one curve per method, points labelled by concurrency;
+    a panel per engine x model x dataset, wrapped into a grid."""
+    from sdbench.plotting import figure_legend, method_styles, panel_axes, panel_grid
+
     panels = list(table.groupby(["engine", "model", "dataset"], sort=True))
-    n = max(len(panels), 1)
-    fig, axes = subplots(1, n, figsize=(4.8 * n, 4.0), squeeze=False)
-    for col, (keys, sub) in enumerate(panels):
-        ax = axes[0, col]
+    styles = method_styles(table)
+    fig, axes = panel_grid(len(panels), 4.6, 3.8, 110)
+    for i, (keys, sub) in enumerate(panels):
+        ax = panel_axes(axes, i)
         for method, line in sub.groupby("method", sort=True):
             line = line.sort_values("concurrency")
             x = line["output_tokens_per_s_per_device"]
@@ -113,16 +116,15 @@ def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> None:
                 (x - line["output_tokens_per_s_min"] / line["devices"]).clip(lower=0),
                 (line["output_tokens_per_s_max"] / line["devices"] - x).clip(lower=0),
             ]
-            ax.errorbar(x, line["tpot_p50_ms"], xerr=xerr, marker="o", capsize=2, label=method)
+            style = styles[method]
+            ax.errorbar(x, line["tpot_p50_ms"], xerr=xerr, capsize=2, color=style.color, marker=style.marker)
             for xi, yi, c in zip(x, line["tpot_p50_ms"], line["concurrency"]):
                 ax.annotate(str(c), (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=7)
-        ax.set_title("\n".join(map(str, keys)), fontsize=9)
+        ax.set_title(f"{keys[1]} / {keys[2]}\n{keys[0]}", fontsize=9)
         ax.set_xlabel("output tokens/s per device")
         ax.set_ylabel("TPOT p50 (ms)")
         ax.grid(alpha=0.3)
-    if panels:
-        axes[0, 0].legend(fontsize=7, title="method (labels: concurrency)", title_fontsize=7)
-    fig.tight_layout()
+    figure_legend(fig, styles, title="method (point labels: requests in flight)")
     save_png(fig, out_png, dpi=110)
 
 

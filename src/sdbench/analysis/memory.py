@@ -430,7 +430,11 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
     per_tok, kv_gib = col("analytical_per_token_kib"), col("measured_kv_cache_gib")
 
     x = np.arange(n)
-    fig, (ax1, ax2) = subplots(1, 2, figsize=(max(9.0, 1.2 * n + 5), 5.5))
+    # Two panels side by side while they fit in 3000 px, else stacked (sdbench.plotting limits).
+    wide = max(4.5, 0.55 * n + 1.5)
+    stacked = 2 * wide * 150 > 3000
+    fig, (ax1, ax2) = subplots(2 if stacked else 1, 1 if stacked else 2,
+                               figsize=(wide, 9.0) if stacked else (2 * wide, 5.0))  # fmt: skip
     w = 0.38
     ax1.bar(x - w / 2, static, w, label="analytical weights", color="#4c72b0")
     ax1.bar(x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452")
@@ -520,5 +524,42 @@ def _run_cells_table(args: argparse.Namespace) -> int:
         raise ValueError(f"--models: no entry for model key(s) {', '.join(map(str, missing))} of {args.cells}")
     table = cells_memory_table(cells, models, dtype=args.dtype)
     write_parquet(table, args.output)
-    plot_memory(table.assign(cell=table["model"] + "/" + table["method"] + "/bs" + table["batch_size"].astype(str)), args.figure)
+    per_engine = per_configuration(table)
+    if args.markdown:
+        from sdbench.io import write_text
+
+        write_text(memory_markdown(per_engine), args.markdown)
+    plot_memory(per_engine.assign(cell=per_engine["model"] + " | " + per_engine["method"]), args.figure)
     return 0
+
+
+def per_configuration(table: Any) -> Any:
+    """One row per engine x model x method (Tab. 2/3): memory does not depend on the dataset, and
+    the KV cache is allocated per engine; peak memory is the largest over the configuration's cells."""
+    keys = ["engine", "model", "method"]
+    agg = {c: "first" for c in table.columns if c not in keys + ["dataset", "batch_size", "peak_memory_gib"]}
+    agg["peak_memory_gib"] = "max"
+    return table.groupby(keys, sort=True).agg(agg).reset_index()
+
+
+def memory_markdown(per_engine: Any) -> str:
+    """Tab. 2/3 as Markdown: analytical and measured memory per engine x model x method."""
+
+    def num(x: Any, fmt: str) -> str:
+        return "—" if _is_missing(x) else format(float(x), fmt)
+
+    lines = [
+        "Analytical (from the model configs) next to measured (the engine's workers) memory per engine x model x "
+        "method. Peak memory: device on GPU, resident memory of the engine's processes on CPU.\n",
+        "| engine | model | method | weights analytical / measured (GiB) | KV cache per token (KiB) "
+        "| KV cache measured (GiB) | KV capacity (tokens) | peak memory (GiB) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in per_engine.itertuples(index=False):
+        lines.append(
+            f"| {r.engine} | {r.model} | {r.method} | {num(r.analytical_static_gib, '.3f')} / "
+            f"{num(r.measured_weights_gib, '.3f')} | {num(r.analytical_per_token_kib, '.1f')} "
+            f"| {num(r.measured_kv_cache_gib, '.3f')} | {num(r.kv_cache_capacity_tokens, ',.0f')} "
+            f"| {num(r.peak_memory_gib, '.2f')} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -20,7 +20,6 @@ from typing import Any
 import pandas as pd
 
 from sdbench.io import write_parquet, write_text
-from sdbench.plotting import save_png, subplots
 
 POINT = ["engine", "model", "dataset", "batch_size", "base_method", "num_speculative_tokens"]
 MEMORY = ["analytical_static_gib", "analytical_per_token_kib", "peak_memory_gib"]
@@ -84,28 +83,17 @@ def proposal_length_markdown(table: pd.DataFrame) -> str:
 
 
 def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> None:
-    """Speedup (with 95% intervals) and accepted length vs k, one line per method, a column per scope."""
-    panels = list(table.groupby(["engine", "model", "dataset", "batch_size"], sort=True))
-    n = max(len(panels), 1)
-    fig, axes = subplots(2, n, figsize=(4.4 * n, 6.4), squeeze=False)
-    for col, (keys, sub) in enumerate(panels):
-        for method, line in sub.groupby("base_method", sort=True):
-            line = line.sort_values("num_speculative_tokens")
-            y = line["speedup"]
-            err = [(y - line["speedup_ci_low"]).clip(lower=0), (line["speedup_ci_high"] - y).clip(lower=0)]
-            axes[0, col].errorbar(line["num_speculative_tokens"], y, yerr=err, marker="o", capsize=3, label=method)
-            axes[1, col].plot(line["num_speculative_tokens"], line["mean_acceptance_length"], marker="o", label=method)
-        axes[0, col].set_title(f"{keys[1]} / {keys[2]} / bs {keys[3]}\n{keys[0]}", fontsize=9)
-        axes[0, col].axhline(1.0, color="grey", lw=0.8, ls="--")
-        axes[0, col].set_ylabel("speedup over no SD")
-        axes[1, col].set_ylabel("mean accepted length (tokens/step)")
-        for ax in axes[:, col]:
-            ax.set_xlabel("num_speculative_tokens (k)")
-            ax.grid(alpha=0.3)
-    if panels:
-        axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+    """Speedup (with 95% intervals) and accepted length vs k, one line per method, a panel per
+    engine x model x dataset x batch size."""
+    from sdbench.plotting import method_lines
+
+    # One line per base method across k: its label names the family only (k = 0 drops "k=...").
+    lines = table.assign(method=table["base_method"], k=table["num_speculative_tokens"], num_speculative_tokens=0,
+                         batch=table["batch_size"].map(lambda b: f"bs {b}"))  # fmt: skip
+    method_lines(lines, out_png, panel_keys=["engine", "model", "dataset", "batch"], x="k",
+                 rows=[("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD"),
+                       ("mean_acceptance_length", None, None, "mean accepted length (tokens/step)")],
+                 xlabel="num_speculative_tokens (k)", hline={0: 1.0})  # fmt: skip
 
 
 def _cmd_proposal_length(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.io import write_parquet, write_text
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import save_png
 
 KEYS = ["engine", "model", "method", "batch_size"]
 VALUES = ["mean_acceptance_length", "speedup", "speedup_ci_low", "speedup_ci_high", "tokens_per_s",
@@ -76,25 +76,30 @@ def random_vs_real_markdown(table: pd.DataFrame) -> str:
 
 
 def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> None:
-    """Speedup on real vs random prompts per SD method x batch size (bars with 95% intervals)."""
+    """Speedup on real vs random prompts per SD method x batch size (bars with 95% intervals): a
+    panel per random dataset x engine x model, wrapped into a grid."""
+    from sdbench.plotting import method_style, panel_axes, panel_grid
+
     sd = table[table["sd_method"] != "none"]
     panels = list(sd.groupby(["dataset_random", "engine", "model"], sort=True))
-    n = max(len(panels), 1)
-    fig, axes = subplots(1, n, figsize=(max(5.0, 0.9 * len(sd) / n + 2) * n, 3.8), squeeze=False)
-    for col, ((rnd, engine, model), sub) in enumerate(panels):
-        ax = axes[0, col]
-        labels = [f"{m}\nbs{b}" for m, b in zip(sub["method"], sub["batch_size"])]
+    widest = max((len(sub) for _, sub in panels), default=1)
+    fig, axes = panel_grid(len(panels), max(4.5, 0.8 * widest + 1.5), 3.8, 110)
+    for i, ((rnd, engine, model), sub) in enumerate(panels):
+        ax = panel_axes(axes, i)
+        labels = [f"{method_style(m).label}\nbs{b}" for m, b in zip(sub["method"], sub["batch_size"])]
         x = np.arange(len(sub))
-        for offset, side in ((-0.2, "real"), (0.2, "random")):
+        colors = [method_style(m).color for m in sub["method"]]
+        for offset, side, hatch in ((-0.2, "real", ""), (0.2, "random", "//")):
             y = sub[f"speedup_{side}"].to_numpy()
             err = [np.clip(y - sub[f"speedup_ci_low_{side}"], 0, None), np.clip(sub[f"speedup_ci_high_{side}"] - y, 0, None)]
             name = sub["dataset_real"].iloc[0] if side == "real" else rnd
-            ax.bar(x + offset, y, width=0.4, yerr=err, capsize=2, label=name)
+            ax.bar(x + offset, y, width=0.4, yerr=err, capsize=2, label=name, color=colors, hatch=hatch,
+                   alpha=0.9 if side == "real" else 0.5, edgecolor="black", linewidth=0.4)  # fmt: skip
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel("speedup over no SD")
         ax.set_title(f"{model} ({engine})", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, title="prompts (hatched: random)", title_fontsize=7)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     save_png(fig, out_png, dpi=110)

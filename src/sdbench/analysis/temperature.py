@@ -12,7 +12,7 @@ request) and the speedup with its 95% interval, judged against 1:
 - ``break-even``: the interval contains 1;
 - ``loses``: the interval lies entirely below 1.
 
-The recommendation is derived from those verdicts: per engine x model x dataset x method x batch
+(the one rule of :mod:`sdbench.analysis.verdict`). The recommendation is derived from those verdicts: per engine x model x dataset x method x batch
 size, the lowest swept temperature whose verdict is not ``pays`` (SD stops paying there), or
 "pays at every swept temperature".
 """
@@ -27,30 +27,18 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.analysis.verdict import BREAK_EVEN, LOSES, NO_INTERVAL, PAYS, verdict  # noqa: F401 - one rule
 from sdbench.io import write_parquet, write_text
-from sdbench.plotting import save_png, subplots
 
 SCOPE = ["engine", "model", "base_dataset", "batch_size"]
 LINE = ["engine", "model", "base_dataset", "method", "batch_size"]
 VALUES = ["mean_acceptance_length", "acceptance_rate", "output_len_mean", "tokens_per_s", "baseline_tokens_per_s",
           "speedup", "speedup_ci_low", "speedup_ci_high"]  # fmt: skip
-PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
 PAYS_EVERYWHERE = "pays at every swept temperature"
 RULE = (
     "lowest swept temperature whose speedup 95% interval is not entirely above 1 "
     "(entirely below 1: loses; containing 1: break-even); points without an interval are skipped"
 )
-
-
-def verdict(low: float, high: float) -> str:
-    """Whether SD pays at one point, from the speedup's 95% interval ``[low, high]``."""
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return NO_INTERVAL
-    if low > 1.0:
-        return PAYS
-    if high < 1.0:
-        return LOSES
-    return BREAK_EVEN
 
 
 def temperature_table(
@@ -147,28 +135,14 @@ def temperature_markdown(table: pd.DataFrame, recommendation: pd.DataFrame) -> s
 
 def plot_temperature(table: pd.DataFrame, out_png: str | Path) -> None:
     """Accepted length and speedup (95% intervals, dashed line at 1) vs temperature, one line per
-    method, a column per engine / model / dataset / batch size."""
-    panels = list(table.groupby(SCOPE, sort=True))
-    n = max(len(panels), 1)
-    fig, axes = subplots(2, n, figsize=(4.4 * n, 6.4), squeeze=False)
-    for col, (keys, sub) in enumerate(panels):
-        for method, line in sub.groupby("method", sort=True):
-            line = line.sort_values("temperature")
-            axes[0, col].plot(line["temperature"], line["mean_acceptance_length"], marker="o", label=method)
-            y = line["speedup"]
-            err = [(y - line["speedup_ci_low"]).clip(lower=0), (line["speedup_ci_high"] - y).clip(lower=0)]
-            axes[1, col].errorbar(line["temperature"], y, yerr=err, marker="o", capsize=3, label=method)
-        axes[0, col].set_title(f"{keys[1]} / {keys[2]} / bs {keys[3]}\n{keys[0]}", fontsize=9)
-        axes[0, col].set_ylabel("mean accepted length (tokens/step)")
-        axes[1, col].axhline(1.0, color="grey", lw=0.8, ls="--")
-        axes[1, col].set_ylabel("speedup over no SD at the same T")
-        for ax in axes[:, col]:
-            ax.set_xlabel("sampling temperature")
-            ax.grid(alpha=0.3)
-    if panels:
-        axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+    method, a panel per engine / model / dataset / batch size."""
+    from sdbench.plotting import method_lines
+
+    lines = table.assign(dataset=table["base_dataset"], batch=table["batch_size"].map(lambda b: f"bs {b}"))
+    method_lines(lines, out_png, panel_keys=["engine", "model", "dataset", "batch"], x="temperature",
+                 rows=[("mean_acceptance_length", None, None, "mean accepted length (tokens/step)"),
+                       ("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD at the same T")],
+                 xlabel="sampling temperature", hline={1: 1.0})  # fmt: skip
 
 
 def _cmd_temperature(args: argparse.Namespace) -> int:

@@ -3,8 +3,8 @@
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
 ``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench timeline``
-(:mod:`sdbench.bench.timeline`) and ``bench compare-runs``
-(:mod:`sdbench.bench.runcompare`). Argument parsing only (argparse and the
+(:mod:`sdbench.bench.timeline`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
+:mod:`sdbench.analysis.runcompare`). Argument parsing only (argparse and the
 standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
 """
 
@@ -123,18 +123,27 @@ def add_timeline(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
 
 
-def add_compare_runs(bench: argparse._SubParsersAction) -> None:
-    """Add ``bench compare-runs``."""
-    p = bench.add_parser(
-        "compare-runs", help="two runs' speedups cell by cell: inside, overlapping or disjoint intervals"
-    )
-    p.add_argument("--runs", nargs=2, required=True, metavar=("A", "B"), help="the two runs' results/tables/cells.parquet")
+def compare_options(p: argparse.ArgumentParser) -> None:
+    """Options of ``sdbench compare`` (and of its alias ``bench compare-runs``) after the two runs."""
+    p.add_argument("--threshold", type=float, default=None, metavar="FRACTION",
+                   help="exit 1 when a cell's speedup or throughput in B is lower by more than this "
+                        "(e.g. 0.1) with disjoint intervals: a CI gate")  # fmt: skip
     p.add_argument("--config", default=None, help="config whose method labels to print (default: method keys)")
-    p.add_argument("--max-half-width", type=float, default=0.05, help="median half-width criterion (default 0.05)")
+    p.add_argument("--markdown", default=None, help="write the table and summary here too")
+    p.add_argument("--figure", default=None, help="PNG: B against A per cell, speedup and throughput")
     p.add_argument("--output", default=None, help="the joined table (parquet)")
-    p.add_argument("--check", action="store_true", help="exit 1 unless the runs agree and both are narrow")
+    p.add_argument("--max-half-width", type=float, default=0.05, help="median half-width criterion (default 0.05)")
+    p.add_argument("--check", action="store_true", help="also exit 1 unless the runs agree and both are narrow")
     p.add_argument("--common", action="store_true", help="compare the cells both runs measured (a grid that grew)")
-    p.set_defaults(func=lazy("sdbench.bench.runcompare", "_cmd_bench_compare_runs"))
+    p.set_defaults(func=lazy("sdbench.analysis.runcompare", "_cmd_compare"))
+
+
+def add_compare_runs(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench compare-runs``: ``sdbench compare`` under its earlier name."""
+    p = bench.add_parser("compare-runs", help="alias of `sdbench compare` (two runs cell by cell)")
+    p.add_argument("--runs", nargs=2, required=True, metavar=("A", "B"),
+                   help="the two runs: results directories, bundles or cells.parquet files")
+    compare_options(p)
 
 
 def add_serve_parity(bench: argparse._SubParsersAction) -> None:

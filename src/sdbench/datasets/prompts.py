@@ -8,7 +8,8 @@ entry's ``category``); :func:`prepare` samples ``num_prompts`` of them determini
 prompt table:
 
 ``request_id`` (str), ``dataset`` (str), ``category`` (str), ``prompt_text`` (str),
-``prompt_token_ids`` (list<int32>), ``reference`` (str, "" when none).
+``prompt_token_ids`` (list<int32>), ``reference`` (str, "" when none), ``max_tokens`` (int: the
+request's output budget, the entry's unless a user's prompts file sets it per row).
 
 The hub datasets are all read by :func:`load_hf_dataset`, one call to
 ``datasets.load_dataset(hf_id, hf_config, split=..., revision=..., data_files=...)``.
@@ -49,6 +50,11 @@ class PromptRecord:
     prompt_text: str
     reference: str = ""
     category: str | None = None
+    # A conversation up to its last user turn ((role, content) pairs), rendered by the chat
+    # template instead of prompt_text (sdbench.datasets.userprompts).
+    messages: tuple[tuple[str, str], ...] | None = None
+    # The record's own output budget (at most the entry's max_tokens); None: the entry's.
+    max_tokens: int | None = None
 
 
 Builder = Callable[[dict[str, Any], int], Iterator[PromptRecord]]
@@ -56,7 +62,7 @@ BUILDERS: dict[str, Builder] = {}
 # Builders kept in modules of their own, which import this one (for @builder and the hub
 # loader): imported by name when builders are looked up (registered_builders), so that this
 # module need not import them back.
-BUILDER_MODULES: tuple[str, ...] = ("sdbench.datasets.speedbench",)
+BUILDER_MODULES: tuple[str, ...] = ("sdbench.datasets.speedbench", "sdbench.datasets.userprompts")
 
 
 def builder(name: str) -> Callable[[Builder], Builder]:
@@ -246,17 +252,25 @@ def build_gpqa(entry: dict[str, Any], seed: int) -> Iterator[PromptRecord]:
 # --- Sampling and tokenization ------------------------------------------------------
 
 
-def render_prompt(tokenizer: Any, text: str, chat_template_kwargs: dict[str, Any]) -> list[int]:
-    """Token ids of ``text``: through the chat template when the tokenizer has one.
+def render_prompt(
+    tokenizer: Any,
+    text: str,
+    chat_template_kwargs: dict[str, Any],
+    messages: tuple[tuple[str, str], ...] | None = None,
+) -> list[int]:
+    """Token ids of ``text`` (or of a conversation, ``messages``): through the chat template
+    when the tokenizer has one.
 
     The templated ids are those of the rendered text tokenized *without* the tokenizer's
     own special tokens (``apply_chat_template`` does so): the template already writes the
     BOS it wants, and adding it again would give Llama-3 prompts a doubled
-    ``<|begin_of_text|>``. Only untemplated (base model) prompts get ``add_special_tokens``.
+    ``<|begin_of_text|>``. Only untemplated (base model) prompts get ``add_special_tokens``;
+    for them a conversation is its ``text`` (the turns' contents, userprompts).
     """
     if getattr(tokenizer, "chat_template", None):
+        turns = [{"role": r, "content": c} for r, c in messages] if messages else [{"role": "user", "content": text}]
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}],
+            turns,
             add_generation_prompt=True,
             tokenize=True,
             **chat_template_kwargs,
@@ -280,6 +294,8 @@ def prepare(
     categories after the shuffle (:func:`balanced_order`), so any prefix is balanced.
     """
     builders = registered_builders()
+    # A prompts file is read by its column mapping; the entry's name goes into its error lines.
+    entry = {**entry, "_name": name, "builder": entry.get("builder") or ("columns" if entry["source"] == "file" else "")}
     try:
         build = builders[entry["builder"]]
     except KeyError:
@@ -296,7 +312,7 @@ def prepare(
     limit = entry.get("max_prompt_tokens")
     rows: list[dict[str, Any]] = []
     for rec in records:
-        ids = render_prompt(tokenizer, rec.prompt_text, chat_template_kwargs or {})
+        ids = render_prompt(tokenizer, rec.prompt_text, chat_template_kwargs or {}, rec.messages)
         if limit is not None and len(ids) > limit:
             continue
         rows.append(
@@ -307,13 +323,15 @@ def prepare(
                 "prompt_text": rec.prompt_text,
                 "prompt_token_ids": ids,
                 "reference": rec.reference,
+                "max_tokens": int(rec.max_tokens or entry["max_tokens"]),
             }
         )
         if len(rows) == entry["num_prompts"]:
             break
     if len(rows) < entry["num_prompts"]:
+        source = f" ({entry['path']} has {len(records)} rows)" if entry["source"] == "file" else ""
         raise ConfigError(
-            f"datasets.{name}: only {len(rows)} prompts available (num_prompts={entry['num_prompts']}, "
+            f"datasets.{name}: only {len(rows)} prompts available{source} (num_prompts={entry['num_prompts']}, "
             f"max_prompt_tokens={limit})"
         )
     return pd.DataFrame(rows)

@@ -103,7 +103,7 @@ async def _one(
 
 async def _level(
     base_url: str,
-    prompts: list[tuple[str, list[int]]],
+    prompts: list[tuple[Any, ...]],
     max_tokens: int,
     concurrency: int,
     num_requests: int,
@@ -127,8 +127,8 @@ async def _level(
             while next_index < num_requests:
                 i = next_index
                 next_index += 1
-                rid, ids = prompts[i % len(prompts)]
-                payload = _payload(ids, max_tokens, ignore_eos, model)
+                rid, ids, *budget = prompts[i % len(prompts)]  # (id, token ids[, its own max_tokens])
+                payload = _payload(ids, int(budget[0]) if budget and budget[0] else max_tokens, ignore_eos, model)
                 try:
                     results.append(await _one(session, url, payload, t0, round_, i, rid))
                 except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
@@ -141,7 +141,7 @@ async def _level(
 
 def run_level(
     base_url: str,
-    prompts: list[tuple[str, list[int]]],
+    prompts: list[tuple[Any, ...]],
     max_tokens: int,
     concurrency: int,
     num_requests: int,
@@ -151,6 +151,9 @@ def run_level(
     model: str = "sdbench-target",
 ) -> tuple[list[RequestResult], float]:
     """Send ``num_requests`` requests (prompts cycled in order), ``concurrency`` at a time.
+
+    A prompt is ``(request id, token ids)`` or ``(request id, token ids, max_tokens)``: its own
+    output budget (a user's prompts file), else ``max_tokens``.
 
     Returns the requests (sorted by index) and the level's wall time, first send to last
     answer. Raises :class:`RequestFailed` on the first request that fails.

@@ -321,9 +321,13 @@ class CellRun:
         self.prompts = _select_prompts(prompts, spec)
         run = spec["run"]
         self.batch_size = int(spec["cell"]["batch_size"])
-        # Greedy: one SamplingParams for every call. Sampled: one per sequence, built per call.
+        # Greedy with one budget: one SamplingParams for every call. Sampled, or per-request
+        # budgets (the prompt table's max_tokens): built per call.
+        self.budgets = [int(b) for b in self.prompts["max_tokens"]] if "max_tokens" in self.prompts else None
         self.greedy = temperature(spec) == 0
-        self.sampling = call_sampling_params(spec, []) if self.greedy else None
+        uniform = self.budgets is None or len(set(self.budgets)) == 1
+        self.sampling = call_sampling_params(spec, [], self.budgets[:1] if self.budgets else None) \
+            if self.greedy and uniform else None
         self.plan = _calls(self.prompts, run.get("batch_mode", "replicate"), self.batch_size)
         self.num_calls = len(self.plan)
         self.request_rows: list[dict[str, Any]] = []
@@ -336,11 +340,12 @@ class CellRun:
 
     def _sampling_for(self, rows: list[int]) -> Any:
         """Sampling parameters of a call over prompt rows ``rows`` (sdbench.engine.sampling)."""
-        if self.greedy:
+        if self.sampling is not None:
             return self.sampling
         from sdbench.engine.sampling import call_sampling_params
 
-        return call_sampling_params(self.spec, [str(self.prompts.at[i, "request_id"]) for i in rows])
+        budgets = [self.budgets[i] for i in rows] if self.budgets else None
+        return call_sampling_params(self.spec, [str(self.prompts.at[i, "request_id"]) for i in rows], budgets)
 
     def _prompt(self, i: int) -> Any:
         from vllm.inputs import TokensPrompt
@@ -564,8 +569,10 @@ def trace_group(
     out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
     for spec in specs:
         dataset = spec["cell"]["dataset"]
-        sampling = SamplingParams(temperature=0.0, max_tokens=int(spec["dataset"]["max_tokens"]), seed=spec["seed"])
         selected = _select_prompts(prompts[dataset], spec)
+        default = int(spec["dataset"]["max_tokens"])
+        budgets = selected["max_tokens"] if "max_tokens" in selected else [default] * len(selected)
+        sampling = [SamplingParams(temperature=0.0, max_tokens=int(b), seed=spec["seed"]) for b in budgets]
         outputs = llm.generate(
             [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in selected["prompt_token_ids"]],
             sampling,

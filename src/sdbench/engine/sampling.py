@@ -40,21 +40,27 @@ def temperature(spec: dict[str, Any]) -> float:
     return float(spec["dataset"].get("temperature", 0.0))
 
 
-def call_sampling_params(spec: dict[str, Any], request_ids: list[str]) -> Any:
+def call_sampling_params(spec: dict[str, Any], request_ids: list[str], max_tokens: list[int] | None = None) -> Any:
     """``SamplingParams`` of one generate call over ``request_ids`` (one per sequence, in slot order).
 
-    Greedy: a single object for the call (config seed, as before). Sampled: a list, one per
-    sequence, seeded by :func:`request_seed`.
+    ``max_tokens`` is each sequence's output budget (the prompt table's column: a user's prompts
+    file may set it per row); default the dataset entry's for every sequence. Greedy with one
+    budget: a single object for the call (config seed, as before). Otherwise a list, one per
+    sequence; sampled ones seeded by :func:`request_seed`.
     """
     from vllm import SamplingParams
 
     run, t = spec["run"], temperature(spec)
-    common = {"max_tokens": int(spec["dataset"]["max_tokens"]), "ignore_eos": bool(run.get("ignore_eos", False))}
+    budgets = [int(b) for b in max_tokens] if max_tokens else [int(spec["dataset"]["max_tokens"])]
+    ignore_eos = bool(run.get("ignore_eos", False))
+    if t == 0 and len(set(budgets)) == 1:
+        return SamplingParams(temperature=0.0, max_tokens=budgets[0], ignore_eos=ignore_eos, seed=spec["seed"])
     if t == 0:
-        return SamplingParams(temperature=0.0, **common, seed=spec["seed"])
+        return [SamplingParams(temperature=0.0, max_tokens=b, ignore_eos=ignore_eos, seed=spec["seed"]) for b in budgets]
+    budgets = budgets if len(budgets) == len(request_ids) else budgets[:1] * len(request_ids)
     return [
-        SamplingParams(temperature=t, **common, seed=request_seed(spec["seed"], rid, slot))
-        for slot, rid in enumerate(request_ids)
+        SamplingParams(temperature=t, max_tokens=b, ignore_eos=ignore_eos, seed=request_seed(spec["seed"], rid, slot))
+        for slot, (rid, b) in enumerate(zip(request_ids, budgets))
     ]
 
 

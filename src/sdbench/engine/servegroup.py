@@ -90,9 +90,14 @@ def summarise_level(
     return pd.DataFrame([row])
 
 
-def _prompt_list(prompts: pd.DataFrame, num_prompts: int) -> list[tuple[str, list[int]]]:
+def _prompt_list(prompts: pd.DataFrame, num_prompts: int) -> list[tuple[str, list[int], int | None]]:
+    """(request id, token ids, the row's max_tokens or None) of the first ``num_prompts`` rows."""
     rows = prompts.iloc[:num_prompts]
-    return [(str(r), [int(t) for t in ids]) for r, ids in zip(rows["request_id"], rows["prompt_token_ids"])]
+    budgets = rows["max_tokens"] if "max_tokens" in rows else [None] * len(rows)
+    return [
+        (str(r), [int(t) for t in ids], None if b is None else int(b))
+        for r, ids, b in zip(rows["request_id"], rows["prompt_token_ids"], budgets)
+    ]
 
 
 def measure_levels(

@@ -1,0 +1,280 @@
+"""``sdbench compare A B``: two finished runs (or bundles) side by side, cell by cell.
+
+The same grid measured twice -- on vLLM 0.10.1.1 and 0.11.1, before and after a driver upgrade,
+or simply again -- is the same result only where the second measurement agrees with the first
+within their intervals. This joins two runs' ``cells.parquet`` (``docs/schema.md``) on the cell
+key and judges each cell's speedup (SD cells) and throughput (every cell, no SD included):
+
+- ``inside``: B's value lies inside A's 95% interval;
+- ``overlap``: it does not, but the two intervals overlap;
+- ``disjoint``: the intervals do not overlap -- the runs differ.
+
+The mean accepted length of each run is reported separately: under greedy decoding it moves
+only when the outputs do (another model, another engine's numerics), so an acceptance change is
+named apart from a speed change. With ``--threshold T`` a cell *regresses* when B is lower
+than A by more than the fraction T in speedup or throughput *and* the intervals are disjoint;
+the command then exits 1, so it can gate a CI job.
+
+A run is given as its ``results/`` directory (``tables/cells.parquet`` in it), a checkout or an
+unpacked bundle holding ``results/tables/cells.parquet``, a ``.tar.gz`` bundle
+(``sdbench bundle create``), or the parquet file itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import tarfile
+from pathlib import Path
+
+import pandas as pd
+
+KEY = ["engine", "model", "dataset", "method", "batch_size"]
+SPEED = ["speedup", "speedup_ci_low", "speedup_ci_high"]
+THROUGHPUT = ["tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"]
+VALUE = [*SPEED, *THROUGHPUT, "mean_acceptance_length"]
+VERDICTS = ("inside", "overlap", "disjoint")
+# Greedy outputs are deterministic; beyond this relative change the acceptance length moved.
+ACCEPTANCE_TOLERANCE = 0.01
+CELLS_IN = ("tables/cells.parquet", "results/tables/cells.parquet", "sdbench-bundle/results/tables/cells.parquet")
+
+
+def read_run(path: str | Path) -> pd.DataFrame:
+    """The cells table of a run: a results directory, a checkout or unpacked bundle, a ``.tar.gz``
+    bundle or the parquet file (``ValueError`` naming what was looked for)."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    if path.is_dir():
+        for rel in CELLS_IN:
+            if (path / rel).is_file():
+                return pd.read_parquet(path / rel)
+        raise ValueError(f"{path}: no cells table ({' or '.join(CELLS_IN)}): is this a finished run's results/?")
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        with tarfile.open(path, "r:*") as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith("results/tables/cells.parquet")), None)
+            if member is None:
+                raise ValueError(f"{path}: the bundle holds no results/tables/cells.parquet")
+            handle = tar.extractfile(member)
+            assert handle is not None
+            return pd.read_parquet(io.BytesIO(handle.read()))
+    raise ValueError(f"{path}: not a run (a results directory, a bundle or a cells.parquet)")
+
+
+def verdict(b: float, lo_a: float, hi_a: float, lo_b: float, hi_b: float) -> str:
+    """``inside`` / ``overlap`` / ``disjoint`` for run B's value ``b`` and both intervals."""
+    if lo_a <= b <= hi_a:
+        return "inside"
+    return "overlap" if lo_b <= hi_a and lo_a <= hi_b else "disjoint"
+
+
+def _judge(row: pd.Series, cols: list[str]) -> str:
+    v, lo, hi = cols
+    values = [row[f"{c}_{s}"] for c in cols for s in ("a", "b")]
+    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in values):
+        return ""
+    return verdict(row[f"{v}_b"], row[f"{lo}_a"], row[f"{hi}_a"], row[f"{lo}_b"], row[f"{hi}_b"])
+
+
+def _cells(cells: pd.DataFrame, name: str) -> pd.DataFrame:
+    missing = [c for c in KEY + VALUE if c not in cells.columns]
+    if missing:
+        raise ValueError(f"{name}: not a cells table (missing columns {', '.join(missing)})")
+    if cells[KEY].duplicated().any():
+        raise ValueError(f"{name}: a cell appears twice")
+    keep = KEY + VALUE + [c for c in ("sd_method", "num_speculative_tokens") if c in cells]
+    out = cells[keep].copy()
+    out.loc[out["method"] == "none", SPEED] = float("nan")  # no-SD: throughput only
+    return out
+
+
+def compare(
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    names: tuple[str, str] = ("A", "B"),
+    common: bool = False,
+    threshold: float | None = None,
+) -> pd.DataFrame:
+    """One row per cell in both runs: both speedups and throughputs with intervals, half-widths,
+    verdicts, acceptance change and (with ``threshold``) whether the cell regressed.
+
+    Cells in only one run are an error naming the first (comparing different grids is not a
+    run-versus-run check), unless ``common``: then only the cells both runs measured are
+    compared and the table's ``attrs["only"]`` counts the rest.
+    """
+    sa, sb = _cells(a, names[0]), _cells(b, names[1])
+    joined = sa.merge(sb.drop(columns=[c for c in ("sd_method", "num_speculative_tokens") if c in sb]),
+                      on=KEY, how="outer", suffixes=("_a", "_b"), indicator=True)  # fmt: skip
+    lonely = joined[joined["_merge"] != "both"]
+    only = {n: int((lonely["_merge"] == side).sum()) for n, side in zip(names, ("left_only", "right_only"))}
+    if common:
+        joined = joined[joined["_merge"] == "both"]
+        if joined.empty:
+            raise ValueError("the two runs have no cell in common")
+    elif len(lonely):
+        row = lonely.iloc[0]
+        where = names[0] if row["_merge"] == "left_only" else names[1]
+        cell = "/".join(str(row[k]) for k in KEY)
+        raise ValueError(f"cell {cell} is only in run {where}: the runs measured different grids (--common compares the rest)")
+    out = joined.drop(columns="_merge").reset_index(drop=True)
+    for s in ("a", "b"):
+        out[f"half_width_{s}"] = (out[f"speedup_ci_high_{s}"] - out[f"speedup_ci_low_{s}"]) / 2 / out[f"speedup_{s}"]
+    out["verdict"] = [_judge(r, SPEED) for _, r in out.iterrows()]
+    out["throughput_verdict"] = [_judge(r, THROUGHPUT) for _, r in out.iterrows()]
+    out["speedup_change"] = out["speedup_b"] / out["speedup_a"] - 1
+    out["throughput_change"] = out["tokens_per_s_b"] / out["tokens_per_s_a"] - 1
+    la, lb = out["mean_acceptance_length_a"], out["mean_acceptance_length_b"]
+    out["same_acceptance"] = ((la - lb).abs() <= ACCEPTANCE_TOLERANCE * la.abs()) | (la.isna() & lb.isna())
+    out["regressed"] = False
+    if threshold is not None:
+        slower = (out["speedup_change"] < -threshold) & (out["verdict"] == "disjoint")
+        slower |= (out["throughput_change"] < -threshold) & (out["throughput_verdict"] == "disjoint")
+        out["regressed"] = slower.fillna(False).astype(bool)
+    out = out.sort_values(KEY).reset_index(drop=True)
+    out.attrs["only"] = only
+    return out
+
+
+def summary(table: pd.DataFrame, max_half_width: float = 0.05) -> dict[str, float | int | bool]:
+    """Counts per verdict (SD cells' speedups), median half-widths, acceptance changes, regressions.
+
+    ``agree``: no SD cell is disjoint; ``narrow``: both runs' median half-width is at most
+    ``max_half_width`` of the speedup.
+    """
+    sd = table[table["verdict"] != ""]
+    counts = sd["verdict"].value_counts()
+    med_a, med_b = float(sd["half_width_a"].median()), float(sd["half_width_b"].median())
+    return {
+        "cells": len(table),
+        "sd_cells": len(sd),
+        **{v: int(counts.get(v, 0)) for v in VERDICTS},
+        "throughput_disjoint": int((table["throughput_verdict"] == "disjoint").sum()),
+        "median_half_width_a": med_a,
+        "median_half_width_b": med_b,
+        "agree": int(counts.get("disjoint", 0)) == 0,
+        "narrow": max(med_a, med_b) <= max_half_width,
+        "acceptance_differs": int((~table["same_acceptance"]).sum()),
+        "regressed": int(table["regressed"].sum()),
+    }
+
+
+def _interval(x: float, lo: float, hi: float, fmt: str = ".2f") -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
+MARK = {"inside": "", "overlap": " †", "disjoint": " ‼", "": ""}
+
+
+def markdown(table: pd.DataFrame, labels: dict[str, str] | None = None) -> str:
+    """Per cell: speedup A / B, throughput A / B (95% intervals), acceptance length A / B and what changed.
+
+    † B outside A's interval but overlapping, ‼ disjoint, ▼ regressed beyond the threshold.
+    """
+    labels = labels or {}
+    head = ["engine / model / dataset", "method", "bs", "speedup A / B", "tokens/s A / B", "acc. length A / B",
+            "changed"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in table.itertuples(index=False):
+        changed = []
+        if r.verdict == "disjoint":
+            changed.append(f"speed {100 * r.speedup_change:+.0f}%")
+        if r.throughput_verdict == "disjoint":
+            changed.append(f"throughput {100 * r.throughput_change:+.0f}%")
+        if not r.same_acceptance:
+            changed.append("acceptance")
+        if r.regressed:
+            changed.append("▼ regressed")
+        lines.append(
+            f"| {r.engine} / {r.model} / {r.dataset} | {labels.get(r.method, r.method)} | {r.batch_size} "
+            f"| {_interval(r.speedup_a, r.speedup_ci_low_a, r.speedup_ci_high_a)} / "
+            f"{_interval(r.speedup_b, r.speedup_ci_low_b, r.speedup_ci_high_b)}{MARK[r.verdict]} "
+            f"| {_interval(r.tokens_per_s_a, r.tokens_per_s_ci_low_a, r.tokens_per_s_ci_high_a, '.0f')} / "
+            f"{_interval(r.tokens_per_s_b, r.tokens_per_s_ci_low_b, r.tokens_per_s_ci_high_b, '.0f')}"
+            f"{MARK[r.throughput_verdict]} "
+            f"| {_num(r.mean_acceptance_length_a)} / {_num(r.mean_acceptance_length_b)} | {', '.join(changed)} |"
+        )
+    return "\n".join(lines)
+
+
+def _num(x: float) -> str:
+    return "—" if x is None or math.isnan(x) else f"{x:.2f}"
+
+
+def format_summary(s: dict[str, float | int | bool], threshold: float | None = None) -> str:
+    """The summary as text lines."""
+    lines = [
+        f"cells: {s['cells']} ({s['sd_cells']} with SD); speedup: B inside A's interval {s['inside']}, "
+        f"intervals overlap {s['overlap']}, disjoint {s['disjoint']}; throughput disjoint in {s['throughput_disjoint']}",
+        f"median 95% half-width of the speedup: A {100 * s['median_half_width_a']:.1f}%, "
+        f"B {100 * s['median_half_width_b']:.1f}%",
+        f"agree (no disjoint speedup): {'yes' if s['agree'] else 'no'}; "
+        f"narrow (both medians <= 5%): {'yes' if s['narrow'] else 'no'}",
+        f"cells whose acceptance length changed (> {100 * ACCEPTANCE_TOLERANCE:g}%): {s['acceptance_differs']}",
+    ]
+    if threshold is not None:
+        lines.append(f"regressed (B lower by > {100 * threshold:g}% with disjoint intervals): {s['regressed']}")
+    return "\n".join(lines)
+
+
+def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A", "B")) -> None:
+    """Speedup and throughput of B against A per cell (95% intervals both ways), y = x dashed;
+    regressed cells ringed in red."""
+    from sdbench.plotting import figure_legend, method_styles, save_png, subplots
+
+    fig, axes = subplots(1, 2, figsize=(11, 5.2), squeeze=False)
+    styles = method_styles(table)
+    for ax, (v, lo, hi), what in zip(axes[0], (SPEED, THROUGHPUT), ("speedup over no SD", "output tokens / s")):
+        for method, sub in table.groupby("method", sort=True):
+            sub = sub.dropna(subset=[f"{v}_a", f"{v}_b"])
+            if sub.empty:
+                continue
+            style = styles[method]
+            ax.errorbar(sub[f"{v}_a"], sub[f"{v}_b"],
+                        xerr=[(sub[f"{v}_a"] - sub[f"{lo}_a"]).clip(lower=0), (sub[f"{hi}_a"] - sub[f"{v}_a"]).clip(lower=0)],
+                        yerr=[(sub[f"{v}_b"] - sub[f"{lo}_b"]).clip(lower=0), (sub[f"{hi}_b"] - sub[f"{v}_b"]).clip(lower=0)],
+                        ls="none", capsize=2, color=style.color, marker=style.marker)  # fmt: skip
+            bad = sub[sub["regressed"]]
+            ax.scatter(bad[f"{v}_a"], bad[f"{v}_b"], s=160, facecolors="none", edgecolors="red", zorder=5)
+        finite = table[[f"{v}_a", f"{v}_b"]].stack().dropna()
+        if len(finite):
+            lo_v, hi_v = float(finite.min()) * 0.9, float(finite.max()) * 1.1
+            ax.plot([lo_v, hi_v], [lo_v, hi_v], color="grey", ls="--", lw=0.8)
+        ax.set_xlabel(f"{what}, run {names[0]}")
+        ax.set_ylabel(f"{what}, run {names[1]}")
+        ax.grid(alpha=0.3)
+    axes[0, 0].axhline(1.0, color="grey", lw=0.5)
+    axes[0, 0].axvline(1.0, color="grey", lw=0.5)
+    from matplotlib.lines import Line2D
+
+    ring = Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="red", markersize=10,
+                  label="regressed")  # fmt: skip
+    figure_legend(fig, styles, [ring])
+    save_png(fig, out_png, dpi=110)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    a_path, b_path = args.runs
+    table = compare(read_run(a_path), read_run(b_path), (str(a_path), str(b_path)), args.common, args.threshold)
+    labels = {}
+    if args.config:
+        from sdbench.config import load_config
+
+        labels = {k: v.get("label", k) for k, v in load_config(args.config)["methods"].items()}
+    text = markdown(table, labels)
+    s = summary(table, args.max_half_width)
+    report = text + "\n\n" + format_summary(s, args.threshold)
+    if args.common:
+        report += "\ncells left out (in one run only): " + ", ".join(f"{k} {v}" for k, v in table.attrs["only"].items())
+    print(report)
+    from sdbench.io import write_parquet, write_text
+
+    if args.markdown:
+        write_text(report + "\n", args.markdown)
+    if args.output:
+        write_parquet(table, args.output)
+    if args.figure:
+        plot(table, args.figure, ("A", "B"))
+    if s["regressed"]:
+        return 1
+    return 0 if (s["agree"] and s["narrow"]) or not args.check else 1

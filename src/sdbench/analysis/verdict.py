@@ -1,0 +1,270 @@
+"""The paper's question, answered per model x method x dataset: does speculative decoding pay here?
+
+One rule, used by every item that judges a speedup (this verdict and the temperature sweep,
+:mod:`sdbench.analysis.temperature`): at one load point (a batch size offline, a number of
+requests in flight in server mode) SD
+
+- ``pays`` when the speedup's 95% interval lies entirely above 1;
+- ``loses`` when it lies entirely below 1;
+- ``break-even`` when it contains 1 (the measurement cannot tell SD from no SD);
+- has ``no interval`` when none was measured (then it is not judged).
+
+Per line (engine x model x dataset x method x kind of load) the verdict table adds
+
+- ``largest_paying_load``: the largest measured load at which SD pays;
+- ``break_even_load``: where the speedup crosses 1 going up in load, interpolated linearly in
+  log2(load) between the last point above 1 and the next one at or below it; its interval comes
+  from where the interval's bounds cross 1 (the lower bound first). ``>N`` when the speedup stays
+  above 1 up to the largest load N measured, ``<n`` when it is below 1 already at the smallest;
+- the mean accepted length (tokens per step) over the line's points.
+
+and the recommendation names, per model x dataset x load, the method with the largest speedup
+among those that pay ("no SD" where none does). Server mode judges the speedup over the rounds'
+range (min..max of each arm: a range, not a 95% interval) with the same rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sdbench.io import write_parquet, write_text
+
+PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
+RULE = (
+    "SD pays at a load when the speedup's 95% interval lies entirely above 1, loses when it lies "
+    "entirely below 1, and breaks even when it contains 1"
+)
+LINE = ["engine", "model", "dataset", "method", "load_kind"]
+OFFLINE, SERVER = "batch size", "concurrency"
+
+
+def verdict(low: float | None, high: float | None) -> str:
+    """Whether SD pays at one point, from the speedup's interval ``[low, high]`` (:data:`RULE`)."""
+    if low is None or high is None or math.isnan(low) or math.isnan(high):
+        return NO_INTERVAL
+    if low > 1.0:
+        return PAYS
+    if high < 1.0:
+        return LOSES
+    return BREAK_EVEN
+
+
+def crossing(loads: list[float], values: list[float]) -> str:
+    """Where ``values`` (over increasing ``loads``) first fall to 1 or below after being above 1:
+    log2-linear interpolation, ``>N`` / ``<n`` outside the measured range, ``""`` without data."""
+    pts = [(x, y) for x, y in zip(loads, values) if y is not None and not math.isnan(y)]
+    if not pts:
+        return ""
+    if pts[0][1] <= 1.0:
+        return f"<{pts[0][0]:g}"
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if y0 > 1.0 >= y1:
+            l0, l1 = math.log2(x0), math.log2(x1)
+            at = l0 + (y0 - 1.0) / (y0 - y1) * (l1 - l0)
+            return f"{2 ** at:.3g}"
+    return f">{pts[-1][0]:g}"
+
+
+def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per SD point: offline cells (``cells.parquet``, sweep variants left out) and
+    server cells (``server.parquet``) with the speedup, its interval and the verdict."""
+    frames = []
+    sd = cells[(cells["speedup_design"].fillna("") != "") & cells["speedup"].notna()] if "speedup_design" in cells \
+        else cells[cells["method"] != "none"]
+    if "sweep" in sd:
+        sd = sd[sd["sweep"].fillna("") == ""]
+    frames.append(pd.DataFrame({
+        "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
+        "sd_method": sd.get("sd_method", sd["method"]), "num_speculative_tokens": sd.get("num_speculative_tokens"),
+        "load_kind": OFFLINE, "load": sd["batch_size"].astype(int), "speedup": sd["speedup"],
+        "speedup_low": sd["speedup_ci_low"], "speedup_high": sd["speedup_ci_high"],
+        "interval": "95% bootstrap", "mean_acceptance_length": sd["mean_acceptance_length"],
+    }))  # fmt: skip
+    if server is not None and len(server):
+        frames.append(server_points(server))
+    out = pd.concat(frames, ignore_index=True)
+    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(out["speedup_low"], out["speedup_high"])]
+    return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
+
+
+def server_points(server: pd.DataFrame) -> pd.DataFrame:
+    """SD over no SD at the same concurrency in server mode; the range over rounds as the interval."""
+    keys = ["engine", "model", "dataset", "concurrency"]
+    base = server[server["sd_method"] == "none"][[*keys, "output_tokens_per_s", "output_tokens_per_s_min",
+                                                   "output_tokens_per_s_max"]]  # fmt: skip
+    base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
+    sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
+    return pd.DataFrame({
+        "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
+        "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),
+        "load_kind": SERVER, "load": sd["concurrency"].astype(int),
+        "speedup": sd["output_tokens_per_s"] / sd["base_output_tokens_per_s"],
+        "speedup_low": sd["output_tokens_per_s_min"] / sd["base_output_tokens_per_s_max"],
+        "speedup_high": sd["output_tokens_per_s_max"] / sd["base_output_tokens_per_s_min"],
+        "interval": "range over rounds", "mean_acceptance_length": sd["mean_acceptance_length"],
+    })  # fmt: skip
+
+
+def lines_table(points: pd.DataFrame) -> pd.DataFrame:
+    """One row per line: verdict per load, the largest paying load, the break-even load and its interval."""
+    rows = []
+    for key, line in points.groupby(LINE, sort=True):
+        line = line.sort_values("load")
+        loads = line["load"].astype(float).tolist()
+        paying = line[line["verdict"] == PAYS]["load"]
+        rows.append({
+            **dict(zip(LINE, key)),
+            "sd_method": line["sd_method"].iloc[0],
+            "num_speculative_tokens": line["num_speculative_tokens"].iloc[0],
+            "loads": " ".join(str(int(x)) for x in loads),
+            "verdicts": "; ".join(f"{int(x)}: {v}" for x, v in zip(loads, line["verdict"])),
+            "largest_paying_load": float(paying.max()) if len(paying) else float("nan"),
+            "break_even_load": crossing(loads, line["speedup"].tolist()),
+            # The lower bound reaches 1 first (a smaller load), the upper bound last.
+            "break_even_low": crossing(loads, line["speedup_low"].tolist()),
+            "break_even_high": crossing(loads, line["speedup_high"].tolist()),
+            "max_speedup": float(line["speedup"].max()),
+            "mean_acceptance_length": float(line["mean_acceptance_length"].mean()),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def recommendations(points: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
+    """Per engine x model x dataset x kind of load x load: the fastest method that pays, or no SD."""
+    rows = []
+    for key, at in points.groupby(["engine", "model", "dataset", "load_kind", "load"], sort=True):
+        paying = at[at["verdict"] == PAYS].sort_values(["speedup", "method"], ascending=[False, True])
+        best = paying.iloc[0] if len(paying) else None
+        rows.append({
+            **dict(zip(["engine", "model", "dataset", "load_kind", "load"], key)),
+            "use": labels.get(best["method"], best["method"]) if best is not None else "no SD",
+            "speedup": float(best["speedup"]) if best is not None else float("nan"),
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def advice(recs: pd.DataFrame) -> list[str]:
+    """One sentence per engine x model x dataset x kind of load: which method to use where."""
+    out = []
+    for (engine, model, dataset, kind), sub in recs.groupby(["engine", "model", "dataset", "load_kind"], sort=True):
+        runs: list[tuple[str, list[int], list[float]]] = []
+        for r in sub.sort_values("load").itertuples(index=False):
+            if runs and runs[-1][0] == r.use:
+                runs[-1][1].append(int(r.load))
+                runs[-1][2].append(r.speedup)
+            else:
+                runs.append((r.use, [int(r.load)], [r.speedup]))
+        parts = []
+        for use, loads, speedups in runs:
+            where = f"{kind} {loads[0]}" if len(loads) == 1 else f"{kind}s {loads[0]}-{loads[-1]}"
+            if use == "no SD":
+                parts.append(f"{where}: run without SD (no method pays)")
+            else:
+                parts.append(f"{where}: {use} ({', '.join(f'{s:.2f}x' for s in speedups)})")
+        out.append(f"{model} on {dataset} ({engine}): " + "; ".join(parts) + ".")
+    return out
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFrame, labels: dict[str, str]) -> str:
+    """The verdict as Markdown: the advice in words, then one table per model x dataset x kind of load."""
+    out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n", "## Which method to use where\n"]
+    out += [f"- {sentence}" for sentence in advice(recs)]
+    out.append("")
+    mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", NO_INTERVAL: "n/a"}
+    for (engine, model, dataset, kind), sub in points.groupby(["engine", "model", "dataset", "load_kind"], sort=True):
+        loads = sorted(sub["load"].unique())
+        interval = sub["interval"].iloc[0]
+        out.append(f"## {model} / {dataset} ({engine}), by {kind}\n")
+        out.append(f"Speedup over no SD [{interval}] and verdict.\n")
+        head = ["method", *(f"{kind} {x}" for x in loads), "pays up to", "break-even at [interval]", "accepted length"]
+        out.append("| " + " | ".join(head) + " |")
+        out.append("|" + "---|" * len(head))
+        for method, line in sub.groupby("method", sort=True):
+            by_load = {int(r.load): r for r in line.itertuples(index=False)}
+            info = lines[(lines["engine"] == engine) & (lines["model"] == model) & (lines["dataset"] == dataset)
+                         & (lines["method"] == method) & (lines["load_kind"] == kind)].iloc[0]  # fmt: skip
+            cells = []
+            for x in loads:
+                r = by_load.get(int(x))
+                cells.append("" if r is None else
+                             f"{_fmt(r.speedup)} [{_fmt(r.speedup_low)}, {_fmt(r.speedup_high)}] {mark[r.verdict]}")
+            upto = _fmt(info["largest_paying_load"], "g") if not math.isnan(info["largest_paying_load"]) else "never"
+            lo, hi = info["break_even_low"], info["break_even_high"]
+            out.append(f"| {labels.get(method, method)} | " + " | ".join(cells)
+                       + f" | {upto} | {info['break_even_load']} [{lo}, {hi}] | {_fmt(info['mean_acceptance_length'])} |")
+        out.append("")
+    return "\n".join(out) + "\n"
+
+
+def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, str]) -> None:
+    """A panel per model x dataset x kind of load: methods x loads, each square colored by verdict
+    and labelled with its speedup; the accepted length beside each method."""
+    from matplotlib.patches import Patch, Rectangle
+
+    from sdbench.plotting import method_styles, panel_axes, panel_grid, save_png
+
+    colors = {PAYS: "#b7e4b0", BREAK_EVEN: "#e6e6e6", LOSES: "#f4b6b0", NO_INTERVAL: "#ffffff"}
+    panels = list(points.groupby(["engine", "model", "dataset", "load_kind"], sort=True))
+    n_methods = max((p[1]["method"].nunique() for p in panels), default=1)
+    n_loads = max((p[1]["load"].nunique() for p in panels), default=1)
+    dpi = 110
+    fig, axes = panel_grid(len(panels), 1.3 + 0.75 * n_loads + 1.1, 0.9 + 0.42 * n_methods, dpi)
+    styles = method_styles(points)
+    for i, ((engine, model, dataset, kind), sub) in enumerate(panels):
+        ax = panel_axes(axes, i)
+        methods = sorted(sub["method"].unique())
+        loads = sorted(sub["load"].unique())
+        for y, method in enumerate(methods):
+            line = sub[sub["method"] == method]
+            for r in line.itertuples(index=False):
+                x = loads.index(r.load)
+                ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"))
+                ax.text(x, y, f"{r.speedup:.2f}x", ha="center", va="center", fontsize=7)
+            acc = line["mean_acceptance_length"].mean()
+            ax.text(len(loads) - 0.35, y, f"τ={acc:.2f}", ha="left", va="center", fontsize=7)
+        ax.set_xlim(-0.5, len(loads) + 0.6)
+        ax.set_ylim(-0.5, len(methods) - 0.5)
+        ax.set_xticks(range(len(loads)), [str(x) for x in loads], fontsize=7)
+        ax.set_yticks(range(len(methods)), [labels.get(m, styles[m].label) for m in methods], fontsize=7)
+        for tick, m in zip(ax.get_yticklabels(), methods):
+            tick.set_color(styles[m].color)
+        ax.set_xlabel(kind, fontsize=8)
+        ax.set_title(f"{model} / {dataset}\n{engine}", fontsize=8)
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        ax.tick_params(length=0)
+    legend = [Patch(color=colors[v], label=v) for v in (PAYS, BREAK_EVEN, LOSES)]
+    fig.legend(handles=legend, loc="lower center", ncol=3, fontsize=8, frameon=False,
+               title="verdict (speedup's interval vs 1); τ = mean accepted length", title_fontsize=8)
+    fig.tight_layout(rect=(0, 0.12 if fig.get_figheight() < 4 else 0.06, 1, 1))
+    save_png(fig, out_png, dpi=dpi)
+
+
+def _cmd_verdict(args: argparse.Namespace) -> int:
+    import json
+
+    from sdbench.io import read_parquet
+
+    cells = read_parquet(args.cells, what="cells table")
+    server = read_parquet(args.server, what="server table") if args.server else None
+    labels = json.loads(args.labels) if args.labels else {}
+    points = points_table(cells, server)
+    if points.empty:
+        raise ValueError(f"{args.cells}: no SD cell with a speedup to judge")
+    lines = lines_table(points)
+    recs = recommendations(points, labels)
+    write_parquet(points.merge(lines[[*LINE, "largest_paying_load", "break_even_load", "break_even_low",
+                                      "break_even_high"]], on=LINE, how="left"), args.output)  # fmt: skip
+    write_text(verdict_markdown(points, lines, recs, labels), args.markdown)
+    plot_verdict(points, args.figure, labels)
+    return 0
+

@@ -1,0 +1,93 @@
+"""The verdict (sdbench.analysis.verdict): one rule for "does SD pay", break-even loads, advice."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from PIL import Image
+
+from sdbench.analysis import temperature, verdict as vd
+from sdbench.cli import main
+
+
+def test_one_rule_for_every_item() -> None:
+    assert vd.verdict(1.01, 1.2) == vd.PAYS
+    assert vd.verdict(0.98, 1.02) == vd.BREAK_EVEN
+    assert vd.verdict(0.7, 0.99) == vd.LOSES
+    assert vd.verdict(float("nan"), 1.0) == vd.NO_INTERVAL
+    assert temperature.verdict is vd.verdict  # the temperature sweep judges with the same function
+
+
+@pytest.mark.parametrize(
+    "values, expected",
+    [
+        ([1.5, 1.2, 0.9], "6.35"),  # crosses between 4 and 8: 2 ** (2 + 0.2 / 0.3)
+        ([1.5, 1.2, 1.1], ">8"),
+        ([0.9, 0.8, 0.7], "<2"),
+        ([1.5, 1.0, 0.8], "4"),
+    ],
+)
+def test_break_even_is_interpolated_in_log2_load(values: list[float], expected: str) -> None:
+    assert vd.crossing([2, 4, 8], values) == expected
+
+
+def _cells() -> pd.DataFrame:
+    rows = []
+    for method, sd, k, speeds in (("ngram-k3", "ngram", 3, [2.0, 1.5, 0.95]), ("eagle3-k3", "eagle3", 3, [1.2, 0.97, 0.8])):
+        for bs, s in zip((1, 4, 8), speeds):
+            rows.append({"engine": "e", "model": "m", "dataset": "d", "method": method, "sd_method": sd,
+                         "num_speculative_tokens": k, "batch_size": bs, "speedup": s, "speedup_ci_low": s - 0.03,
+                         "speedup_ci_high": s + 0.03, "speedup_design": "paired", "mean_acceptance_length": 2.5,
+                         "sweep": ""})  # fmt: skip
+    rows.append({**rows[0], "method": "ngram-k3.k10", "sweep": "proposal_length"})  # a sweep variant: left out
+    for bs in (1, 4, 8):
+        rows.append({**rows[0], "method": "none", "sd_method": "none", "batch_size": bs, "speedup": 1.0,
+                     "speedup_design": ""})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_lines_recommendations_and_advice() -> None:
+    points = vd.points_table(_cells())
+    assert set(points["method"]) == {"ngram-k3", "eagle3-k3"}
+    lines = vd.lines_table(points).set_index("method")
+    assert lines.loc["ngram-k3", "largest_paying_load"] == 4
+    assert lines.loc["eagle3-k3", "largest_paying_load"] == 1
+    assert lines.loc["ngram-k3", "break_even_load"] == "7.51"  # 1.5 at 4 -> 0.95 at 8: 2 ** (2 + 0.5 / 0.55)
+    low, high = lines.loc["ngram-k3", ["break_even_low", "break_even_high"]]
+    assert float(low) < 7.51 < float(high)  # the lower bound crosses 1 earlier than the upper
+    recs = vd.recommendations(points, {"ngram-k3": "n-gram k=3"})
+    assert recs.set_index("load")["use"].to_dict() == {1: "n-gram k=3", 4: "n-gram k=3", 8: "no SD"}
+    (sentence,) = vd.advice(recs)
+    assert sentence == "m on d (e): batch sizes 1-4: n-gram k=3 (2.00x, 1.50x); batch size 8: run without SD (no method pays)."
+
+
+def test_server_points_judge_the_range_over_rounds() -> None:
+    server = pd.DataFrame([
+        {"engine": "e", "model": "m", "dataset": "d", "method": m, "sd_method": sd, "concurrency": c,
+         "output_tokens_per_s": t, "output_tokens_per_s_min": t * 0.98, "output_tokens_per_s_max": t * 1.02,
+         "mean_acceptance_length": 2.0}
+        for c in (1, 4) for m, sd, t in (("none", "none", 100.0), ("ngram-k3", "ngram", 150.0 if c == 1 else 101.0))
+    ])  # fmt: skip
+    points = vd.server_points(server)
+    assert list(points["load"]) == [1, 4] and points["load_kind"].unique().tolist() == [vd.SERVER]
+    assert points["speedup"].round(2).tolist() == [1.5, 1.01]
+    judged = [vd.verdict(lo, hi) for lo, hi in zip(points["speedup_low"], points["speedup_high"])]
+    assert judged == [vd.PAYS, vd.BREAK_EVEN]
+
+
+def test_cli_writes_table_markdown_and_a_readable_figure(tmp_path: Path) -> None:
+    cells = tmp_path / "cells.parquet"
+    _cells().to_parquet(cells)
+    out = {k: tmp_path / f"verdict.{k}" for k in ("parquet", "md", "png")}
+    assert main(["verdict", "--cells", str(cells), "--labels", '{"ngram-k3": "n-gram k=3"}', "--output",
+                 str(out["parquet"]), "--markdown", str(out["md"]), "--figure", str(out["png"])]) == 0  # fmt: skip
+    text = out["md"].read_text()
+    assert text.startswith("# Does speculative decoding pay here?")
+    assert "| n-gram k=3 | 2.00 [1.97, 2.03] pays | 1.50 [1.47, 1.53] pays | 0.95 [0.92, 0.98] loses | 4 |" in text
+    width, height = Image.open(out["png"]).size
+    assert width <= 3000 and width / height <= 4
+    table = pd.read_parquet(out["parquet"])
+    assert not math.isnan(table["largest_paying_load"].iloc[0])
