@@ -36,6 +36,7 @@ include: "workflow/rules/acceptance.smk"
 include: "workflow/rules/bleu.smk"
 include: "workflow/rules/breakdown.smk"
 include: "workflow/rules/simulator.smk"
+include: "workflow/rules/forced.smk"
 include: "workflow/rules/server.smk"
 include: "workflow/rules/bundle.smk"
 
@@ -43,4 +44,4 @@ include: "workflow/rules/bundle.smk"
 rule all:
     default_target: True
     input:
-        final_outputs(),
+        PLAN.final_outputs(),

@@ -16,8 +16,9 @@ PUBLISHED_TRACES = SHARED / "data" / "published-traces" / "llama3.1-8B"
 @pytest.fixture(scope="session")
 def published_traces_dir() -> Path:
     """Directory holding the paper's published traces (gsm8k, instructcoder)."""
-    if not PUBLISHED_TRACES.is_dir():
-        pytest.skip(f"published traces not found at {PUBLISHED_TRACES}")
+    from support.require import require
+
+    require(PUBLISHED_TRACES.is_dir(), f"published traces not found at {PUBLISHED_TRACES}")
     return PUBLISHED_TRACES
 
 
@@ -44,7 +45,7 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Qwen3-like tokenizer (chat template with thinking) saved by the tests themselves."""
-    from datasets_tokenizers import save_qwen3_like
+    from support.datasets_tokenizers import save_qwen3_like
 
     return save_qwen3_like(tmp_path_factory.mktemp("qwen3-tokenizer"))
 
@@ -60,17 +61,19 @@ def qwen3(qwen3_dir: Path) -> Any:
 def slurm_cluster():
     """A real single-node SLURM (munged + slurmctld + slurmd) shared by the session.
 
-    See tests/slurm_cluster.py: installs the Debian packages if needed (root),
+    See tests/support/slurm_cluster.py: installs the Debian packages if needed (root),
     keeps all state in a temp dir, always stops the daemons at session end.
     Skips when SLURM cannot be provided (not root and not installed, or
-    SDBENCH_SLURM_TESTS=0).
+    SDBENCH_SLURM_TESTS=0); under CI that fails (support.require).
     """
-    import slurm_cluster as harness
+    from support import slurm_cluster as harness
+
+    from support.require import require
 
     try:
         cluster = harness.start_cluster()
     except harness.SlurmUnavailable as exc:
-        pytest.skip(str(exc))
+        require(False, str(exc))
     try:
         yield cluster
     finally:

@@ -1,8 +1,8 @@
 """Bad inputs, one line each: the real CLI (a subprocess) exits non-zero with ONE line on stderr,
 ``error: ...``, naming the file, key or value and what was expected, and no traceback.
 
-The cases run concurrently in one module fixture (each ``sdbench`` start-up is a new interpreter);
-the models they break are built once with ``build-tokenizer`` + ``train-model`` (tiny settings),
+The cases run concurrently in two module fixtures (each ``sdbench`` start-up is a new interpreter;
+the cases that break a model are slow: it is built once with ``build-tokenizer`` + ``train-model``),
 and the EAGLE-1 / EAGLE-3 heads are written with the layouts vLLM loads (see sdbench.models.check).
 """
 
@@ -323,19 +323,29 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def results(inputs: Path) -> dict[str, subprocess.CompletedProcess[str]]:
-    """Every case's process: the light ones run while the model trains (3 at a time)."""
+def light_results(inputs: Path) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The cases that need no trained model, 3 processes at a time."""
     env = _env()
     with ThreadPoolExecutor(max_workers=3) as pool:
-        build = pool.submit(_build_models, inputs, env)
         futures = {c.id: pool.submit(_sdbench, _argv(c, inputs), env) for c in CASES if not c.model}
-        build.result()
-        futures |= {c.id: pool.submit(_sdbench, _argv(c, inputs), env) for c in CASES if c.model}
         return {k: f.result() for k, f in futures.items()}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_error_line(case: Case, results: dict, inputs: Path) -> None:
+@pytest.fixture(scope="module")
+def model_results(inputs: Path) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The cases that break a trained model: the models are built first (the slow tier)."""
+    env = _env()
+    _build_models(inputs, env)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        futures = {c.id: pool.submit(_sdbench, _argv(c, inputs), env) for c in CASES if c.model}
+        return {k: f.result() for k, f in futures.items()}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=[pytest.mark.slow] if c.model else []) for c in CASES], ids=[c.id for c in CASES]
+)
+def test_bad_input_is_one_error_line(case: Case, request: pytest.FixtureRequest, inputs: Path) -> None:
+    results = request.getfixturevalue("model_results" if case.model else "light_results")
     proc = results[case.id]
     lines = proc.stderr.splitlines()
     assert proc.returncode != 0, proc.stdout
@@ -382,7 +392,8 @@ def test_prompt_table_reader_names_the_file(inputs: Path) -> None:
         read_prompt_table(inputs / "nowhere.parquet")
 
 
-def test_good_models_pass_check_model(results: dict, inputs: Path) -> None:
+@pytest.mark.slow
+def test_good_models_pass_check_model(model_results: dict, inputs: Path) -> None:
     m = inputs / "models"
     check_model_dir(m / "target", "target")
     check_model_dir(m / "eagle", "eagle")
@@ -397,8 +408,9 @@ def test_help_lists_every_command_and_the_command_table_is_complete() -> None:
         for command in sub.choices:
             registered.setdefault(command, set()).add(stage.__name__)
     assert all(len(stages) == 1 for stages in registered.values()), registered
-    top = {"check-config", "figure-index", "bundle", "containers"}  # commands of the top-level modules (sdbench.cli)
+    top = {"check-config", "figure-index", "bundle", "containers", "compare"}  # added by sdbench.cli itself
     assert set(cli.COMMANDS) == set(registered) | top, "sdbench.cli.COMMANDS must list every stage's commands"
+    assert set(cli.TOOLS) <= set(cli.COMMANDS), set(cli.TOOLS) - set(cli.COMMANDS)
     proc = subprocess.run([str(SDBENCH), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0
     for command in cli.COMMANDS:

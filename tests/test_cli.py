@@ -77,10 +77,15 @@ def test_every_help_renders() -> None:
     assert help_text  # a literal % in a help string once broke `sdbench containers --help`
 
 
-def test_help_lists_the_commands_in_table_order() -> None:
+def test_help_lists_the_users_tools_first_then_the_pipelines_steps() -> None:
     proc = subprocess.run([str(SDBENCH), "--help"], capture_output=True, text=True, timeout=60, check=True)
-    listed = proc.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
-    assert listed == list(cli.COMMANDS)
+    tools, _, steps = proc.stdout.partition("\npipeline steps")
+    tools = tools.split("\ntools:", 1)[1]
+    names = lambda text: [line.split()[0] for line in text.splitlines() if line.startswith("    ") and not line.startswith("     ")]  # noqa: E731
+    steps_listed = [line.split()[0] for line in steps.splitlines()[1:] if line.startswith("  ") and not line.startswith("   ")]
+    assert names(tools) == list(cli.TOOLS)
+    assert steps_listed == [n for n in cli.COMMANDS if n not in cli.TOOLS]
+    assert set(cli.TOOLS) <= set(cli.COMMANDS)
 
 
 def test_cli_constants_match_the_implementation() -> None:

@@ -17,15 +17,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.slow  # plans the paper's grid through Snakemake
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DOUBLES = REPO / "tests" / "doubles"
+DOUBLES = REPO / "tests" / "support" / "doubles"
 PROFILE = REPO / "profiles" / "slurm" / "config.yaml"
 MULTI_GPU_MODELS = {"llama3-70b", "glm-4.5-air"}
 ENGINE_RULES = {"run_engine", "trace_group", "breakdown_group", "serve_group"}
 
 
-def planned_jobs(profile: Path, configfile: Path, workdir: Path) -> list:
+def planned_jobs(profile: Path, configfile: Path, workdir: Path, snakefile: Path = REPO / "Snakefile") -> list:
     """Jobs of a dry run with the profile's resource settings (Snakemake API)."""
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
@@ -40,7 +42,7 @@ def planned_jobs(profile: Path, configfile: Path, workdir: Path) -> list:
                 default_resources=settings.get("default-resources"),
             ),
             config_settings=ConfigSettings(configfiles=[configfile]),
-            snakefile=REPO / "Snakefile",
+            snakefile=snakefile,
             workdir=workdir,
         )
         wf.dag(DAGSettings()).execute_workflow(executor="dryrun")
@@ -93,7 +95,8 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     validate_config(config, source="paper.yaml")
     small = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1))
     large = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 128))
-    assert small < large
+    # (100 prompts + 5 warm-up) x 8192 tokens x 0.05 s x (1 + b/32), + 20 min start-up, x2 safety.
+    assert (small, large) == (1519, 7208)
     cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1)
     assert cell_runtime_minutes(config, cell, attempt=2) == 2 * cell_runtime_minutes(config, cell)
     # An engine job asks for its group's time: every cell's, with one start-up.
@@ -102,13 +105,15 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
         key = next(g for g in groups if g.as_dict() == dict(job.wildcards.items()))
         assert job.resources["runtime"] == group_runtime_minutes(config, groups[key])
         assert job.resources["runtime"] >= max(cell_runtime_minutes(config, c) for c in groups[key])
+    by_group = {str(j.wildcards): j.resources["runtime"] for j in paper_jobs if j.rule.name == "run_engine"}
+    assert max(by_group.values()) == 7 * 24 * 60  # the 70B groups hit the cap
 
 
 def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     """``snakemake -n --profile profiles/slurm --configfile config/paper.yaml`` plans the grid.
 
     Apptainer deployment makes even a dry run look for the binary: the test double
-    (tests/doubles/apptainer, which cannot be the real thing here) answers it.
+    (tests/support/doubles/apptainer, which cannot be the real thing here) answers it.
     """
     env = {**os.environ, "PATH": os.pathsep.join([str(DOUBLES), str(BIN), os.environ["PATH"]])}
     result = subprocess.run(
@@ -124,30 +129,38 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     assert engines and int(engines.group(1)) < 786 / 10  # one engine start per configuration
 
 
-def test_a_new_image_changes_exactly_its_cells_params(paper_jobs: list, tmp_path: Path) -> None:
-    """Each engine cell's params hold its image's identity: editing one image's
-    definition changes the params of that engine's cells and of no other cell."""
+def _params_by_job(jobs: list) -> dict:
+    return {(j.rule.name, str(j.wildcards)): repr(sorted(j.params.items())) for j in jobs}
+
+
+def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path: Path) -> None:
+    """Re-plan the paper grid from a copy of the workflow whose 0.11.1 image definition gained
+    one label: the jobs whose params change (what Snakemake reruns) are exactly that engine's
+    engine jobs, and no other job of the 1,179."""
     import shutil
 
-    from sdbench.containers import image_identity
-
-    config = yaml.safe_load((REPO / "config" / "paper.yaml").read_text())
-    containers = {name: e.get("container") for name, e in config["engines"].items()}
-    cells = [j for j in paper_jobs if j.rule.name in ENGINE_RULES]
-    for job in cells:
-        assert job.params.image == image_identity(containers[job.wildcards.engine], REPO / "containers")
-        assert "@def-sha256:" in job.params.image
-    defs = tmp_path / "containers"
-    shutil.copytree(REPO / "containers", defs, ignore=shutil.ignore_patterns("sif"))
-    changed = defs / "sdbench-vllm-0.11.1.def"
+    copy = tmp_path / "repo"
+    for part in ("workflow", "config", "profiles"):
+        shutil.copytree(REPO / part, copy / part)
+    shutil.copytree(REPO / "containers", copy / "containers", ignore=shutil.ignore_patterns("sif"))
+    shutil.copy(REPO / "Snakefile", copy / "Snakefile")
+    changed = copy / "containers" / "sdbench-vllm-0.11.1.def"
     changed.write_text(changed.read_text().replace("%labels", "%labels\n    rebuilt yes", 1))
-    rerun = {
+
+    from sdbench.config import validate_config
+
+    config = validate_config(yaml.safe_load((REPO / "config" / "paper.yaml").read_text()), source="paper.yaml")
+    before = _params_by_job(paper_jobs)
+    after = _params_by_job(planned_jobs(PROFILE, copy / "config" / "paper.yaml", tmp_path / "plan", copy / "Snakefile"))
+    assert before.keys() == after.keys() and len(before) == 1179
+    rerun = {key for key in before if before[key] != after[key]}
+    expected = {
         (j.rule.name, str(j.wildcards))
-        for j in cells
-        if image_identity(containers[j.wildcards.engine], defs) != j.params.image
+        for j in paper_jobs
+        if j.rule.name in ENGINE_RULES and j.wildcards.engine == "vllm-0.11.1"
     }
-    expected = {(j.rule.name, str(j.wildcards)) for j in cells if j.wildcards.engine == "vllm-0.11.1"}
-    assert rerun == expected and expected
+    assert rerun == expected and len(rerun) == 24, sorted(rerun)
+    assert config["engines"]["vllm-0.11.1"]["container"].endswith("sdbench-vllm-0.11.1.sif")
 
 
 def test_one_gpu_first_run_plans(tmp_path: Path) -> None:

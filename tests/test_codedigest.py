@@ -42,8 +42,13 @@ def test_closure_follows_package_imports() -> None:
     assert closure == sorted(closure)
 
 
-def test_digest_is_stable_and_module_specific() -> None:
-    assert code_digest("sdbench.analysis.bleu") == code_digest("sdbench.analysis.bleu")
+PROBE = '"""A module whose digest the tests pin."""\n\nVALUE = 1\n\n\ndef twice(x: int) -> int:\n    return 2 * x\n'
+
+
+def test_digest_is_pinned_and_module_specific(src_copy: Path) -> None:
+    """A fixed module has a fixed digest (its syntax tree, not the run): pinned, in a fresh interpreter."""
+    (src_copy / "sdbench" / "pinned_probe.py").write_text(PROBE)
+    assert digests_of(src_copy, "sdbench.pinned_probe") == {"sdbench.pinned_probe": "6733dc05d6cb0882"}
     assert code_digest("sdbench.analysis.bleu") != code_digest("sdbench.analysis.memory")
 
 

@@ -24,7 +24,7 @@ def test_shipped_configs_are_valid() -> None:
     # 36 + MTP model (none, mtp-k3) + 6 random-token control cells + 5 proposal-length points
     # (n-gram k=1/10, EAGLE-3 k=1/5/10) + 9 temperature points (no SD, n-gram, EAGLE-3 at T=0.5/1/1.5)
     # + 3 SPEED-Bench stand-in cells (no SD, n-gram, EAGLE-3 at bs 1)
-    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 71
+    assert len(cells(load_config(REPO / "config" / "config.yaml"))) == 95
     assert len(cells(load_config(REPO / "config" / "paper.yaml"))) >= 400
 
 
@@ -58,6 +58,10 @@ def test_bad_config_names_the_key(default_config: dict, mutate, expected: str) -
 
 def test_unsupported_method_on_engine_is_a_config_error(default_config: dict) -> None:
     default_config["engines"]["vllm-cpu"]["vllm_version"] = "0.10.1.1"
+    with pytest.raises(ConfigError, match=r"forced_acceptance.engine: 'vllm-cpu' runs vLLM 0.10.1.1, which has no "
+                                          r"synthetic rejection sampling"):  # fmt: skip
+        validate_config(copy.deepcopy(default_config))
+    del default_config["forced_acceptance"]
     with pytest.raises(ConfigError, match=r"server.methods\[1\]: 'ngram-k3' on engine 'vllm-cpu'"):
         validate_config(copy.deepcopy(default_config))  # the server section is checked with the config
     del default_config["server"]

@@ -48,6 +48,7 @@ def test_every_release_has_a_pinned_source() -> None:
     assert sorted(pins) == sorted(known_versions())
 
 
+@pytest.mark.slow  # downloads the pinned releases (1.2 GB) on first use
 def test_all_touchpoints_hold_on_every_release(sources: dict[str, Path]) -> None:
     done = _conformance()
     assert done.returncode == 0, done.stdout + done.stderr
@@ -56,7 +57,8 @@ def test_all_touchpoints_hold_on_every_release(sources: dict[str, Path]) -> None
     releases = {line.split(" | ")[1] for line in lines}
     assert releases == set(known_versions())
     declared = len(tp.registry())
-    assert f"# {declared}" in done.stdout or declared > 40
+    summary = f"# {declared} touchpoints declared, {len(known_versions())} releases, 0 failed"
+    assert summary in done.stdout.splitlines(), done.stdout[-500:]
 
 
 def _fork_like(base: Path, dest: Path) -> Path:
@@ -75,6 +77,7 @@ def _fork_like(base: Path, dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow  # downloads the pinned releases (1.2 GB) on first use
 def test_catches_a_tracing_build_and_a_runner_without_sample_tokens(
     sources: dict[str, Path], tmp_path: Path
 ) -> None:

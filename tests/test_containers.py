@@ -25,7 +25,7 @@ from sdbench.config import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 CONTAINERS = REPO / "containers"
 IMAGES = CONTAINERS / "images.yaml"
-DOUBLES = REPO / "tests" / "doubles"
+DOUBLES = REPO / "tests" / "support" / "doubles"
 DIGEST = "sha256:" + "ab" * 32
 
 

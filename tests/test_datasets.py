@@ -1,7 +1,7 @@
 """Prompt builders: the embedded default's offline sets, and the paper's six hub datasets.
 
 The hub datasets are tested offline but through the production call path: each test
-writes a few rows in the dataset's real repository layout (``datasets_hub_copies``)
+writes a few rows in the dataset's real repository layout (``support.datasets_hub_copies``)
 and points the paper's own config entry at that directory with ``local_path``, so
 ``datasets.load_dataset`` resolves config, split and data files exactly as it does
 for ``hf_id`` on the cluster. Nothing is mocked.
@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from datasets_hub_copies import (
+from support.datasets_hub_copies import (
     AIME,
     CNN_TEST,
     GPQA_ANSWERS,
@@ -28,7 +28,7 @@ from datasets_hub_copies import (
     SHAREGPT,
     WRITERS,
 )
-from datasets_tokenizers import THINK_EMPTY, save_llama3_like
+from support.datasets_tokenizers import THINK_EMPTY, save_llama3_like
 
 from sdbench.cli import main
 from sdbench.config import ConfigError, load_config, validate_config
@@ -129,7 +129,9 @@ def test_prepare_dataset_reads_the_hub_layout_through_load_dataset(
     assert main(argv) == 0
 
     df = pd.read_parquet(out)
-    assert list(df.columns) == ["request_id", "dataset", "category", "prompt_text", "prompt_token_ids", "reference"]
+    assert list(df.columns) == ["request_id", "dataset", "category", "prompt_text", "prompt_token_ids", "reference",
+                                "max_tokens"]
+    assert set(df["max_tokens"]) == {entry["max_tokens"]}
     assert len(df) == n_usable and df["request_id"].is_unique
     assert set(df["dataset"]) == {name} and set(df["category"]) == {paper_config["datasets"][name]["category"]}
     assert not df["prompt_text"].str.contains("DECOY").any()

@@ -20,8 +20,8 @@ RULES = {
 }
 
 
-def test_readme_holds_the_index_as_the_package_prints_it() -> None:
-    assert markdown_index() in (REPO / "README.md").read_text()
+def test_docs_hold_the_index_as_the_package_prints_it() -> None:
+    assert markdown_index() in (REPO / "docs" / "figures.md").read_text()
 
 
 @pytest.mark.parametrize("item", ITEMS, ids=lambda item: item.name)

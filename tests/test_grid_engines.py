@@ -19,9 +19,10 @@ def test_default_grid_is_the_cross_product() -> None:
     grid = cells(load_config(REPO / "config" / "config.yaml"))
     # Block 1: six methods on the target; block 2: the MiMo form of the target (MTP); block 3:
     # the random-token control; the proposal-length sweep adds 5 k values (code-edit, bs 1), the
-    # temperature sweep 3 methods x 3 temperatures > 0 (code-edit, bs 1); block 4: the SPEED-Bench
-    # stand-in (3 methods, bs 1).
-    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3
+    # temperature sweep 3 methods x 3 temperatures > 0 (code-edit, bs 1); block 4: the prompts file
+    # (3 methods, bs 1 and 8); block 5: the SPEED-Bench stand-in (3 methods, bs 1); the
+    # forced-acceptance sweep 3 methods x 3 lengths x 2 batch sizes (code-edit).
+    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3 * 2 + 3 + 3 * 3 * 2
     assert grid == sorted(grid)
     assert {c.batch_size for c in grid} == {1, 4, 8}
 
@@ -123,9 +124,9 @@ def test_trace_groups_share_one_engine_per_method() -> None:
         for group, targets in groups.items():
             assert all(TraceGroup(t.engine, t.model, t.method) == group for t in targets)
             assert [t.dataset for t in targets] == sorted({t.dataset for t in targets})
-    # The default: n-gram and EAGLE-3 trace four datasets each on one engine, not four engines.
+    # The default: n-gram and EAGLE-3 trace five datasets each on one engine, not five engines.
     groups = trace_groups(load_config(REPO / "config" / "config.yaml"))
-    assert len(groups[TraceGroup("vllm-cpu", "tiny-target", "ngram-k3")]) == 4
+    assert len(groups[TraceGroup("vllm-cpu", "tiny-target", "ngram-k3")]) == 5
     assert len(groups) < len(trace_targets(load_config(REPO / "config" / "config.yaml")))
 
 

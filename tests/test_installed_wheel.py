@@ -23,6 +23,8 @@ import yaml
 
 from sdbench.cli import main
 
+pytestmark = pytest.mark.slow  # builds the wheel and a fresh virtualenv
+
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "requirements" / "lock.txt"
 PACKAGE = REPO / "src" / "sdbench"

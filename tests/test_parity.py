@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from support.require import import_or_fail
 import yaml
 
 from sdbench.bench import parity, paritytool
@@ -74,7 +76,7 @@ def test_engine_cli_args_refuses_what_the_tool_cannot_take() -> None:
 @pytest.mark.parametrize("method", ["none", "ngram-k3"])
 def test_tool_argv_builds_the_runners_engine_args(config: dict, method: str, tmp_path: Path) -> None:
     """The real tool parser: EngineArgs from the argv equal those LLM(**kwargs) builds."""
-    pytest.importorskip("vllm")
+    import_or_fail("vllm")
     from sdbench.engine.runner import build_llm_kwargs
 
     spec = parity.parity_spec(config, "vllm-cpu", "tiny-target", "code-edit", method, 8, 64)
@@ -162,7 +164,7 @@ def test_sharegpt_file_comes_out_in_our_order(tmp_path: Path, n: int) -> None:
 
 
 def test_sharegpt_file_with_the_tools_own_loader(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
+    import_or_fail("vllm")
     from vllm.benchmarks.datasets.datasets import ShareGPTDataset
 
     texts = [f"def f{i}(x):\n    return x + {i}\n" for i in range(20)]

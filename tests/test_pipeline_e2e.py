@@ -1,6 +1,6 @@
 """End to end: the real Snakemake workflow with real vLLM (CPU) on a reduced grid.
 
-One module-scoped run builds tiny models, prepares prompts, runs 27 cells and
+One module-scoped run builds tiny models, prepares prompts, runs 29 cells and
 aggregates; the tests then check the outputs and Snakemake's rerun behaviour.
 """
 
@@ -77,21 +77,24 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_outputs_are_complete(pipeline: Path) -> None:
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
     # 22 + the proposal-length sweep's n-gram k=1 cell + 2 random-token cells + 2 cells at T = 1.0
-    assert len(cells) == 27
-    assert set(cells["method"]) == {"none", "ngram-k3", "ngram-k3.k1", "draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"}
+    assert len(cells) == 29
+    assert set(cells["method"]) == {"none", "ngram-k3", "ngram-k3.k1", "draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3",
+                                    "eagle3-k3.a1", "eagle3-k3.a4"}  # fmt: skip
     assert (cells["tokens_per_s"] > 0).all()
     assert (cells.loc[cells.method == "none", "speedup"] == 1.0).all()
     sd = cells[cells.method != "none"]
     assert sd["speedup"].notna().all()
     # Real SD counters from the engine: drafts happened and acceptance is a sane length.
     assert (sd.loc[sd.method.isin(["draft-k3", "eagle-k3", "eagle3-k3", "mtp-k3"]), "num_drafts"] > 0).all()
+    # An acceptance length exactly where drafts were made (NaN only without any draft).
+    assert (sd["mean_acceptance_length"].isna() == (sd["num_drafts"] == 0)).all()
     assert sd["mean_acceptance_length"].dropna().between(1.0, 4.0).all()
     assert (pipeline / "results/paper/fig01_end_to_end.png").stat().st_size > 10_000
     # Two trials per start, and a third because no cell met the 1e-9 half-width target
     # (max_repeats 3): every throughput and speedup has a 95% interval around it.
     assert (cells["num_trials"] == 6).all() and (cells["num_engine_starts"] == 2).all()
     # Greedy outputs repeat exactly; a sampled SD cell may not (sdbench.engine.sampling).
-    assert cells.loc[cells["temperature"] == 0, "outputs_stable"].all()
+    assert cells.loc[cells["temperature"] == 0, "outputs_stable"].all()  # forced at 1 and k + 1: no draw decides
     assert (cells["tokens_per_s_ci_low"] <= cells["tokens_per_s"]).all()
     assert (cells["tokens_per_s"] <= cells["tokens_per_s_ci_high"]).all()
     assert ((sd["speedup_ci_low"] <= sd["speedup"]) & (sd["speedup"] <= sd["speedup_ci_high"])).all()
@@ -210,10 +213,25 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     }
     assert (validation["simulated_speedup"] > 0).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
-    assert (memory["analytical_static_gib"] > 0).all() and (memory["measured_kv_cache_gib"] > 0).all()
+    # The KV cache is what the config asked for (kv_cache_memory_bytes: 256 MiB), per engine, read
+    # from the workers (sdbench.engine.workerprobe); the weights the config implies are what loaded.
+    assert (memory["measured_kv_cache_gib"] == 0.25).all(), memory["measured_kv_cache_gib"].unique()
+    none = memory[memory["method"] == "none"]
+    assert ((none["measured_weights_gib"] / none["analytical_static_gib"] - 1).abs() < 0.02).all(), none
     assert (pipeline / "results/paper/fig08_bleu_measured/vllm-cpu/tiny-target/code-edit.png").exists()
     for item in ("fig09_fixed_vs_oracle", "fig11_oracle_combine"):
         assert (pipeline / "results/paper" / item / "vllm-cpu/tiny-target/code-write.png").exists()
+    # Forced acceptance on the real engine: nothing accepted is exactly 1 token per step, every
+    # draft accepted exactly k + 1 (EAGLE-3 always drafts k); both arms ran to max_tokens.
+    forced = pd.read_parquet(pipeline / "results/tables/forced_acceptance.parquet").set_index("method")
+    assert forced.loc["eagle3-k3.a1", "mean_acceptance_length"] == 1.0
+    assert forced.loc["eagle3-k3.a4", "mean_acceptance_length"] == 4.0
+    assert (forced["output_len_mean"] == REDUCED["datasets"]["code-edit"]["max_tokens"]).all()
+    gap = pd.read_parquet(pipeline / "results/tables/sd_gap.parquet")
+    assert len(gap) == 1 and gap["ceiling_speedup"].iloc[0] == forced.loc["eagle3-k3.a4", "speedup"]
+    assert (pipeline / "results/cost_models/forced.yaml").exists()
+    check = pd.read_parquet(pipeline / "results/simulator/forced_check.parquet")
+    assert len(check) == 2 and check["predicted_refit"].gt(0).all()
     divergence = pd.read_parquet(pipeline / "results/tables/output_divergence.parquet")
     assert len(divergence) == 27 and divergence["share_differs"].between(0, 1).all()
     assert set(divergence.loc[divergence.dataset == "code-edit.t1.0", "reference"]) == {"no-SD sampled at T=1, same seeds"}
@@ -256,6 +274,7 @@ def test_cost_proposal_length_and_random_input_tables(pipeline: Path) -> None:
 def test_rerun_does_nothing(pipeline: Path) -> None:
     result = snakemake(pipeline, "-n")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "Nothing to be done" in result.stdout + result.stderr, result.stdout[-3000:]
     assert planned_jobs(result) == {}, result.stdout[-3000:]
 
 
@@ -305,8 +324,8 @@ def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: P
     result = dry_run_with(pipeline, lambda c: c["methods"]["none"].update(label="baseline"))
     jobs = planned_jobs(result)
     # 6 groups of the Llama target (5 paired, with the sweep's n-gram k=1) + the MTP model's
-    # no-SD and (paired) MTP groups.
-    assert jobs["run_engine"] == 8 and jobs["run_cell"] == 27, jobs
+    # no-SD and (paired) MTP groups + the 2 forced-acceptance groups (paired).
+    assert jobs["run_engine"] == 10 and jobs["run_cell"] == 29, jobs
     # Traces and breakdown cells are not paired: only the no-SD breakdown group (one cell) reruns.
     assert jobs.get("breakdown_group") == 1 and jobs.get("breakdown_cell") == 1, jobs
     assert not {"trace_group", "trace_cell", "build_model", "build_head"} & set(jobs), jobs

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from datasets_tokenizers import save_llama3_like
+from support.datasets_tokenizers import save_llama3_like
 from transformers import AutoTokenizer
 
 from sdbench.analysis import randominputs

@@ -1,6 +1,6 @@
 """A real single-node SLURM: sbatch, scancel of a process tree, Snakemake's slurm executor.
 
-Uses the session fixture ``slurm_cluster`` (tests/conftest.py → tests/slurm_cluster.py),
+Uses the session fixture ``slurm_cluster`` (tests/conftest.py → tests/support/slurm_cluster.py),
 which installs the Debian packages when needed and always stops the daemons.
 Run with ``-s`` to see the phase timings.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_cluster import pid_alive
+from support.slurm_cluster import pid_alive
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,9 @@
 """The real pipeline through a real SLURM: ``snakemake --profile profiles/slurm-cpu``.
 
-A single-node SLURM (tests/slurm_cluster.py) runs a reduced CPU config
+A single-node SLURM (tests/support/slurm_cluster.py) runs a reduced CPU config
 (.test/config/slurm.yaml: tiny model, real vLLM on CPU) with the CI overrides of
 .test/profiles/slurm-ci. Apptainer cannot be installed here: the container layer
-goes through the test double tests/doubles/apptainer, which records each call and
+goes through the test double tests/support/doubles/apptainer, which records each call and
 runs the command on the host.
 """
 
@@ -24,7 +24,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-DOUBLES = REPO / "tests" / "doubles"
+DOUBLES = REPO / "tests" / "support" / "doubles"
 CONFIG = REPO / ".test" / "config" / "slurm.yaml"
 
 pytestmark = pytest.mark.slow

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from support.require import import_or_fail
+
 from sdbench.analysis import breakdown as bd
 from sdbench.analysis import cli as analysis_cli
 from sdbench.engine import steptiming as st
@@ -294,7 +296,7 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow
 def test_real_vllm_ngram_breakdown(tmp_path):
     """Tiny random Llama on vLLM (CPU), n-gram SD: one record per engine step, consistent stages."""
-    pytest.importorskip("vllm")
+    import_or_fail("vllm")
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     steps_dir = tmp_path / "steps"

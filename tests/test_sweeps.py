@@ -34,9 +34,40 @@ def test_proposal_length_sweep_becomes_methods_and_a_grid_block() -> None:
     assert block["methods"][0] == "none"
     assert block["datasets"] == ["code-edit"] and block["batch_sizes"] == [1]
     # Each new k is its own engine group with one cell; everything else is unchanged.
-    new = {c.method for c in cells(config)} - set(RAW["methods"])
+    new = {c.method for c in cells(config)} - set(RAW["methods"]) - set(sweeps.forced_acceptance_methods(config))
     assert new == {"ngram-k3.k1", "ngram-k3.k10", "eagle3-k3.k1", "eagle3-k3.k5", "eagle3-k3.k10"}
     assert {g.method for g in engine_groups(config)} >= new
+
+
+def test_forced_acceptance_sweep_becomes_synthetic_methods_and_a_grid_block() -> None:
+    config = validate_config(copy.deepcopy(RAW))
+    points = sweeps.forced_acceptance_methods(config)
+    assert list(points) == [f"{m}.a{a}" for m in ("draft-k3", "eagle3-k3", "ngram-k3") for a in ("1", "2.5", "4")]
+    assert points["eagle3-k3.a4"] == ("eagle3-k3", 4.0)  # full = k + 1
+    entry = config["methods"]["eagle3-k3.a2.5"]
+    assert entry["speculative_config"] == {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
+    assert entry["drafter"] == config["methods"]["eagle3-k3"]["drafter"] and entry["label"].endswith("forced τ=2.5")
+    block = next(b for b in config["grid"] if b.get("sweep") == "forced_acceptance")
+    assert block["methods"] == ["none", *points] and block["batch_sizes"] == [1, 8]
+    assert sweeps.forced_run(config, "ngram-k3.a1") == {"ignore_eos": True, "num_requests": 4}
+    assert sweeps.forced_run(config, "ngram-k3") is None
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["forced_acceptance"].update(acceptance_lengths=[1, 5]),
+     r"forced_acceptance.acceptance_lengths\[1\]: 5 is outside 1..4 \(k \+ 1 for 'draft-k3', k = 3\)"),
+    (lambda c: c["forced_acceptance"].update(methods=["none"]),
+     r"forced_acceptance.methods\[0\]: 'none' is the no-SD baseline; it drafts nothing to accept"),
+    (lambda c: c["methods"]["ngram-k3"].update(speculative_config={"rejection_sample_method": "standard"}),
+     r"methods.ngram-k3.speculative_config: sets rejection_sample_method; the sweep sets them"),
+    (lambda c: c["forced_acceptance"].update(acceptance_lengths=["all", 1]),
+     r"forced_acceptance.acceptance_lengths\[0\]"),
+])  # fmt: skip
+def test_forced_acceptance_problems_are_named(edit, message) -> None:
+    raw = copy.deepcopy(RAW)
+    edit(raw)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(raw)
 
 
 def test_expanding_twice_changes_nothing() -> None:

@@ -68,6 +68,7 @@ def test_tokenizer_build_is_deterministic(tokenizer_dir, tmp_path):
         assert (again / name).read_bytes() == (tokenizer_dir / name).read_bytes(), name
 
 
+@pytest.mark.slow  # trains
 def test_training_is_bit_identical_and_loadable(model_dirs):
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -87,6 +88,7 @@ def test_training_is_bit_identical_and_loadable(model_dirs):
     assert 0 < info["cpu_seconds"]["train"] <= info["cpu_seconds"]["process"]
 
 
+@pytest.mark.slow  # trains
 def test_training_attention_is_not_saved(model_dirs):
     """Training runs eager attention for speed; the saved config leaves the choice to the loader."""
     config = json.loads((model_dirs[0] / "config.json").read_text())
@@ -111,6 +113,7 @@ def test_invalid_options_are_named(tokenizer_dir, tmp_path):
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow  # trains
 def test_compile_auto_follows_the_compiler_and_is_recorded(model_dirs, tokenizer_dir, tmp_path, monkeypatch):
     """auto compiles the step where a C++ compiler exists; training.json says what ran, and an
     eager build of the same recipe is a valid model too (its weights differ in the last bits)."""
@@ -125,6 +128,7 @@ def test_compile_auto_follows_the_compiler_and_is_recorded(model_dirs, tokenizer
         training.resolve_compile("on")
 
 
+@pytest.mark.slow  # trains
 def test_precision_auto_uses_bf16_only_where_the_cpu_has_it(model_dirs, tokenizer_dir, tmp_path):
     """Emulated bf16 is slower than float32: auto picks bf16 only on native bf16 CPUs, and says which."""
     native = training.native_bf16()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from support.require import import_or_fail
+
 from conftest import REPO
 from sdbench.engine import acceptancetrace
 
@@ -32,7 +34,7 @@ ENGINE_RUN = textwrap.dedent("""
         import torch
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
         sys.path.insert(0, sys.argv[2])
-        from datasets_tokenizers import save_llama3_like
+        from support.datasets_tokenizers import save_llama3_like
 
         out = Path(sys.argv[1])
         tok = AutoTokenizer.from_pretrained(save_llama3_like(out))
@@ -67,7 +69,7 @@ ENGINE_RUN = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_a_perfect_drafter_is_accepted_at_every_step(tmp_path: Path) -> None:
-    pytest.importorskip("vllm")
+    import_or_fail("vllm")
     script = tmp_path / "run.py"
     script.write_text(ENGINE_RUN)
     env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
@@ -86,7 +88,7 @@ def test_a_perfect_drafter_is_accepted_at_every_step(tmp_path: Path) -> None:
 
 
 def test_the_cut_keeps_column_zero_and_counts_valid_tokens() -> None:
-    torch = pytest.importorskip("torch")
+    torch = import_or_fail("torch")
     rows = torch.tensor([[5, 6, 7, -1], [8, -1, -1, -1], [1, 2, 3, 4]])
     assert acceptancetrace.cut_rows(rows, -1) == [3, 1, 4]
     assert rows.tolist() == [[5, -1, -1, -1], [8, -1, -1, -1], [1, -1, -1, -1]]

@@ -34,7 +34,7 @@ def _entry(path: Path, **over: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Llama-3-like tokenizer with its chat template, saved by the tests."""
-    from datasets_tokenizers import save_llama3_like
+    from support.datasets_tokenizers import save_llama3_like
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(save_llama3_like(tmp_path_factory.mktemp("llama3")))
@@ -43,7 +43,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """The same tokenizer without a chat template (as the default's tiny models)."""
-    from datasets_tokenizers import save_llama3_like
+    from support.datasets_tokenizers import save_llama3_like
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(save_llama3_like(tmp_path_factory.mktemp("plain"), with_template=False))

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from support.require import import_or_fail
+
 from conftest import REPO
 from sdbench.engine import workerprobe
 
@@ -29,7 +31,7 @@ ENGINE_RUN = textwrap.dedent("""
         import torch
         from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
         sys.path.insert(0, sys.argv[2])
-        from datasets_tokenizers import save_llama3_like
+        from support.datasets_tokenizers import save_llama3_like
 
         out = Path(sys.argv[1])
         if not (out / "config.json").exists():
@@ -66,7 +68,7 @@ ENGINE_RUN = textwrap.dedent("""
 def test_worker_memory_reaches_the_front_end_in_process_and_across_processes(
     tmp_path_factory: pytest.TempPathFactory, multiprocessing: str
 ) -> None:
-    pytest.importorskip("vllm")
+    import_or_fail("vllm")
     work = tmp_path_factory.mktemp(f"probe-{multiprocessing}")
     script = work / "run.py"
     script.write_text(ENGINE_RUN)
@@ -88,7 +90,7 @@ def test_worker_memory_reaches_the_front_end_in_process_and_across_processes(
 
 
 def test_the_report_is_installed_on_the_wrapper_vllm_hands_run_method() -> None:
-    pytest.importorskip("vllm")
+    import_or_fail("vllm")
     assert workerprobe.install() == "vllm.v1.worker.worker_base"
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
@@ -96,7 +98,7 @@ def test_the_report_is_installed_on_the_wrapper_vllm_hands_run_method() -> None:
 
 
 def test_the_report_of_a_runner_without_profiled_numbers_counts_tensors() -> None:
-    torch = pytest.importorskip("torch")
+    torch = import_or_fail("torch")
 
     class Runner:
         model = torch.nn.Linear(4, 4, bias=False)  # 16 float32 = 64 bytes

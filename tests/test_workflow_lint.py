@@ -6,6 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # runs snakemake --lint and snakefmt on the workflow
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

@@ -55,6 +55,7 @@ import yaml
 from sdbench.crate import CRATE_METADATA, MANIFEST, CrateInfo, build_crate, crate_problems, image_reference
 from sdbench.errors import ConfigError
 from sdbench.io import atomic_path, write_text
+from sdbench.workflow import paths as P
 
 if TYPE_CHECKING:  # pandas is imported where used: the workflow imports this module at parse time
     import pandas as pd
@@ -65,7 +66,7 @@ BUNDLE_ROOT = "sdbench-bundle"
 
 # Weights are rebuilt from the config; everything else under results/ is a result.
 WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".h5", ".msgpack"})
-EXCLUDED_RESULT_DIRS = frozenset({"bundle"})
+EXCLUDED_RESULT_DIRS = frozenset({P.stage_dir(P.BUNDLE_DIR)})
 
 # Keys of sdbench.engine.hardware.provenance(), recorded in every cell's summary.parquet.
 PROVENANCE_COLUMNS = (
@@ -150,7 +151,7 @@ def collect_results(results: Path) -> tuple[list[tuple[str, Path]], list[tuple[s
             continue
         if path.suffix.lower() in WEIGHT_SUFFIXES:
             excluded.append((rel, path, "model weights (rebuilt from the config)"))
-        elif parts[0] == "engines":
+        elif parts[0] == P.stage_dir(P.GROUP_DIR):
             excluded.append((rel, path, "engine-group copy of a cell's tables (bundled under results/runs/)"))
         else:
             included.append((rel, path))
@@ -175,7 +176,7 @@ def cells_provenance(results: Path) -> pd.DataFrame:
 
     columns = ["kind", *CELL_KEYS, *CELL_EXTRA, *PROVENANCE_COLUMNS, "source"]
     rows = []
-    for kind, sub in (("run", "runs"), ("breakdown", "breakdown")):
+    for kind, sub in (("run", P.stage_dir(P.CELL_DIR)), ("breakdown", P.stage_dir(P.BREAKDOWN_DIR))):
         for rel, path in _walk_files(results / sub) if (results / sub).is_dir() else ():
             if PurePosixPath(rel).name != "summary.parquet":
                 continue

@@ -142,7 +142,8 @@ def _add_containers(subparsers: argparse._SubParsersAction) -> None:
         q.set_defaults(func=lazy(module, f"_cmd_{name}"))
 
 
-# Every command, in the order of `sdbench --help`: name -> the function adding its parser.
+# Every command: name -> the function adding its parser. `sdbench --help` lists TOOLS first (what
+# a user runs by hand, in this order), then the pipeline's own steps (what the rules run).
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "trace": traces_cli.add_trace,
     "bench": bench_cli.add_bench,
@@ -160,6 +161,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "serve-group": engine_cli.add_serve_group,
     "aggregate": analysis_cli.add_aggregate,
     "verdict": analysis_cli.add_verdict,
+    "forced-acceptance": analysis_cli.add_forced_acceptance,
     "plot-throughput": analysis_cli.add_plot_throughput,
     "download-model": models_cli.add_download_model,
     "memory-table": analysis_cli.add_memory_table,
@@ -184,6 +186,11 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "engines": engine_cli.add_engines,
     "compare": _add_compare,
 }
+# What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
+TOOLS = (
+    "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
+    "figure-index", "fetch", "download-model", "check-model", "costmodel",
+)  # fmt: skip
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)
 
@@ -203,16 +210,22 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every command (:data:`COMMANDS`); imports no implementation."""
     parser = _Parser(
         prog="sdbench",
-        description="Speculative-decoding benchmark pipeline steps.",
+        description="Speculative decoding on production inference engines: the benchmark pipeline's commands.",
     )
     parser.add_argument(
         "--debug",
         action="store_true",
         help=f"on an error, print the traceback too (also: {DEBUG_ENV}=1)",
     )
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    for add in COMMANDS.values():
-        add(subparsers)
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="tools")
+    for name in (*TOOLS, *(n for n in COMMANDS if n not in TOOLS)):
+        COMMANDS[name](subparsers)
+    # The pipeline's steps in a section of their own (argparse lists one subparser group: move
+    # their help lines into another group; parsing is unchanged).
+    steps = parser.add_argument_group("pipeline steps (the workflow's rules run these; see docs/configuration.md)")
+    listed = subparsers._choices_actions
+    steps._group_actions.extend(a for a in listed if a.dest not in TOOLS)
+    listed[:] = [a for a in listed if a.dest in TOOLS]
     return parser
 
 

@@ -52,13 +52,14 @@ class Item:
 
 
 # "A..." sorts first: the report lists sections by name, and the verdict is what a reader wants first.
-VERDICT, SEC3, SEC5, SEC6, SEC7, SEC8, PRODUCTION = (
+VERDICT, SEC3, SEC5, SEC6, SEC7, SEC8, CEILING, PRODUCTION = (
     "At a glance: does SD pay here?",
     "Sec. 3 End-to-end throughput",
     "Sec. 5 Memory and runtime breakdown",
     "Sec. 6 Acceptance",
     "Sec. 7 BLEU",
     "Sec. 8 Simulator",
+    "Sec. 8+ How far from the ceiling, measured",
     "Production questions",
 )
 PER_DATASET = "{scope}"
@@ -104,6 +105,8 @@ ITEMS: tuple[Item, ...] = (
          (".png", ".md"), "simulator.reports.adaptive_report", SEC8, scope="{scope}"),
     Item("ext05_simulated_vs_measured", "", "simulated vs measured speedup per cell and drafter",
          (".md",), "simulator.validation.compare", SEC8),
+    Item("ext15_simulator_at_forced", "", "the simulator's cost model at the forced-acceptance points; refitted there",
+         (".png", ".md"), "simulator.forcedcheck.check_table", SEC8),
     Item("ext07_cost", "", "cost per 1M output tokens and per request, per method x batch size",
          (".png", ".md"), "analysis.cost.cost_table", PRODUCTION),
     Item("ext08_proposal_length", "", "accepted length, acceptance rate, speedup and memory vs k, per method",
@@ -116,6 +119,10 @@ ITEMS: tuple[Item, ...] = (
          (".png", ".md"), "analysis.latency.latency_table", PRODUCTION),
     Item("ext12_speed_bench_categories", "", "acceptance length per SPEED-Bench category, per method, 95% intervals",
          (".png", ".md"), "analysis.categories.category_acceptance", PRODUCTION),
+    Item("ext13_forced_acceptance", "", "speedup at forced accepted lengths per method x batch size; the ceiling",
+         (".png", ".md"), "analysis.forced.forced_table", CEILING),
+    Item("ext14_sd_gap", "", "gap to the ideal split into system and acceptance: measured, at real τ, ceiling",
+         (".png", ".md"), "analysis.forced.gap_table", CEILING, rule="ext13_forced_acceptance"),
 )
 BY_NAME: dict[str, Item] = {item.name: item for item in ITEMS}
 

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
+from sdbench import sweeps
 from sdbench.sweeps import is_sampled
 from sdbench.engine.versions import unsupported_reason
 
@@ -119,6 +120,9 @@ def resolve_cell(config: dict[str, Any], cell: Cell, pairing: bool = True) -> di
         "dataset": {k: dataset[k] for k in ("max_tokens", "num_prompts", "temperature") if k in dataset},
         "run": config.get("run", {}),
     }
+    forced = sweeps.forced_run(config, cell.method)
+    if forced:  # forced acceptance: outputs are not the greedy ones; both arms run to max_tokens
+        spec["run"] = {**spec["run"], **forced}
     base = baseline_method(config)
     if pairing and config.get("run", {}).get("paired_baseline") and cell.method != base:
         # Timed in pairs with a no-SD engine in the same process (sdbench.engine.paired).

@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pandas is imported by the functions that need it: light modules use atomic_path
     import pandas as pd
@@ -144,3 +144,22 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_spec(text: str) -> Any:
+    """A ``--spec`` value: ``@<path>`` (a spec file the workflow wrote, sdbench.workflow.plan.spec_file)
+    or the JSON itself. Errors name the file or say the text is not JSON."""
+    import json
+
+    if text.startswith("@"):
+        try:
+            with open(text[1:], encoding="utf-8") as fh:
+                return json.load(fh)
+        except FileNotFoundError:
+            raise FileNotFoundError(2, "no such spec file", text[1:]) from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{text[1:]}: not a JSON spec ({exc})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--spec: not JSON ({exc}); give the JSON or @<file>") from None

@@ -16,6 +16,16 @@ sweep adds one grid block (marked ``sweep: temperature``). The variants run in t
 existing engine groups on the base's prompt table, and a paired no-SD arm runs the very same
 sampled calls (same per-request seeds, sdbench.engine.sampling), so the speedup at T is SD at T
 over no SD at T.
+
+``forced_acceptance`` runs each listed SD method at chosen *forced* acceptance lengths: vLLM's
+synthetic rejection sampling (``speculative_config`` ``rejection_sample_method: synthetic``,
+``synthetic_acceptance_length: L``) sets the accept/reject decision while the drafter still
+drafts and the target still verifies, so the step costs are real and only the acceptance is
+chosen. Each point is a method entry ``<method>.a<L>`` (``full`` is k + 1: every draft
+accepted, the method's ceiling), marked ``sweep_of`` and ``forced_acceptance_length``, in one
+more grid block (``sweep: forced_acceptance``) with the no-SD baseline. Its cells generate
+``max_tokens`` tokens (``ignore_eos``, both arms): accepted drafts are the drafter's tokens, so
+the outputs are not the greedy ones and their lengths would otherwise differ between arms.
 """
 
 from __future__ import annotations
@@ -25,6 +35,8 @@ from typing import Any
 
 PROPOSAL_LENGTH = "proposal_length"
 TEMPERATURE = "temperature"
+FORCED_ACCEPTANCE = "forced_acceptance"
+FULL = "full"  # a forced acceptance length: every draft accepted (k + 1)
 # Keys that do not change what an engine runs.
 _COSMETIC = ("label", "sweep_of")
 
@@ -38,7 +50,11 @@ def variant_keys(config: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Keys that exist only for a sweep: ``{"methods": {key: sweep}, "datasets": {key: sweep}}``
     (entries marked ``sweep_of``). Cells on them belong to their sweep's item, not to the grid's."""
     return {
-        "methods": {k: PROPOSAL_LENGTH for k, m in sorted(config["methods"].items()) if "sweep_of" in m},
+        "methods": {
+            k: FORCED_ACCEPTANCE if "forced_acceptance_length" in m else PROPOSAL_LENGTH
+            for k, m in sorted(config["methods"].items())
+            if "sweep_of" in m
+        },
         "datasets": {k: TEMPERATURE for k, d in sorted(config["datasets"].items()) if "sweep_of" in d},
     }
 
@@ -106,6 +122,74 @@ def temperature_datasets(config: dict[str, Any]) -> dict[str, tuple[str, float]]
     }
 
 
+def forced_length(value: float | str, k: int) -> float:
+    """A forced acceptance length of the config (a number, or ``full`` = k + 1) for a method with k drafts."""
+    return float(k + 1) if value == FULL else float(value)
+
+
+def forced_key(base: str, length: float) -> str:
+    """The key of ``base`` forced to accepted length ``length`` (``eagle3-k3.a2.5``, ``.a4``)."""
+    return f"{base}.a{length:g}"
+
+
+def forced_acceptance_methods(config: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """Method key -> (base method, forced accepted length) of every point of the forced-acceptance
+    sweep, sorted by base method and length."""
+    sweep = config.get(FORCED_ACCEPTANCE)
+    if not sweep:
+        return {}
+    points: dict[str, tuple[str, float]] = {}
+    for base in sorted(sweep["methods"]):
+        k = int(config["methods"][base]["num_speculative_tokens"])
+        for length in sorted({forced_length(v, k) for v in sweep["acceptance_lengths"]}):
+            points[forced_key(base, length)] = (base, length)
+    return points
+
+
+def forced_run(config: dict[str, Any], method: str) -> dict[str, Any] | None:
+    """The ``run`` settings a forced-acceptance cell overrides (None for other methods): every
+    output runs to ``max_tokens`` in both arms, and the sweep's ``num_requests`` if it sets one."""
+    if "forced_acceptance_length" not in config["methods"][method]:
+        return None
+    sweep = config.get(FORCED_ACCEPTANCE) or {}
+    extra: dict[str, Any] = {"ignore_eos": True}
+    if sweep.get("num_requests"):
+        extra["num_requests"] = int(sweep["num_requests"])
+    return extra
+
+
+def _forced_problems(config: dict[str, Any]) -> list[str]:
+    """Engines without synthetic rejection, methods that draft nothing, lengths beyond k + 1."""
+    from sdbench.engine.versions import quirks_for
+
+    sweep = config[FORCED_ACCEPTANCE]
+    problems = []
+    version = config["engines"][sweep["engine"]]["vllm_version"]
+    if not quirks_for(version).synthetic_acceptance:
+        problems.append(
+            f"{FORCED_ACCEPTANCE}.engine: {sweep['engine']!r} runs vLLM {version}, which has no synthetic "
+            "rejection sampling (SpeculativeConfig.rejection_sample_method arrived after 0.11.1; 0.26.0 and the "
+            "CPU build 0.32.0 have it)"
+        )
+    for i, base in enumerate(sweep["methods"]):
+        entry = config["methods"][base]
+        if "num_speculative_tokens" not in entry:
+            problems.append(f"{FORCED_ACCEPTANCE}.methods[{i}]: {base!r} sets no num_speculative_tokens")
+            continue
+        k = int(entry["num_speculative_tokens"])
+        for j, value in enumerate(sweep["acceptance_lengths"]):
+            if value != FULL and not 1.0 <= float(value) <= k + 1:
+                problems.append(
+                    f"{FORCED_ACCEPTANCE}.acceptance_lengths[{j}]: {value} is outside 1..{k + 1} "
+                    f"(k + 1 for {base!r}, k = {k})"
+                )
+        clash = set(entry.get("speculative_config", {})) & {"rejection_sample_method", "synthetic_acceptance_length",
+                                                            "synthetic_acceptance_rates"}  # fmt: skip
+        if clash:
+            problems.append(f"methods.{base}.speculative_config: sets {', '.join(sorted(clash))}; the sweep sets them")
+    return problems
+
+
 def _name_problems(config: dict[str, Any], section: str, no_baseline_why: str) -> list[str]:
     """Unknown engine / model / dataset / method names of a sweep section, and the baseline listed as a method."""
     sweep = config[section]
@@ -153,6 +237,9 @@ def sweep_problems(config: dict[str, Any]) -> list[str]:
         problems += _name_problems(config, TEMPERATURE, "it runs at every temperature anyway")
         if not problems:
             problems += _temperature_problems(config)
+    if config.get(FORCED_ACCEPTANCE):
+        names = _name_problems(config, FORCED_ACCEPTANCE, "it drafts nothing to accept")
+        problems += names or _forced_problems(config)
     return problems
 
 
@@ -163,6 +250,7 @@ def expand(config: dict[str, Any]) -> None:
     """
     _expand_proposal_length(config)
     _expand_temperature(config)
+    _expand_forced_acceptance(config)
 
 
 def _expanded(config: dict[str, Any], section: str) -> bool:
@@ -207,6 +295,34 @@ def _expand_proposal_length(config: dict[str, Any]) -> None:
     config["grid"].append(
         {
             "sweep": PROPOSAL_LENGTH,
+            "engine": sweep["engine"],
+            "models": list(sweep["models"]),
+            "methods": _baseline(config) + list(points),
+            "datasets": list(sweep["datasets"]),
+            "batch_sizes": list(sweep["batch_sizes"]),
+        }
+    )
+
+
+def _expand_forced_acceptance(config: dict[str, Any]) -> None:
+    if _expanded(config, FORCED_ACCEPTANCE):
+        return
+    sweep = config[FORCED_ACCEPTANCE]
+    points = forced_acceptance_methods(config)
+    for key, (base, length) in points.items():
+        if key not in config["methods"]:
+            entry = copy.deepcopy(config["methods"][base])
+            entry["speculative_config"] = {
+                **entry.get("speculative_config", {}),
+                "rejection_sample_method": "synthetic",
+                "synthetic_acceptance_length": length,
+            }
+            entry.update(label=f"{entry.get('label', base)} forced τ={length:g}", sweep_of=base,
+                         forced_acceptance_length=length)  # fmt: skip
+            config["methods"][key] = entry
+    config["grid"].append(
+        {
+            "sweep": FORCED_ACCEPTANCE,
             "engine": sweep["engine"],
             "models": list(sweep["models"]),
             "methods": _baseline(config) + list(points),

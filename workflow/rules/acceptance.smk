@@ -8,7 +8,7 @@ rule trace_group:
         unpack(trace_group_inputs),
         model=target_dir,
     output:
-        directory(TRACE_GROUP_DIR),
+        directory(P.TRACE_GROUP_DIR),
     log:
         "logs/trace_group/{engine}/{model}/{method}.log",
     benchmark:
@@ -23,22 +23,24 @@ rule trace_group:
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
-        spec=trace_group_spec,
+        spec=lambda w: spec_ref(PLAN.trace_group_spec(_trace_group(w))),
         drafter=drafter_arg,
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
         seqs=TRACE_SETTINGS.get("max_num_seqs", 8),
     shell:
-        "sdbench trace-group --spec {params.spec} --model-dir {input.model} {params.drafter} "
+        "sdbench trace-group --spec @{params.spec} --model-dir {input.model} {params.drafter} "
         "--num-speculative-tokens {params.k} --max-num-seqs {params.seqs} "
         "--output-dir {output} > {log} 2>&1"
 
 
 rule trace_cell:
     input:
-        trace_group_dir_of_trace,
+        lambda w: PLAN.trace_group_dir(
+            TraceTarget(w.engine, w.model, w.dataset, w.method)
+        ),
     output:
-        trace=ENGINE_TRACE,
-        requests=ENGINE_REQUESTS,
+        trace=P.ENGINE_TRACE,
+        requests=P.ENGINE_REQUESTS,
     log:
         "logs/trace_cell/{engine}/{model}/{dataset}/{method}.log",
     localrule: True
@@ -53,7 +55,7 @@ rule trace_ngram_offline:
     input:
         baseline_requests,
     output:
-        OFFLINE_NGRAM,
+        P.OFFLINE_NGRAM,
     log:
         "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
     params:
@@ -68,13 +70,13 @@ rule trace_suffix_offline:
     input:
         baseline_requests,
     output:
-        OFFLINE_SUFFIX,
+        P.OFFLINE_SUFFIX,
     log:
         "logs/trace_suffix_offline/{engine}/{model}/{dataset}.log",
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
-        settings=suffix_trace_args,
+        settings=PLAN.suffix_trace_args(),
     shell:
         "sdbench trace suffix --input {input} --output {output} "
         "--num-speculative-tokens {params.k} {params.settings} > {log} 2>&1"
@@ -82,7 +84,7 @@ rule trace_suffix_offline:
 
 rule fetch_published_traces:
     output:
-        PUBLISHED_JSONL,
+        P.PUBLISHED_JSONL,
     log:
         "logs/fetch_published_traces/{published}.log",
     params:
@@ -95,9 +97,9 @@ rule fetch_published_traces:
 
 rule published_trace_table:
     input:
-        PUBLISHED_JSONL,
+        P.PUBLISHED_JSONL,
     output:
-        PUBLISHED_TRACE,
+        P.PUBLISHED_TRACE,
     log:
         "logs/published_trace_table/{published}.log",
     params:
@@ -115,7 +117,7 @@ rule tab04_generated_length:
     input:
         acceptance_traces,
     output:
-        table="results/acceptance/{source}/table4.parquet",
+        table=P.ACCEPTANCE_TABLE4,
         markdown=paper_report("tab04_generated_length"),
     log:
         "logs/tab04_generated_length/{source}.log",
@@ -147,7 +149,7 @@ rule fig05_position_deciles:
         acceptance_traces,
     output:
         figure=paper_report("fig05_position_deciles"),
-        data="results/acceptance/{scope}/position_deciles.parquet",
+        data=P.ACCEPTANCE_DECILES,
     log:
         "logs/fig05_position_deciles/{scope}.log",
     params:
@@ -163,7 +165,7 @@ rule fig06_request_acceptance:
         acceptance_traces,
     output:
         figure=paper_report("fig06_request_acceptance"),
-        data="results/acceptance/{source}/request_box.parquet",
+        data=P.ACCEPTANCE_BOXES,
     log:
         "logs/fig06_request_acceptance/{source}.log",
     params:
@@ -179,7 +181,7 @@ rule fig10_ngram_minus_eagle:
         acceptance_traces,
     output:
         figure=paper_report("fig10_ngram_minus_eagle"),
-        data="results/acceptance/{scope}/difference_summary.parquet",
+        data=P.ACCEPTANCE_DIFFERENCE,
     log:
         "logs/fig10_ngram_minus_eagle/{scope}.log",
     params:

@@ -3,21 +3,21 @@
 
 rule aggregate:
     input:
-        summaries=cell_outputs("summary"),
-        requests=cell_outputs("requests"),
+        summaries=PLAN.cell_outputs("summary"),
+        requests=PLAN.cell_outputs("requests"),
     output:
-        cells="results/tables/cells.parquet",
+        cells=P.CELLS_TABLE,
         speedups=paper_report("ext01_speedups"),
-        lengths="results/tables/generation_lengths.parquet",
+        lengths=P.table("generation_lengths"),
         lengths_md=paper_report("tab01_generation_length"),
-        divergence="results/tables/output_divergence.parquet",
+        divergence=P.table("output_divergence"),
         divergence_md=paper_report("ext06_output_divergence"),
     log:
         "logs/aggregate.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
-        baseline=BASELINE,
-        sweeps=sweep_variants(),
+        baseline=PLAN.baseline,
+        sweeps=quoted(PLAN.sweep_variants()),
     shell:
         "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
         "--baseline {params.baseline} --sweeps {params.sweeps} --cells {output.cells} "
@@ -29,16 +29,16 @@ rule aggregate:
 # The paper's question per model x method x dataset: does SD pay, up to which load (ext00).
 rule ext00_verdict:
     input:
-        unpack(verdict_inputs),
+        unpack(lambda w: PLAN.verdict_inputs()),
     output:
-        table="results/tables/verdict.parquet",
+        table=P.table("verdict"),
         markdown=paper_report("ext00_verdict", ".md"),
         figure=paper_report("ext00_verdict", ".png"),
     log:
         "logs/ext00_verdict.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.verdict"),
-        labels=method_labels(),
+        labels=quoted(PLAN.method_labels()),
         server=lambda wildcards, input: (
             f"--server {input.server}" if "server" in input.keys() else ""
         ),
@@ -49,7 +49,7 @@ rule ext00_verdict:
 
 rule fig01_end_to_end:
     input:
-        cells="results/tables/cells.parquet",
+        cells=P.CELLS_TABLE,
     output:
         paper_report("fig01_end_to_end"),
     log:
@@ -62,7 +62,7 @@ rule fig01_end_to_end:
 
 rule ext02_acceptance_per_position:
     input:
-        cells="results/tables/cells.parquet",
+        cells=P.CELLS_TABLE,
     output:
         paper_report("ext02_acceptance_per_position"),
     log:
@@ -75,17 +75,17 @@ rule ext02_acceptance_per_position:
 
 rule tab02_memory:
     input:
-        cells="results/tables/cells.parquet",
-        models=built_model_dirs(),
+        cells=P.CELLS_TABLE,
+        models=PLAN.built_model_dirs(),
     output:
-        table="results/tables/memory.parquet",
+        table=P.table("memory"),
         markdown=paper_report("tab02_memory", ".md"),
         figure=paper_report("tab02_memory", ".png"),
     log:
         "logs/tab02_memory.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.memory"),
-        models=memory_model_names(),
+        models=quoted(PLAN.memory_model_names()),
     shell:
         "sdbench memory-table --cells {input.cells} --models {params.models} "
         "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
@@ -94,17 +94,17 @@ rule tab02_memory:
 # Cost per 1M output tokens (config `cost`; without it, not a target).
 rule ext07_cost:
     input:
-        cells="results/tables/cells.parquet",
+        cells=P.CELLS_TABLE,
     output:
-        table="results/tables/cost.parquet",
+        table=P.table("cost"),
         markdown=paper_report("ext07_cost", ".md"),
         figure=paper_report("ext07_cost", ".png"),
     log:
         "logs/ext07_cost.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.cost"),
-        prices=cost_prices(),
-        devices=model_devices(),
+        prices=quoted(PLAN.cost_prices()),
+        devices=quoted(PLAN.model_devices()),
         currency=COST.get("currency", "USD"),
         source=COST.get("source", ""),
     shell:
@@ -115,18 +115,18 @@ rule ext07_cost:
 
 rule ext08_proposal_length:
     input:
-        cells="results/tables/cells.parquet",
-        memory="results/tables/memory.parquet",
+        cells=P.CELLS_TABLE,
+        memory=P.table("memory"),
     output:
-        table="results/tables/proposal_length.parquet",
+        table=P.table("proposal_length"),
         markdown=paper_report("ext08_proposal_length", ".md"),
         figure=paper_report("ext08_proposal_length", ".png"),
     log:
         "logs/ext08_proposal_length.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.proposal"),
-        points=proposal_length_points(),
-        scope=proposal_length_scope(),
+        points=quoted(PLAN.proposal_length_points()),
+        scope=quoted(PLAN.proposal_length_scope()),
     shell:
         "sdbench proposal-length --cells {input.cells} --memory {input.memory} "
         "--points {params.points} --scope {params.scope} --output {output.table} "
@@ -136,16 +136,16 @@ rule ext08_proposal_length:
 
 rule ext09_random_inputs:
     input:
-        cells="results/tables/cells.parquet",
+        cells=P.CELLS_TABLE,
     output:
-        table="results/tables/random_inputs.parquet",
+        table=P.table("random_inputs"),
         markdown=paper_report("ext09_random_inputs", ".md"),
         figure=paper_report("ext09_random_inputs", ".png"),
     log:
         "logs/ext09_random_inputs.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.randominputs"),
-        pairs=random_pairs(),
+        pairs=quoted(PLAN.random_pairs),
     shell:
         "sdbench random-inputs --cells {input.cells} --pairs {params.pairs} "
         "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
@@ -154,18 +154,18 @@ rule ext09_random_inputs:
 # Temperature sweep (config `temperature`; without it, not a target).
 rule ext10_temperature:
     input:
-        cells="results/tables/cells.parquet",
+        cells=P.CELLS_TABLE,
     output:
-        table="results/tables/temperature.parquet",
-        recommendation="results/tables/temperature_recommendation.parquet",
+        table=P.table("temperature"),
+        recommendation=P.table("temperature_recommendation"),
         markdown=paper_report("ext10_temperature", ".md"),
         figure=paper_report("ext10_temperature", ".png"),
     log:
         "logs/ext10_temperature.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.temperature"),
-        points=temperature_points(),
-        scope=temperature_scope(),
+        points=quoted(PLAN.temperature_points()),
+        scope=quoted(PLAN.temperature_scope()),
     shell:
         "sdbench temperature --cells {input.cells} --points {params.points} "
         "--scope {params.scope} --output {output.table} "
@@ -176,9 +176,9 @@ rule ext10_temperature:
 # Acceptance per SPEED-Bench category (datasets with builder speed_bench).
 rule ext12_speed_bench_categories:
     input:
-        unpack(speed_bench_inputs),
+        unpack(lambda w: PLAN.speed_bench_inputs()),
     output:
-        table="results/tables/category_acceptance.parquet",
+        table=P.table("category_acceptance"),
         markdown=paper_report("ext12_speed_bench_categories", ".md"),
         figure=paper_report("ext12_speed_bench_categories", ".png"),
     log:
@@ -186,7 +186,10 @@ rule ext12_speed_bench_categories:
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.categories"),
         seed=config["seed"],
-        counters=category_counter_args,
+        counters=lambda w, input: " ".join(
+            [f"--requests {' '.join(input.requests)}"] * bool(input.requests)
+            + [f"--calls {' '.join(input.calls)}"] * bool(input.calls)
+        ),
     shell:
         "sdbench category-acceptance {params.counters} --prompts {input.prompts} "
         "--seed {params.seed} --table {output.table} --markdown {output.markdown} "

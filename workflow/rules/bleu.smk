@@ -6,30 +6,30 @@ rule bleu_buckets:
     input:
         baseline_requests,
     output:
-        "results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
+        P.BLEU_BUCKETS,
     log:
         "logs/bleu_buckets/{engine}/{model}/{dataset}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
-        order=BLEU["order"] if BLEU else 4,
+        order=BLEU.get("order", 4),
     shell:
         "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
 
 
 rule fig08_bleu_measured:
     input:
-        calls=bleu_calls,
-        buckets="results/bleu/{engine}/{model}/{dataset}/buckets.parquet",
+        calls=lambda w: PLAN.bleu_calls(w.engine, w.model, w.dataset),
+        buckets=P.BLEU_BUCKETS,
     output:
-        table="results/bleu/{engine}/{model}/{dataset}/fig8_measured.parquet",
+        table=P.BLEU_MEASURED,
         figure=paper_report("fig08_bleu_measured"),
     log:
         "logs/fig08_bleu_measured/{engine}/{model}/{dataset}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
-        baseline=BASELINE,
-        ngram=BLEU["ngram"] if BLEU else "",
-        versus=BLEU["versus"] if BLEU else "",
+        baseline=PLAN.baseline,
+        ngram=BLEU.get("ngram", ""),
+        versus=BLEU.get("versus", ""),
     shell:
         "sdbench bleu measured --calls {input.calls} --buckets {input.buckets} "
         "--baseline {params.baseline} --ngram {params.ngram} --versus {params.versus} "
@@ -38,30 +38,30 @@ rule fig08_bleu_measured:
 
 rule bleu_buckets_published:
     input:
-        PUBLISHED_JSONL,
+        P.PUBLISHED_JSONL,
     output:
-        "results/bleu/published/{published}/buckets.parquet",
+        P.BLEU_PUBLISHED_BUCKETS,
     log:
         "logs/bleu_buckets_published/{published}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
-        order=BLEU["order"] if BLEU else 4,
+        order=BLEU.get("order", 4),
     shell:
         "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
 
 
 rule fig08_bleu_simulated:
     input:
-        traces=PUBLISHED_JSONL,
-        buckets="results/bleu/published/{published}/buckets.parquet",
+        traces=P.PUBLISHED_JSONL,
+        buckets=P.BLEU_PUBLISHED_BUCKETS,
     output:
-        table="results/bleu/published/{published}/fig8_ngram-{ngram_policy}.parquet",
+        table=P.BLEU_SIMULATED,
         figure=paper_report("fig08_bleu_simulated"),
     log:
         "logs/fig08_bleu_simulated/{published}/{ngram_policy}.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
-        versus=BLEU.get("published_versus_policy", "fixed-3") if BLEU else "fixed-3",
+        versus=BLEU.get("published_versus_policy", "fixed-3"),
         batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
     shell:

@@ -8,7 +8,7 @@ rule breakdown_group:
         unpack(breakdown_group_inputs),
         model=target_dir,
     output:
-        directory(BREAKDOWN_GROUP_DIR),
+        directory(P.BREAKDOWN_GROUP_DIR),
     log:
         "logs/breakdown_group/{engine}/{model}/{method}/{share}.log",
     benchmark:
@@ -23,22 +23,22 @@ rule breakdown_group:
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         image=cell_image,
-        spec=breakdown_group_spec,
+        spec=lambda w: spec_ref(PLAN.breakdown_group_spec(_group(w))),
         drafter=drafter_arg,
     shell:
-        "sdbench run-group --breakdown --spec {params.spec} --model-dir {input.model} "
+        "sdbench run-group --breakdown --spec @{params.spec} --model-dir {input.model} "
         "{params.drafter} --output-dir {output} > {log} 2>&1"
 
 
 rule breakdown_cell:
     input:
-        breakdown_group_of_cell,
+        lambda w: PLAN.breakdown_group_dir_of_cell(_cell(w)),
     output:
-        steps=os.path.join(BREAKDOWN_DIR, "steps.parquet"),
-        summary=os.path.join(BREAKDOWN_DIR, "summary.parquet"),
-        requests=os.path.join(BREAKDOWN_DIR, "requests.parquet"),
-        calls=os.path.join(BREAKDOWN_DIR, "calls.parquet"),
-        baseline_calls=os.path.join(BREAKDOWN_DIR, "baseline_calls.parquet"),
+        steps=P.BREAKDOWN_STEPS,
+        summary=f"{P.BREAKDOWN_DIR}/summary.parquet",
+        requests=f"{P.BREAKDOWN_DIR}/requests.parquet",
+        calls=f"{P.BREAKDOWN_DIR}/calls.parquet",
+        baseline_calls=f"{P.BREAKDOWN_DIR}/baseline_calls.parquet",
     log:
         "logs/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
     localrule: True
@@ -52,10 +52,10 @@ rule breakdown_cell:
 
 rule fig03_runtime_breakdown:
     input:
-        breakdown_steps(),
+        PLAN.breakdown_steps(),
     output:
         figure=paper_report("fig03_runtime_breakdown"),
-        table="results/tables/breakdown.parquet",
+        table=P.table("breakdown"),
     log:
         "logs/fig03_runtime_breakdown.log",
     params:

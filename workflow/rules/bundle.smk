@@ -11,7 +11,7 @@ from sdbench.bundle import installed_packages_digest
 mimetypes.add_type("application/vnd.apache.parquet", ".parquet")
 mimetypes.add_type("application/yaml", ".yaml")
 
-BUNDLE_DIR = "results/bundle"
+BUNDLE_DIR = P.BUNDLE_DIR
 WORKFLOW_ROOT = os.path.dirname(os.path.abspath(workflow.main_snakefile))
 # Digests of the container images; the bundle accepts the file's absence.
 CONTAINER_IMAGES = os.path.join(WORKFLOW_ROOT, "containers", "images.yaml")
@@ -51,7 +51,7 @@ rule bundle_freeze:
 # It needs Snakemake itself, which the analysis image lacks: a host-side run block.
 rule bundle_report:
     input:
-        final_outputs(),
+        PLAN.final_outputs(),
         config=f"{BUNDLE_DIR}/config.resolved.yaml",
     output:
         f"{BUNDLE_DIR}/report.html",
@@ -72,7 +72,7 @@ rule bundle_report:
 
 rule bundle:
     input:
-        final_outputs(),
+        PLAN.final_outputs(),
         config=f"{BUNDLE_DIR}/config.resolved.yaml",
         report=f"{BUNDLE_DIR}/report.html",
         freeze=f"{BUNDLE_DIR}/host-freeze.txt",

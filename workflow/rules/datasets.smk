@@ -3,9 +3,9 @@
 
 rule prepare_dataset:
     input:
-        unpack(prepare_inputs),
+        unpack(lambda w: PLAN.prepare_inputs(w.model, w.dataset)),
     output:
-        PROMPTS,
+        P.PROMPTS,
     log:
         "logs/prepare_dataset/{model}/{dataset}.log",
     params:
@@ -16,10 +16,14 @@ rule prepare_dataset:
             "sdbench.datasets.speedbench",
             "sdbench.datasets.userprompts",
         ),
-        entry=dataset_entry,
-        chat=chat_template_kwargs,
+        entry=lambda w: quoted(PLAN.dataset_entry(w.dataset)),
+        chat=lambda w: quoted(PLAN.chat_template_kwargs(w.model)),
         seed=config["seed"],
-        matched=matched_arg,
+        matched=lambda w, input: (
+            f"--matched {shlex.quote(input.matched)}"
+            if "matched" in input.keys()
+            else ""
+        ),
     shell:
         "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
         "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} "
@@ -29,7 +33,7 @@ rule prepare_dataset:
 # SPEED-Bench's file layout with the pipeline's own prompts (a stand-in: no hub access here).
 rule speed_bench_sample:
     output:
-        directory(SPEED_BENCH_SAMPLE),
+        directory(P.SPEED_BENCH_SAMPLE),
     log:
         "logs/speed_bench_sample.log",
     params:

@@ -4,7 +4,7 @@
 
 rule build_tokenizer:
     output:
-        directory("results/models/tokenizer"),
+        directory(P.TOKENIZER_DIR),
     log:
         "logs/build_tokenizer.log",
     params:
@@ -18,19 +18,19 @@ rule build_tokenizer:
 
 rule build_model:
     input:
-        tokenizer="results/models/tokenizer",
+        tokenizer=P.TOKENIZER_DIR,
     output:
-        directory("results/models/built/{built_model}"),
+        directory(P.BUILT_MODEL_RULE),
     log:
         "logs/build_model/{built_model}.log",
     benchmark:
         "benchmarks/build_model/{built_model}.tsv"
-    threads: build_threads
+    threads: lambda w: PLAN.build_threads(w.built_model)
     params:
         code=code_digest(
             "sdbench.models.cli", "sdbench.models.tokenizer", "sdbench.models.training"
         ),
-        args=build_args,
+        args=lambda w: PLAN.build_args(w.built_model),
         seed=config["seed"],
     shell:
         "sdbench train-model --tokenizer {input.tokenizer} --output {output} "
@@ -39,18 +39,18 @@ rule build_model:
 
 rule build_head:
     input:
-        target=head_target,
-        tokenizer="results/models/tokenizer",
+        target=lambda w: PLAN.head_target(w.head),
+        tokenizer=P.TOKENIZER_DIR,
     output:
-        directory("results/models/built/{head}"),
+        directory(P.BUILT_HEAD_RULE),
     log:
         "logs/build_head/{head}.log",
     benchmark:
         "benchmarks/build_head/{head}.tsv"
-    threads: head_threads
+    threads: lambda w: PLAN.head_threads(w.head)
     params:
         code=code_digest("sdbench.models.cli", "sdbench.models.eagle"),
-        args=head_args,
+        args=lambda w: PLAN.head_args(w.head),
         seed=config["seed"],
     shell:
         "sdbench train-head --target {input.target} --tokenizer {input.tokenizer} "
@@ -59,13 +59,13 @@ rule build_head:
 
 rule download_model:
     output:
-        directory("resources/hub/{hub_model}"),
+        directory(P.HUB_MODEL_RULE),
     log:
         "logs/download_model/{hub_model}.log",
     params:
         code=code_digest("sdbench.models.cli", "sdbench.models.hub"),
-        repo=hub_id,
-        revision=hub_revision,
+        repo=lambda w: PLAN.hub_id(w.hub_model),
+        revision=lambda w: PLAN.hub_revision(w.hub_model),
     shell:
         "sdbench download-model --repo {params.repo} --revision {params.revision} "
         "--output {output} > {log} 2>&1"

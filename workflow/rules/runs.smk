@@ -8,7 +8,7 @@ rule run_engine:
         unpack(group_inputs),
         model=target_dir,
     output:
-        directory(GROUP_DIR),
+        directory(P.GROUP_DIR),
     log:
         "logs/run_engine/{engine}/{model}/{method}/{share}.log",
     benchmark:
@@ -26,18 +26,18 @@ rule run_engine:
         spec=group_spec,
         drafter=drafter_arg,
     shell:
-        "sdbench run-group --spec {params.spec} --model-dir {input.model} {params.drafter} "
+        "sdbench run-group --spec @{params.spec} --model-dir {input.model} {params.drafter} "
         "--output-dir {output} > {log} 2>&1"
 
 
 rule run_cell:
     input:
-        group_dir_of_cell,
+        lambda w: PLAN.group_dir_of_cell(_cell(w)),
     output:
-        requests=f"{CELL_DIR}/requests.parquet",
-        calls=f"{CELL_DIR}/calls.parquet",
-        baseline_calls=f"{CELL_DIR}/baseline_calls.parquet",
-        summary=f"{CELL_DIR}/summary.parquet",
+        requests=P.CELL_TABLE.replace("{name}", "requests"),
+        calls=P.CELL_TABLE.replace("{name}", "calls"),
+        baseline_calls=P.CELL_TABLE.replace("{name}", "baseline_calls"),
+        summary=P.CELL_TABLE.replace("{name}", "summary"),
     log:
         "logs/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
     localrule: True

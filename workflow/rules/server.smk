@@ -4,10 +4,10 @@
 
 rule serve_group:
     input:
-        unpack(server_inputs),
+        unpack(lambda w: PLAN.server_inputs(w.model, w.method)),
         model=target_dir,
     output:
-        directory(SERVER_GROUP_DIR),
+        directory(P.SERVER_GROUP_DIR),
     log:
         main="logs/serve_group/{engine}/{model}/{method}.log",
         server="logs/serve_group/{engine}/{model}/{method}.server.log",
@@ -17,8 +17,10 @@ rule serve_group:
         cell_container
     threads: TIMED_THREADS
     resources:
-        gpu=server_gpus,
-        mem_mb=server_mem_mb,
+        gpu=lambda w: scheduling.cell_gpus(config, PLAN.server_cell(_server_group(w))),
+        mem_mb=lambda w: scheduling.cell_mem_mb(
+            config, PLAN.server_cell(_server_group(w))
+        ),
         runtime=server_runtime,
     params:
         code=code_digest(
@@ -28,28 +30,28 @@ rule serve_group:
             "sdbench.engine.loadgen",
         ),
         image=cell_image,
-        spec=server_group_spec,
+        spec=lambda w: spec_ref(PLAN.server_group_spec(_server_group(w))),
         prompts=server_prompts_arg,
         drafter=drafter_arg,
     shell:
-        "sdbench serve-group --spec {params.spec} --prompts {params.prompts} "
+        "sdbench serve-group --spec @{params.spec} --prompts {params.prompts} "
         "--model-dir {input.model} {params.drafter} --output-dir {output} "
         "--server-log {log.server} > {log.main} 2>&1"
 
 
 rule ext11_latency_throughput:
     input:
-        server_group_dirs(),
+        PLAN.server_group_dirs(),
     output:
-        table="results/tables/server.parquet",
+        table=P.SERVER_TABLE,
         markdown=paper_report("ext11_latency_throughput", ".md"),
         figure=paper_report("ext11_latency_throughput", ".png"),
     log:
         "logs/ext11_latency_throughput.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency"),
-        prices=cost_prices(),
-        devices=model_devices(),
+        prices=quoted(PLAN.cost_prices()),
+        devices=quoted(PLAN.model_devices()),
         currency=COST.get("currency", "USD"),
         source=COST.get("source", ""),
     shell:

@@ -5,14 +5,14 @@
 
 rule simulate_published:
     input:
-        published_jsonl(),
+        PLAN.published_jsonl(),
     output:
-        SIM_PUBLISHED,
+        P.SIM_PUBLISHED,
     log:
         "logs/simulate_published/{mode}/{proposer}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
-        policies=sim_policies,
+        policies=lambda w: " ".join(PLAN.sim_policies(w.proposer, w.mode)),
         batch_sizes=" ".join(map(str, SIMULATOR.get("batch_sizes", []))),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
     shell:
@@ -23,9 +23,9 @@ rule simulate_published:
 
 rule ext03_compat_vs_exact:
     input:
-        published_jsonl(),
+        PLAN.published_jsonl(),
     output:
-        table="results/simulator/compat_vs_exact.csv",
+        table=P.SIM_COMPAT_VS_EXACT,
         markdown=paper_report("ext03_compat_vs_exact", ".md"),
         figure=paper_report("ext03_compat_vs_exact", ".png"),
     log:
@@ -41,9 +41,9 @@ rule ext03_compat_vs_exact:
 
 rule fit_cost_model:
     input:
-        breakdown_steps(),
+        PLAN.breakdown_steps(),
     output:
-        MEASURED_COST_MODEL,
+        P.MEASURED_COST_MODEL,
     log:
         "logs/fit_cost_model.log",
     params:
@@ -57,7 +57,7 @@ rule simulation_traces:
     input:
         unpack(sim_trace_inputs),
     output:
-        SIM_STACKED,
+        P.SIM_STACKED,
     log:
         "logs/simulation_traces/{engine}/{model}/{dataset}.log",
     params:
@@ -69,17 +69,17 @@ rule simulation_traces:
 rule simulate_cells:
     input:
         unpack(sim_trace_inputs),
-        stacked=SIM_STACKED,
-        cost_model=MEASURED_COST_MODEL,
+        stacked=P.SIM_STACKED,
+        cost_model=PLAN.sim_cost_model(),
     output:
-        SIM_CELL,
+        P.SIM_CELL,
     log:
         "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
-        policies=sim_cell_policies,
-        drafter=sim_preferred_drafter,
+        policies=lambda w: " ".join(PLAN.sim_cell_policies(w.proposer)),
+        drafter=lambda w: PLAN.sim_preferred_drafter(w.engine, w.model, w.dataset),
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
         "--proposer {wildcards.proposer} --drafter {params.drafter} --policy {params.policies} "
@@ -90,17 +90,17 @@ rule simulate_cells:
 rule simulate_drafter_cells:
     input:
         unpack(sim_trace_inputs),
-        stacked=SIM_STACKED,
-        cost_model=MEASURED_COST_MODEL,
+        stacked=P.SIM_STACKED,
+        cost_model=PLAN.sim_cost_model(),
     output:
-        SIM_DRAFTER,
+        P.SIM_DRAFTER,
     log:
         "logs/simulate_drafter_cells/{engine}/{model}/{dataset}/{method}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
-        drafter=sim_drafter,
-        policies=sim_drafter_policies,
+        drafter=lambda w: PLAN.sim_drafter(w.method),
+        policies=" ".join(PLAN.sim_cell_policies("eagle")),
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
         "--proposer eagle --drafter {params.drafter} --policy {params.policies} "
@@ -110,16 +110,16 @@ rule simulate_drafter_cells:
 
 rule ext05_simulated_vs_measured:
     input:
-        cells="results/tables/cells.parquet",
-        simulated=sim_cell_files(),
+        cells=P.CELLS_TABLE,
+        simulated=PLAN.sim_cell_files(),
     output:
-        table="results/tables/simulated_vs_measured.parquet",
+        table=P.table("simulated_vs_measured"),
         markdown=paper_report("ext05_simulated_vs_measured"),
     log:
         "logs/ext05_simulated_vs_measured.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.validation"),
-        methods=methods_json(),
+        methods=quoted(config["methods"]),
     shell:
         "sdbench validate-simulator --cells {input.cells} --simulated {input.simulated} "
         "--methods {params.methods} "
@@ -133,7 +133,7 @@ rule ext05_simulated_vs_measured:
 
 rule fig09_fixed_vs_oracle:
     input:
-        sim_figure_inputs,
+        lambda w: PLAN.sim_figure_inputs(w.scope),
     output:
         paper_report("fig09_fixed_vs_oracle"),
     log:
@@ -146,7 +146,7 @@ rule fig09_fixed_vs_oracle:
 
 rule fig11_oracle_combine:
     input:
-        sim_figure_inputs,
+        lambda w: PLAN.sim_figure_inputs(w.scope),
     output:
         paper_report("fig11_oracle_combine"),
     log:
@@ -159,9 +159,9 @@ rule fig11_oracle_combine:
 
 rule ext04_adaptive_policies:
     input:
-        unpack(adaptive_inputs),
+        unpack(lambda w: PLAN.adaptive_inputs(w.scope)),
     output:
-        table="results/simulator/adaptive/{scope}.csv",
+        table=P.SIM_ADAPTIVE,
         markdown=paper_report("ext04_adaptive_policies", ".md"),
         figure=paper_report("ext04_adaptive_policies", ".png"),
     log:

@@ -285,12 +285,29 @@ def add_breakdown(subparsers: argparse._SubParsersAction) -> None:
     plot.set_defaults(func=lazy("sdbench.analysis.breakdown", "_cmd_plot"))
 
 
+def add_forced_acceptance(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench forced-acceptance``."""
+    p = subparsers.add_parser(
+        "forced-acceptance", help="forced-acceptance curves, ceilings and the gap split (ext13, ext14)"
+    )
+    p.add_argument("--cells", required=True, help="cells.parquet (with the forced-acceptance sweep's cells)")
+    p.add_argument("--methods", required=True, help="the config's methods (JSON): bases, forced lengths, labels")
+    p.add_argument("--table", required=True, help="output: one row per forced cell (parquet)")
+    p.add_argument("--gap-table", required=True, help="output: the gap split per method x batch size (parquet)")
+    p.add_argument("--markdown", required=True, help="output: the forced points and ceilings (Markdown)")
+    p.add_argument("--gap-markdown", required=True, help="output: the gap split (Markdown)")
+    p.add_argument("--figure", required=True, help="output: speedup vs accepted length (PNG)")
+    p.add_argument("--gap-figure", required=True, help="output: measured / at real τ / ceiling / ideal (PNG)")
+    p.set_defaults(func=lazy("sdbench.analysis.forced", "_cmd_forced"))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the analysis stage's commands."""
     for add in (
         add_acceptance,
         add_aggregate,
         add_verdict,
+        add_forced_acceptance,
         add_plot_throughput,
         add_memory_table,
         add_cost,

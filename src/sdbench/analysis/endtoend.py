@@ -92,7 +92,14 @@ def output_divergence(requests: pd.DataFrame, baseline: str, cells: pd.DataFrame
     (their ``temperature``) each row says what it was compared with (``reference``): greedy
     no SD, or, for a sampled dataset, no SD sampled with the same seeds, which SD matches in
     distribution but need not reproduce (sdbench.engine.sampling): there a difference is expected.
+    Forced-acceptance cells (``sweep`` ``forced_acceptance`` in ``cells``) are left out: their
+    accepted tokens are the drafter's, not the greedy ones, by design.
     """
+    if cells is not None and "sweep" in cells:
+        forced = cells.loc[cells["sweep"] == "forced_acceptance", SORT]
+        if len(forced):
+            keep = requests.merge(forced.assign(_forced=True), on=SORT, how="left")["_forced"].isna().to_numpy()
+            requests = requests[keep]
     base = requests[requests["method"] == baseline]
     smallest = base.groupby(["engine", "model", "dataset"])["batch_size"].transform("min")
     ref = base[(base["batch_size"] == smallest) & (base["slot"] == 0)]

@@ -57,6 +57,7 @@ def random_token_prompts(name: str, entry: dict[str, Any], matched: pd.DataFrame
                 "prompt_text": tokenizer.decode(ids),
                 "prompt_token_ids": ids,
                 "reference": "",
+                "max_tokens": int(entry["max_tokens"]),
             }
         )
     return pd.DataFrame(rows)

@@ -19,7 +19,7 @@ QUIET_GUARD_MODES = ("flag", "refuse", "disabled")  # quietguard.MODES
 def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench run-cell``."""
     p = subparsers.add_parser("run-cell", help="run one benchmark cell on vLLM")
-    p.add_argument("--spec", required=True, help="resolved cell spec (JSON), see sdbench.grid.resolve_cell")
+    p.add_argument("--spec", required=True, help="resolved cell spec: JSON or @file, see sdbench.grid.resolve_cell")
     p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
     p.add_argument("--model-dir", required=True, help="target model directory (HF format)")
     p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
@@ -37,7 +37,7 @@ def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
 def add_run_group(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench run-group``."""
     g = subparsers.add_parser("run-group", help="measure every cell of an engine group on one engine")
-    g.add_argument("--spec", required=True, help='JSON: {"cells": [resolved cell specs], "prompts": {dataset: path}}')
+    g.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}}')
     g.add_argument("--model-dir", required=True, help="target model directory (HF format)")
     g.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
     g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
@@ -66,7 +66,7 @@ def add_trace_group(subparsers: argparse._SubParsersAction) -> None:
     t = subparsers.add_parser(
         "trace-group", help="in-engine acceptance traces of one method on every traced dataset, one engine"
     )
-    t.add_argument("--spec", required=True, help='JSON: {"cells": [resolved cell specs], "prompts": {dataset: path}}')
+    t.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}}')
     t.add_argument("--model-dir", required=True)
     t.add_argument("--drafter-dir", default=None)
     t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
@@ -90,7 +90,7 @@ def add_trace_tables(subparsers: argparse._SubParsersAction) -> None:
 def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench serve-group``."""
     s = subparsers.add_parser("serve-group", help="server mode: one vLLM server, every dataset x concurrency on it")
-    s.add_argument("--spec", required=True, help="resolved server group (JSON), see sdbench.servermode")
+    s.add_argument("--spec", required=True, help="resolved server group: JSON or @file, see sdbench.servermode")
     s.add_argument("--prompts", required=True, help='JSON: {dataset: prompt table path}')
     s.add_argument("--model-dir", required=True, help="target model directory (HF format)")
     s.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")

@@ -19,7 +19,7 @@ from sdbench.engine.groups import (
     write_cell_tables,
 )
 from sdbench.engine.runner import preflight, run_cell, trace_group
-from sdbench.io import atomic_dir, atomic_path, write_parquet
+from sdbench.io import atomic_dir, atomic_path, read_spec, write_parquet
 
 # A trace group's directory: <dataset>/<name>.parquet per traced dataset.
 TRACE_TABLES = ("engine_trace", "engine_requests")
@@ -31,7 +31,7 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
 
     watch_workflow()
-    group = json.loads(args.spec)
+    group = read_spec(args.spec)
     specs = group["cells"]
     prompts = {
         spec["cell"]["dataset"]: preflight(spec, group["prompts"][spec["cell"]["dataset"]], args.model_dir, args.drafter_dir)
@@ -68,7 +68,7 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
     from sdbench.engine.quietguard import Contaminated, mode_from_env
 
     watch_workflow()
-    spec = json.loads(args.spec)
+    spec = read_spec(args.spec)
     prompts = preflight(spec, args.prompts, args.model_dir, args.drafter_dir)
     import tempfile
 
@@ -93,7 +93,7 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
     from sdbench.engine.quietguard import Contaminated, mode_from_env
 
     watch_workflow()
-    group = json.loads(args.spec)
+    group = read_spec(args.spec)
     if args.engine_start is None and engine_starts(group["cells"]) > 1 and not args.breakdown:
         own = ["run-group", "--spec", args.spec, "--model-dir", args.model_dir]
         own += ["--drafter-dir", args.drafter_dir] if args.drafter_dir else []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -477,6 +478,8 @@ def summarise(
         **keys,
         "sd_method": spec["method"]["method"],
         "num_speculative_tokens": spec["method"].get("num_speculative_tokens", 0),
+        # Set on forced-acceptance cells (sdbench.sweeps): their outputs are not the greedy ones.
+        "forced_acceptance_length": float(spec["method"].get("forced_acceptance_length", math.nan)),
         "batch_mode": spec["run"].get("batch_mode", "replicate"),
         "temperature": float(spec.get("dataset", {}).get("temperature", 0.0)),
         "num_engine_starts": int(calls["engine_start"].nunique()) if "engine_start" in calls else 1,

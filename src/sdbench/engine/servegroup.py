@@ -39,7 +39,7 @@ from sdbench.engine.server import (
     server_argv,
     server_env,
 )
-from sdbench.io import atomic_dir, write_parquet
+from sdbench.io import atomic_dir, read_spec, write_parquet
 
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 95, 99)
@@ -200,7 +200,7 @@ def _cmd_serve_group(args: argparse.Namespace) -> int:
     from sdbench.engine.quietguard import Contaminated, mode_from_env
 
     watch_workflow()
-    spec = json.loads(args.spec)
+    spec = read_spec(args.spec)
     paths = json.loads(args.prompts)
     missing = sorted(set(spec["datasets"]) - set(paths))
     if missing:

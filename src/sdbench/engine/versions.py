@@ -47,6 +47,9 @@ class EngineQuirks:
     server_module: str = "vllm.entrypoints.openai.api_server"
     # Fixes of this release's CPU build that sdbench.engine.enginefixes installs (vLLM plugin).
     fixes: tuple[str, ...] = ()
+    # SpeculativeConfig.rejection_sample_method "synthetic" (forced acceptance, sdbench.sweeps):
+    # not in 0.10.1.1 / 0.11.1; on the CPU build through the cpu_synthetic_rejection fix.
+    synthetic_acceptance: bool = False
     # Environment every cell of an engine on this release gets (engine_env; an engine's own
     # ``env`` entries win).
     env: dict[str, str] = field(default_factory=dict)
@@ -101,8 +104,10 @@ _V0_32_0 = EngineQuirks(
     cpu_spec_decode=True,
     per_request_spec_metrics=True,
     server_module="vllm.entrypoints.launchers.api_server.entry",
-    # Sampled SD reads per-token temperatures its C++ expand wrapper never writes (enginefixes).
-    fixes=("cpu_float_expand",),
+    # Sampled SD reads per-token temperatures its C++ expand wrapper never writes; its C++
+    # rejection kernels refuse synthetic acceptance (enginefixes).
+    fixes=("cpu_float_expand", "cpu_synthetic_rejection"),
+    synthetic_acceptance=True,
     trace_hook="gpu_model_runner.GPUModelRunner._bookkeeping_sync (valid_sampled_token_ids)",
 )
 
@@ -119,9 +124,14 @@ _V0_26_0 = EngineQuirks(
     # V2 is the default model runner for dense models on GPU, but draft models fall back to V1:
     # every cell of the engine (its no-SD baseline too) runs V1, which sdbench's hooks instrument.
     env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    synthetic_acceptance=True,
 )
 
 _KNOWN: dict[str, EngineQuirks] = {q.version: q for q in (_V0_10_1_1, _V0_11_1, _V0_26_0, _V0_32_0)}
+
+
+# The speculative_config keys of a forced-acceptance method (sdbench.sweeps.forced_acceptance_methods).
+SYNTHETIC_KEYS = ("rejection_sample_method", "synthetic_acceptance_length")
 
 
 def known_versions() -> list[str]:
@@ -359,6 +369,8 @@ TOUCHPOINTS = tp.declare(
               ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"]),
     tp.fields("spec.token_tree", "vllm.config:SpeculativeConfig", ["speculative_token_tree"],
               versions=_TREE_VERSIONS),
+    tp.fields("spec.synthetic_acceptance", "vllm.config:SpeculativeConfig", SYNTHETIC_KEYS,
+              versions=[q.version for q in _KNOWN.values() if q.synthetic_acceptance]),
     tp.custom("engine.inprocess_spec_decode", _check_inprocess,
               ["vllm.v1.engine.core:EngineCore.post_step", "vllm.v1.engine.core_client:InprocClient.get_output"]),
     tp.env_vars("env.process_layout", ["VLLM_ENABLE_V1_MULTIPROCESSING"]),

@@ -177,6 +177,21 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
     fig.add_argument("--combining", type=Path, metavar="PNG", help="write Fig. 11 here")
     fig.set_defaults(func=lazy(COMMANDS, "_cmd_figures"))
 
+    chk = actions.add_parser(
+        "forced-check", help="the cost model at the forced-acceptance points; refit it there (ext15)"
+    )
+    chk.add_argument("--forced", required=True, help="results/tables/forced_acceptance.parquet")
+    chk.add_argument("--prompts", nargs="+", required=True, help="the forced cells' prompt tables")
+    chk.add_argument("--num-requests", type=int, default=None, help="prompts each forced cell timed (the first N)")
+    chk.add_argument("--cost-model", required=True, help="the cost model fitted from the step timings")
+    chk.add_argument("--name", default="forced", help="name of the refitted model (default: forced)")
+    chk.add_argument("--refitted", required=True, help="output: the refitted cost model (YAML)")
+    chk.add_argument("--labels", default=None, help="method key -> label (JSON)")
+    chk.add_argument("--output", required=True, help="output: the check per forced cell (parquet)")
+    chk.add_argument("--markdown", required=True, help="output: the check (Markdown)")
+    chk.add_argument("--figure", required=True, help="output: predicted vs measured (PNG)")
+    chk.set_defaults(func=lazy("sdbench.simulator.forcedcheck", "_cmd_check"))
+
 
 def _add_report_outputs(parser: argparse.ArgumentParser) -> None:
     """The three files of a simulator report: its table, Markdown summary and figure."""

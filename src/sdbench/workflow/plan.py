@@ -1,0 +1,577 @@
+"""The plan: everything the DAG needs that depends only on the validated config.
+
+:class:`Plan` is built once from the config (``workflow/rules/common.smk``: ``PLAN = Plan(config)``)
+and answers, with plain values a fast test can check: the cells and how they share engines
+(engine, trace, breakdown and server groups), which figure-index items are drawn and for which
+scopes (:meth:`Plan.final_outputs`, driven by :data:`sdbench.figureindex.ITEMS`), the inputs of
+each step, and every params payload (resolved cell specs, labels, prices, sweep points). The rule
+files keep only thin adapters from Snakemake's wildcards to these methods.
+
+Specs of engine jobs stay out of shell lines: :func:`spec_file` writes a spec once, under a name
+that is its digest (:data:`sdbench.workflow.paths.SPEC_FILE`), and the rule passes that path: the
+param changes exactly when the spec does, and a log shows a short command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sdbench import sweeps
+from sdbench.figureindex import BY_NAME, ITEMS, paper_path, published_scope
+from sdbench.grid import (
+    Cell,
+    EngineGroup,
+    TraceGroup,
+    TraceTarget,
+    baseline_cells,
+    baseline_method,
+    breakdown_cells,
+    breakdown_groups,
+    cells,
+    drafter_of,
+    engine_group_of,
+    engine_groups,
+    models_used,
+    resolve_breakdown_cell,
+    resolve_cell,
+    tokenizer_model,
+    trace_group_of,
+    trace_groups,
+    trace_targets,
+)
+from sdbench.servermode import ServerGroup, resolve_server_group, server_groups
+from sdbench.simulator import choices as simulator_choices
+from sdbench.workflow import paths as P
+
+# Method label of the offline suffix rows (distinct from an in-engine `suffix` trace).
+OFFLINE_SUFFIX_METHOD = "suffix (offline)"
+SIM_PROPOSERS = ("ngram", "eagle", "combined")
+
+
+def quoted(value: Any) -> str:
+    """A JSON value as one shell word (params of a rule's shell line)."""
+    return shlex.quote(json.dumps(value, sort_keys=True))
+
+
+def spec_file(spec: Any, root: str | os.PathLike[str] = ".") -> str:
+    """Write ``spec`` (JSON) to its content-addressed file under ``root`` once; return the path.
+
+    The file's name is the first 16 hex digits of the spec's sha256, so the path changes exactly
+    when the spec does and an existing file is never rewritten (a job reading it meanwhile is safe).
+    """
+    text = json.dumps(spec, sort_keys=True)
+    path = P.SPEC_FILE.format(digest=hashlib.sha256(text.encode()).hexdigest()[:16])
+    full = Path(root) / path
+    if not full.is_file():
+        full.parent.mkdir(parents=True, exist_ok=True)
+        tmp = full.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(full)
+    return path
+
+
+class Plan:
+    """What the DAG of one validated config consists of (see the module docstring)."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.cells = cells(config)
+        self.baseline = baseline_method(config)
+        models = config["models"]
+        self.built_models = sorted(k for k, m in models.items() if "build" in m)
+        self.hub_models = sorted(k for k, m in models.items() if "hf_id" in m)
+        self.heads = sorted(k for k, m in models.items() if "head" in m)
+        self.groups = engine_groups(config)
+        self.traces = trace_targets(config)
+        self.trace_settings = config.get("traces", {})
+        self.trace_groups = trace_groups(config)
+        self.offline_tracers = self.trace_settings.get("offline", ["ngram"])
+        self.baseline_cells = {(c.engine, c.model, c.dataset): c for c in baseline_cells(config)}
+        self.published = config.get("published_traces", {})
+        self.server = config.get("server", {})
+        self.server_groups = server_groups(config)
+        self.cost = config.get("cost", {})
+        self.bleu = config.get("bleu")
+        self.breakdown = breakdown_cells(config)
+        self.breakdown_groups = breakdown_groups(config)
+        grid_datasets = {c.dataset for c in self.cells}
+        self.random_pairs = {
+            name: d["matched_to"]
+            for name, d in config["datasets"].items()
+            if d["source"] == "random_tokens" and name in grid_datasets
+        }
+
+    # ------------------------------------------------------------------ models and datasets
+    def model_dir(self, key: str) -> str:
+        """Directory of a model: built by the pipeline or downloaded from the hub."""
+        built = key in self.built_models or key in self.heads
+        return (P.BUILT_MODEL if built else P.HUB_MODEL).format(key=key)
+
+    def built_model_dirs(self) -> list[str]:
+        """The built models (and heads) the grid uses."""
+        used = models_used(self.config)
+        return [self.model_dir(k) for k in self.built_models + self.heads if k in used]
+
+    def tokenizer_dir(self, model: str) -> str:
+        """The directory whose tokenizer tokenizes a model's prompts."""
+        return self.model_dir(tokenizer_model(self.config, model))
+
+    def drafter_dir(self, method: str, model: str) -> str | None:
+        """The drafter of a method for a target, if it has one."""
+        drafter = drafter_of(self.config, method, model)
+        return self.model_dir(drafter) if drafter else None
+
+    def build_args(self, model: str) -> str:
+        """CLI options of ``sdbench train-model`` from a model's build entry."""
+        build = self.config["models"][model]["build"]
+        return " ".join(f"--{k.replace('_', '-')} {cli_value(v)}" for k, v in sorted(build.items()))
+
+    def build_threads(self, model: str) -> int:
+        # One thread: a second barely shortens a step of the small models (and spins when
+        # the cores are shared), while the target and draft train side by side on two cores.
+        return int(self.config["models"][model]["build"].get("threads", 1))
+
+    def head_target(self, head: str) -> str:
+        return self.model_dir(self.config["models"][head]["head"]["target"])
+
+    def head_args(self, head: str) -> str:
+        """CLI options of ``sdbench train-head`` from a head's entry (its target is an input)."""
+        entry = {k: v for k, v in self.config["models"][head]["head"].items() if k not in ("target", "threads")}
+        return " ".join(
+            f"--{k.replace('_', '-')} {' '.join(map(cli_value, v)) if isinstance(v, list) else cli_value(v)}"
+            for k, v in sorted(entry.items())
+        )
+
+    def head_threads(self, head: str) -> int:
+        return int(self.config["models"][head]["head"].get("threads", 1))
+
+    def hub_id(self, model: str) -> str:
+        return self.config["models"][model]["hf_id"]
+
+    def hub_revision(self, model: str) -> str:
+        return self.config["models"][model].get("revision", "main")
+
+    def prompt_table(self, model: str, dataset: str) -> str:
+        return P.PROMPTS.format(model=model, dataset=dataset)
+
+    def prepare_inputs(self, model: str, dataset: str) -> dict[str, str]:
+        """The tokenizer, for a random_tokens dataset the same model's matched prompt table, the
+        SPEED-Bench stand-in directory when the dataset reads it, and a user's prompts file."""
+        inputs = {"tokenizer": self.tokenizer_dir(model)}
+        entry = self.config["datasets"][dataset]
+        if entry["source"] == "random_tokens":
+            inputs["matched"] = self.prompt_table(model, entry["matched_to"])
+        if entry.get("local_path") == P.SPEED_BENCH_SAMPLE:
+            inputs["sample"] = P.SPEED_BENCH_SAMPLE
+        if entry["source"] == "file":  # your prompts file: an edit reruns its prompt tables
+            inputs["prompts_file"] = entry["path"]
+        return inputs
+
+    def dataset_entry(self, dataset: str) -> dict[str, Any]:
+        return self.config["datasets"][dataset]
+
+    def chat_template_kwargs(self, model: str) -> dict[str, Any]:
+        return self.config["models"][model].get("chat_template_kwargs", {})
+
+    def memory_model_names(self) -> dict[str, str]:
+        """Model key -> what ``sdbench memory`` loads: the repo id, or the built model's directory."""
+        return {
+            k: self.model_dir(k) if k in self.built_models or k in self.heads else m["hf_id"]
+            for k, m in self.config["models"].items()
+        }
+
+    def model_devices(self) -> dict[str, int]:
+        """Model key -> devices one engine instance holds (its tensor_parallel_size)."""
+        return {k: int(m.get("tensor_parallel_size", 1)) for k, m in self.config["models"].items()}
+
+    def method_labels(self) -> dict[str, str]:
+        """Method key -> the config's label."""
+        return {k: m.get("label", k) for k, m in sorted(self.config["methods"].items())}
+
+    # ------------------------------------------------------------------ engine cells
+    def cell_file(self, cell: Cell, name: str) -> str:
+        """A per-cell table (requests, calls, summary, ...) of one cell."""
+        return P.CELL_TABLE.format(**asdict(cell), name=name)
+
+    def cell_outputs(self, name: str) -> list[str]:
+        """Paths of one per-cell table for every cell of the grid."""
+        return [self.cell_file(c, name) for c in self.cells]
+
+    def prompt_tables(self, cells_: list[Cell]) -> dict[str, str]:
+        """Dataset -> prompt table of each cell (a temperature variant reads its base's)."""
+        return {c.dataset: self.prompt_table(c.model, sweeps.prompt_dataset(self.config, c.dataset)) for c in cells_}
+
+    def engine_job_inputs(self, cells_: list[Cell], method: str, model: str) -> dict[str, str]:
+        """Inputs of a job running ``cells_`` on one engine: their prompt tables and the drafter."""
+        inputs = {f"prompts_{Path(t).stem}": t for t in self.prompt_tables(cells_).values()}
+        drafter = self.drafter_dir(method, model)
+        return {**inputs, **({"drafter": drafter} if drafter else {})}
+
+    def _job_spec(self, specs: list[dict[str, Any]], cells_: list[Cell]) -> dict[str, Any]:
+        return {"cells": specs, "prompts": self.prompt_tables(cells_)}
+
+    def group_spec(self, group: EngineGroup) -> dict[str, Any]:
+        """Resolved cell specs of an engine group and their prompt tables (``sdbench run-group``)."""
+        cells_ = self.groups[group]
+        return self._job_spec([resolve_cell(self.config, c) for c in cells_], cells_)
+
+    def group_dir_of_cell(self, cell: Cell) -> str:
+        return P.GROUP_DIR.format(**engine_group_of(self.config, cell).as_dict())
+
+    def speed_bench_cells(self) -> list[Cell]:
+        """SD cells on SPEED-Bench datasets (builder speed_bench): the per-category table's inputs."""
+        return [
+            c for c in self.cells
+            if self.config["datasets"][c.dataset].get("builder") == "speed_bench"
+            and self.config["methods"][c.method]["method"] != "none"
+        ]  # fmt: skip
+
+    def _per_request_counters(self, cell: Cell) -> bool:
+        from sdbench.engine.versions import quirks_for
+
+        return quirks_for(self.config["engines"][cell.engine]["vllm_version"]).per_request_spec_metrics
+
+    def speed_bench_inputs(self) -> dict[str, list[str]]:
+        """Per-request counters where the engine records them (vLLM >= 0.32), else the cells'
+        replicate-mode calls (one prompt per call); and the datasets' prompt tables."""
+        cells_ = self.speed_bench_cells()
+        return {
+            "requests": [self.cell_file(c, "requests") for c in cells_ if self._per_request_counters(c)],
+            "calls": [self.cell_file(c, "calls") for c in cells_ if not self._per_request_counters(c)],
+            "prompts": sorted({self.prompt_table(c.model, c.dataset) for c in cells_}),
+        }
+
+    def verdict_inputs(self) -> dict[str, str]:
+        """The joined cells, and the server-mode table when the config has a server section."""
+        inputs = {"cells": P.CELLS_TABLE}
+        if self.server_groups:
+            inputs["server"] = P.SERVER_TABLE
+        return inputs
+
+    def sweep_variants(self) -> dict[str, dict[str, str]]:
+        return sweeps.variant_keys(self.config)
+
+    def cost_prices(self) -> dict[str, float]:
+        return self.cost.get("price_per_device_hour", {})
+
+    def proposal_length_points(self) -> dict[str, list[Any]]:
+        """Method key -> [base method, k] of the proposal-length sweep."""
+        return {k: list(v) for k, v in sweeps.proposal_length_methods(self.config).items()}
+
+    def proposal_length_scope(self) -> dict[str, Any]:
+        sweep = self.config.get("proposal_length", {})
+        return {k: sweep.get(k) for k in ("engine", "models", "datasets", "batch_sizes")}
+
+    def temperature_points(self) -> dict[str, list[Any]]:
+        """Dataset key -> [base dataset, temperature] of the temperature sweep."""
+        return {k: list(v) for k, v in sweeps.temperature_datasets(self.config).items()}
+
+    def temperature_scope(self) -> dict[str, Any]:
+        sweep = self.config.get("temperature", {})
+        return {k: sweep.get(k) for k in ("engine", "models", "methods", "batch_sizes")}
+
+    # ------------------------------------------------------------------ forced acceptance
+    @property
+    def forced(self) -> dict[str, Any]:
+        """The forced-acceptance sweep's section ({} when the config has none)."""
+        return self.config.get(sweeps.FORCED_ACCEPTANCE) or {}
+
+    def forced_check_enabled(self) -> bool:
+        """The simulator is checked (and its cost model refitted) at the forced points: it needs
+        the step-timing fit, i.e. breakdown cells."""
+        return bool(self.forced) and bool(self.breakdown)
+
+    def forced_prompt_tables(self) -> list[str]:
+        """The prompt tables of the forced cells (their prompt lengths price the simulator's check)."""
+        return [self.prompt_table(m, d) for m in sorted(self.forced.get("models", []))
+                for d in sorted(self.forced.get("datasets", []))]  # fmt: skip
+
+    def sim_cost_model(self) -> str:
+        """The cost model that prices the grid's simulations: refitted at the forced points when
+        there are any, else the step-timing fit."""
+        return P.FORCED_COST_MODEL if self.forced_check_enabled() else P.MEASURED_COST_MODEL
+
+    # ------------------------------------------------------------------ traces
+    def trace_cells(self, group: TraceGroup) -> list[Cell]:
+        """A trace group's traces as cells at the trace batch size."""
+        bs = self.trace_settings["max_num_seqs"]
+        return [Cell(t.engine, t.model, t.dataset, t.method, bs) for t in self.trace_groups[group]]
+
+    def trace_group_spec(self, group: TraceGroup) -> dict[str, Any]:
+        cells_ = self.trace_cells(group)
+        return self._job_spec([resolve_cell(self.config, c, pairing=False) for c in cells_], cells_)
+
+    def trace_group_dir(self, target: TraceTarget) -> str:
+        return P.TRACE_GROUP_DIR.format(**trace_group_of(target).as_dict())
+
+    def baseline_requests(self, engine: str, model: str, dataset: str) -> str:
+        """No-SD greedy outputs (smallest batch size) of an engine x model x dataset."""
+        return self.cell_file(self.baseline_cells[(engine, model, dataset)], "requests")
+
+    def offline_ngram_files(self) -> list[str]:
+        if "ngram" not in self.offline_tracers:
+            return []
+        return [P.OFFLINE_NGRAM.format(engine=e, model=m, dataset=d) for (e, m, d) in sorted(self.baseline_cells)]
+
+    def offline_suffix_files(self) -> list[str]:
+        if "suffix" not in self.offline_tracers:
+            return []
+        return [P.OFFLINE_SUFFIX.format(engine=e, model=m, dataset=d) for (e, m, d) in sorted(self.baseline_cells)]
+
+    def _offline_suffix_keys(self, targets: list[TraceTarget]) -> list[tuple[str, str, str]]:
+        """(engine, model, dataset) of traced targets whose offline suffix trace joins their items."""
+        if "suffix" not in self.offline_tracers:
+            return []
+        keys = {(t.engine, t.model, t.dataset) for t in targets}
+        return sorted(k for k in keys if k in self.baseline_cells)
+
+    def suffix_trace_args(self) -> str:
+        """Options of ``sdbench trace suffix``: traces.suffix settings and the method label."""
+        settings = self.trace_settings.get("suffix", {})
+        args = [f"--method {shlex.quote(OFFLINE_SUFFIX_METHOD)}"]
+        args += [f"--{key.replace('_', '-')} {settings[key]}" for key in sorted(settings)]
+        return " ".join(args)
+
+    def acceptance_scopes(self) -> list[str]:
+        """Per-dataset scopes of Fig. 4/5: <engine>/<model>/<dataset> of the grid's traces, and
+        published/<dataset> (sdbench.figureindex)."""
+        grid = sorted({f"{t.engine}/{t.model}/{t.dataset}" for t in self.traces})
+        return grid + [f"published/{d}" for d in self.published.get("datasets", [])]
+
+    def difference_scopes(self) -> list[str]:
+        """Scopes of Fig. 10: traces of both n-gram and EAGLE (every published dataset)."""
+        kinds: dict[str, set[str]] = {}
+        for t in self.traces:
+            kinds.setdefault(f"{t.engine}/{t.model}/{t.dataset}", set()).add(self.config["methods"][t.method]["method"])
+        return [s for s in self.acceptance_scopes() if kinds.get(s, {"ngram", "eagle"}) >= {"ngram", "eagle"}]
+
+    def _scope_traces(self, key: str) -> tuple[list[TraceTarget], list[str]]:
+        """(trace targets, published datasets) behind a {source} or {scope} of the index."""
+        if key == "grid":
+            return self.traces, []
+        rest = published_scope(key)
+        if rest is not None:
+            return [], [rest] if rest else self.published.get("datasets", [])
+        engine, model, dataset = key.split("/")
+        return [t for t in self.traces if (t.engine, t.model, t.dataset) == (engine, model, dataset)], []
+
+    def acceptance_traces(self, key: str) -> list[str]:
+        """Trace tables behind an acceptance item (offline suffix traces after the in-engine ones,
+        in the order of :meth:`acceptance_labels`)."""
+        targets, published = self._scope_traces(key)
+        suffix = [P.OFFLINE_SUFFIX.format(engine=e, model=m, dataset=d) for (e, m, d) in self._offline_suffix_keys(targets)]
+        return (
+            [P.ENGINE_TRACE.format(**asdict(t)) for t in targets]
+            + suffix
+            + [P.PUBLISHED_TRACE.format(published=d) for d in published]
+        )
+
+    def acceptance_labels(self, key: str) -> list[str]:
+        """Names of the grid's traces <model>/<dataset> (published files name themselves)."""
+        targets, _ = self._scope_traces(key)
+        names = [f"{t.model}/{t.dataset}" for t in targets]
+        return names + [f"{m}/{d}" for (_, m, d) in self._offline_suffix_keys(targets)]
+
+    def published_trace_files(self) -> list[str]:
+        return [P.PUBLISHED_TRACE.format(published=d) for d in self.published.get("datasets", [])]
+
+    def published_jsonl(self) -> list[str]:
+        return [P.PUBLISHED_JSONL.format(published=d) for d in self.published.get("datasets", [])]
+
+    # ------------------------------------------------------------------ breakdown
+    def breakdown_group_spec(self, group: EngineGroup) -> dict[str, Any]:
+        cells_ = self.breakdown_groups[group]
+        return self._job_spec([resolve_breakdown_cell(self.config, c) for c in cells_], cells_)
+
+    def breakdown_group_dir_of_cell(self, cell: Cell) -> str:
+        return P.BREAKDOWN_GROUP_DIR.format(**engine_group_of(self.config, cell).as_dict())
+
+    def breakdown_steps(self) -> list[str]:
+        return [P.BREAKDOWN_STEPS.format(**asdict(c)) for c in self.breakdown]
+
+    # ------------------------------------------------------------------ server mode
+    def server_cell(self, group: ServerGroup) -> Cell:
+        """The group's largest cell (sizes the job like an engine cell at that batch size)."""
+        return Cell(group.engine, group.model, self.server["datasets"][0], group.method, max(self.server["concurrency"]))
+
+    def server_inputs(self, model: str, method: str) -> dict[str, str]:
+        """Prompt tables of the server section's datasets, and the method's drafter."""
+        inputs = {f"prompts_{d}": self.prompt_table(model, d) for d in self.server["datasets"]}
+        drafter = self.drafter_dir(method, model)
+        return {**inputs, **({"drafter": drafter} if drafter else {})}
+
+    def server_group_spec(self, group: ServerGroup) -> dict[str, Any]:
+        return resolve_server_group(self.config, group)
+
+    def server_group_dirs(self) -> list[str]:
+        return [P.SERVER_GROUP_DIR.format(**g.as_dict()) for g in self.server_groups]
+
+    # ------------------------------------------------------------------ BLEU and simulator
+    def bleu_targets(self) -> list[tuple[str, str, str]]:
+        """Engine x model x dataset where the grid runs both BLEU-compared methods."""
+        if not self.bleu:
+            return []
+        have = {(c.engine, c.model, c.dataset, c.method) for c in self.cells}
+        return [k for k in sorted(self.baseline_cells)
+                if (*k, self.bleu["ngram"]) in have and (*k, self.bleu["versus"]) in have]  # fmt: skip
+
+    def bleu_calls(self, engine: str, model: str, dataset: str) -> list[str]:
+        methods = {self.baseline, self.bleu["ngram"], self.bleu["versus"]}
+        return [self.cell_file(c, "calls") for c in self.cells
+                if (c.engine, c.model, c.dataset) == (engine, model, dataset) and c.method in methods]  # fmt: skip
+
+    def validation_targets(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        return simulator_choices.validation_targets(self.config, self.traces)
+
+    def sim_policies(self, proposer: str, mode: str) -> list[str]:
+        return simulator_choices.published_policies(self.config, proposer, mode)
+
+    def sim_trace_inputs(self, engine: str, model: str, dataset: str) -> dict[str, Any]:
+        target = self.validation_targets()[(engine, model, dataset)]
+        cell = {"engine": engine, "model": model, "dataset": dataset}
+        return {
+            "traces": [P.ENGINE_TRACE.format(**cell, method=m) for m in sorted([target["ngram"], *target["drafters"]])],
+            "requests": P.ENGINE_REQUESTS.format(**cell, method=target["ngram"]),
+        }
+
+    def sim_figure_inputs(self, scope: str) -> list[str]:
+        """Simulation results behind Fig. 9/11 of a scope: published/<mode> or E/M/D."""
+        mode = published_scope(scope)
+        if mode is not None:
+            return [P.SIM_PUBLISHED.format(mode=mode, proposer=p) for p in SIM_PROPOSERS]
+        engine, model, dataset = scope.split("/")
+        return [P.SIM_CELL.format(engine=engine, model=model, dataset=dataset, proposer=p) for p in SIM_PROPOSERS]
+
+    def sim_preferred_drafter(self, engine: str, model: str, dataset: str) -> str:
+        """The vLLM method of the drafter the learned proposer replays on this dataset."""
+        return self.config["methods"][self.validation_targets()[(engine, model, dataset)]["drafter"]]["method"]
+
+    def sim_drafter(self, method: str) -> str:
+        """The vLLM method of a traced drafter (what its trace rows are named)."""
+        return self.config["methods"][method]["method"]
+
+    def sim_cell_policies(self, proposer: str) -> list[str]:
+        return simulator_choices.cell_policies(self.config, proposer)
+
+    def sim_cell_batch_sizes(self, engine: str, model: str, dataset: str) -> list[int]:
+        return sorted({c.batch_size for c in self.cells if (c.engine, c.model, c.dataset) == (engine, model, dataset)})
+
+    def sim_cell_files(self) -> list[str]:
+        """Simulations validated against the measured cells: n-gram, and every traced drafter
+        that the fitted cost model prices (its method ran in breakdown mode)."""
+        priced = {self.config["methods"][m]["method"] for m in self.config.get("breakdown", {}).get("methods", [])}
+        files = []
+        for (e, m, d), target in self.validation_targets().items():
+            files.append(P.SIM_CELL.format(engine=e, model=m, dataset=d, proposer="ngram"))
+            files += [P.SIM_DRAFTER.format(engine=e, model=m, dataset=d, method=x) for x in target["drafters"]
+                      if self.config["methods"][x]["method"] in priced]  # fmt: skip
+        return files
+
+    def adaptive_cell_targets(self) -> dict[tuple[str, str], list[str]]:
+        """Engine x model -> datasets with both in-engine traces (adaptive policies on the grid)."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for e, m, d in self.validation_targets():
+            out.setdefault((e, m), []).append(d)
+        return out
+
+    def adaptive_inputs(self, scope: str) -> dict[str, Any]:
+        """Traces of the adaptive-policy report of a scope: ``published``, or <engine>/<model>
+        (this run's traces of every validated dataset, their requests, the fitted cost model)."""
+        if published_scope(scope) is not None:
+            return {"traces": self.published_jsonl()}
+        engine, model = scope.split("/")
+        targets = self.validation_targets()
+        datasets = self.adaptive_cell_targets()[(engine, model)]
+        return {
+            "traces": [P.SIM_STACKED.format(engine=engine, model=model, dataset=d) for d in datasets],
+            "requests": [P.ENGINE_REQUESTS.format(engine=engine, model=model, dataset=d,
+                                                  method=targets[(engine, model, d)]["ngram"]) for d in datasets],
+            "cost_model": self.sim_cost_model(),
+        }  # fmt: skip
+
+    def adaptive_options(self, scope: str) -> tuple[list[int], list[str]] | None:
+        """(batch sizes, policies) of the adaptive report on the grid; None for the published traces."""
+        if published_scope(scope) is not None:
+            return None
+        key = tuple(scope.split("/"))
+        sizes = sorted({c.batch_size for c in self.cells if (c.engine, c.model) == key})
+        return sizes, simulator_choices.adaptive_policies(self.config, len(self.adaptive_cell_targets()[key]))
+
+    # ------------------------------------------------------------------ the figure index
+    def item_scopes(self, name: str) -> list[dict[str, str]]:
+        """The wildcard values for which figure-index item ``name`` is drawn ([] if it is not)."""
+        one: list[dict[str, str]] = [{}]
+        sources = (["grid"] if self.traces else []) + (["published"] if self.published.get("datasets") else [])
+        sim_scopes: list[str] = []
+        adaptive_scopes: list[str] = []
+        if self.breakdown and self.validation_targets():
+            sim_scopes += [f"{e}/{m}/{d}" for (e, m, d) in self.validation_targets()]
+            adaptive_scopes += [f"{e}/{m}" for (e, m) in self.adaptive_cell_targets()]
+        if self.published.get("datasets"):
+            sim_scopes += ["published/exact", "published/compat"]
+            adaptive_scopes.append("published")
+        scopes: dict[str, list[dict[str, str]]] = {
+            "ext00_verdict": one,
+            "fig01_end_to_end": one,
+            "tab01_generation_length": one,
+            "ext01_speedups": one,
+            "ext06_output_divergence": one,
+            "ext02_acceptance_per_position": one,
+            "tab02_memory": one,
+            "fig03_runtime_breakdown": one if self.breakdown else [],
+            "tab04_generated_length": [{"source": s} for s in sources],
+            "fig06_request_acceptance": [{"source": s} for s in sources],
+            "fig04_acceptance_heatmap": [{"scope": s} for s in self.acceptance_scopes()],
+            "fig05_position_deciles": [{"scope": s} for s in self.acceptance_scopes()],
+            "fig10_ngram_minus_eagle": [{"scope": s} for s in self.difference_scopes()],
+            "fig08_bleu_measured": [{"engine": e, "model": m, "dataset": d} for (e, m, d) in self.bleu_targets()],
+            "fig08_bleu_simulated": [
+                {"published": d, "ngram_policy": p}
+                for d in (self.published.get("datasets", []) if self.bleu else [])
+                for p in (self.bleu or {}).get("published_ngram_policies", [])
+            ],
+            "fig09_fixed_vs_oracle": [{"scope": s} for s in sim_scopes],
+            "fig11_oracle_combine": [{"scope": s} for s in sim_scopes],
+            "ext03_compat_vs_exact": one if self.published.get("datasets") else [],
+            "ext04_adaptive_policies": [{"scope": s} for s in adaptive_scopes],
+            "ext05_simulated_vs_measured": one if self.breakdown and self.validation_targets() else [],
+            "ext07_cost": one if self.cost else [],
+            "ext08_proposal_length": one if self.config.get("proposal_length") else [],
+            "ext09_random_inputs": one if self.random_pairs else [],
+            "ext10_temperature": one if self.config.get("temperature") else [],
+            "ext11_latency_throughput": one if self.server_groups else [],
+            "ext12_speed_bench_categories": one if self.speed_bench_cells() else [],
+            "ext13_forced_acceptance": one if self.forced else [],
+            "ext14_sd_gap": one if self.forced else [],
+            "ext15_simulator_at_forced": one if self.forced_check_enabled() else [],
+        }
+        if name not in scopes:
+            raise KeyError(f"figure-index item {name!r} has no scope rule in the plan")
+        return scopes[name]
+
+    def final_outputs(self) -> list[str]:
+        """Every file of every figure-index item this config draws, in index order, and the
+        offline traces (targets of their own)."""
+        outputs = [
+            paper_path(item.name, suffix, **scope)
+            for item in ITEMS
+            for scope in self.item_scopes(item.name)
+            for suffix in item.suffixes
+        ]
+        return outputs + self.offline_ngram_files() + self.offline_suffix_files()
+
+
+def cli_value(value: Any) -> str:
+    """A config value as a CLI word: YAML booleans (``compile: true``) become on / off."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return shlex.quote(str(value))
+
+
+__all__ = ["BY_NAME", "OFFLINE_SUFFIX_METHOD", "Plan", "cli_value", "quoted", "spec_file"]

@@ -1,0 +1,112 @@
+"""The plan (sdbench.workflow.plan): what the DAG derives from the config, without Snakemake."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from sdbench.config import load_config
+from sdbench.figureindex import ITEMS
+from sdbench.grid import Cell, EngineGroup, TraceGroup
+from sdbench.workflow import paths as P
+from sdbench.workflow.plan import Plan, spec_file
+
+
+@pytest.fixture(scope="module")
+def default() -> Plan:
+    return Plan(load_config(REPO / "config" / "config.yaml"))
+
+
+@pytest.fixture(scope="module")
+def paper() -> Plan:
+    return Plan(load_config(REPO / "config" / "paper.yaml"))
+
+
+def test_default_counts(default: Plan) -> None:
+    assert len(default.cells) == 95  # 77 of the grid and its sweeps + 18 forced-acceptance cells
+    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (22, 5, 5)
+    assert len(default.server_groups) == 3 and default.baseline == "none"
+    assert default.built_models == ["tiny-draft", "tiny-target"]
+    assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-mtp"]
+
+
+def test_paper_counts(paper: Plan) -> None:
+    assert len(paper.cells) == 786
+    assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (43, 15, 0)
+    assert len(paper.server_groups) == 4
+    assert paper.model_dir("llama3.1-8b") == "resources/hub/llama3.1-8b"
+
+
+def test_a_few_exact_outputs(default: Plan, paper: Plan) -> None:
+    out = default.final_outputs()
+    assert out[:2] == ["results/paper/ext00_verdict.md", "results/paper/ext00_verdict.png"]  # the answer first
+    assert "results/paper/fig04_acceptance_heatmap/vllm-cpu/tiny-target/code-edit.png" in out
+    assert "results/paper/ext04_adaptive_policies/published.md" in out
+    assert "results/traces/vllm-cpu/tiny-target/code-edit/offline_suffix.parquet" in out
+    assert len(out) == len(set(out)) == 95
+    assert "results/paper/ext15_simulator_at_forced.md" in out
+    assert default.sim_cost_model() == P.FORCED_COST_MODEL and paper.sim_cost_model() == P.MEASURED_COST_MODEL
+    assert "results/paper/fig03_runtime_breakdown.png" not in paper.final_outputs()  # no breakdown section
+    assert len(paper.final_outputs()) == 199
+
+
+def test_every_index_item_has_a_scope_rule(default: Plan) -> None:
+    for item in ITEMS:
+        default.item_scopes(item.name)  # KeyError for an item the plan does not know
+    with pytest.raises(KeyError, match="no scope rule"):
+        default.item_scopes("fig99_new")
+
+
+def test_group_spec_and_inputs(default: Plan) -> None:
+    group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all")
+    spec = default.group_spec(group)
+    assert {c["cell"]["dataset"] for c in spec["cells"]} >= {"code-edit", "code-write", "my-chat"}
+    assert spec["prompts"]["code-edit.t0.5"] == "results/prompts/tiny-target/code-edit.parquet"  # a variant reads its base
+    inputs = default.engine_job_inputs(default.groups[group], "eagle3-k3", "tiny-target")
+    assert inputs["drafter"] == "results/models/built/tiny-target-eagle3"
+    cell = Cell("vllm-cpu", "tiny-target", "code-edit", "eagle3-k3", 4)
+    assert default.group_dir_of_cell(cell) == "results/engines/vllm-cpu/tiny-target/eagle3-k3/all"
+    traces = default.trace_cells(TraceGroup("vllm-cpu", "tiny-target", "ngram-k3"))
+    assert {c.batch_size for c in traces} == {8}
+
+
+def test_forced_acceptance_cells_run_to_max_tokens_on_their_own_engines(default: Plan) -> None:
+    group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3.a2.5", "all")
+    spec = default.group_spec(group)
+    cell = spec["cells"][0]
+    assert cell["method"]["speculative_config"] == {"rejection_sample_method": "synthetic",
+                                                     "synthetic_acceptance_length": 2.5}  # fmt: skip
+    assert cell["run"]["ignore_eos"] is True and cell["run"]["num_requests"] == 4
+    assert cell["paired_baseline"]["key"] == "none"
+    full = default.config["methods"]["ngram-k3.a4"]
+    assert full["forced_acceptance_length"] == 4.0 and full["sweep_of"] == "ngram-k3"
+    assert default.sweep_variants()["methods"]["draft-k3.a1"] == "forced_acceptance"
+    assert default.prompt_tables([Cell("vllm-cpu", "tiny-target", "code-edit", "draft-k3.a1", 8)]) == {
+        "code-edit": "results/prompts/tiny-target/code-edit.parquet"
+    }
+
+
+def test_prepare_inputs_name_a_users_prompts_file(default: Plan) -> None:
+    assert default.prepare_inputs("tiny-target", "my-chat")["prompts_file"] == "tests/data/chat-prompts.jsonl"
+    assert default.prepare_inputs("tiny-target", "code-edit-random")["matched"] == P.PROMPTS.format(
+        model="tiny-target", dataset="code-edit"
+    )
+
+
+def test_spec_files_are_content_addressed(tmp_path: Path) -> None:
+    a = spec_file({"x": 1, "y": [2]}, tmp_path)
+    assert a == spec_file({"y": [2], "x": 1}, tmp_path)  # key order does not matter
+    b = spec_file({"x": 2}, tmp_path)
+    assert a != b and a.startswith(".snakemake/sdbench/specs/") and a.endswith(".json")
+    assert json.loads((tmp_path / a).read_text()) == {"x": 1, "y": [2]}
+
+
+def test_paths_are_formatted_in_one_place() -> None:
+    cell = {"engine": "e", "model": "m", "dataset": "d", "method": "x", "batch_size": 4}
+    assert P.CELL_TABLE.format(**cell, name="summary") == "results/runs/e/m/d/x/bs4/summary.parquet"
+    assert P.table("verdict") == "results/tables/verdict.parquet"
+    smk = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
+    assert '"results/' not in smk and "'results/" not in smk  # every output path comes from sdbench.workflow.paths
