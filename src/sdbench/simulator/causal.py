@@ -1,5 +1,5 @@
 """Causal (deployable) proposal policies: ``dynamic-k``, ``ngram-else-eagle``, ``trust``,
-``goodput``, ``learned`` (and ``adaptive``, the best of them, see
+``goodput``, ``goodput-fitted``, ``learned`` (and ``adaptive``, the best of them, see
 :func:`sdbench.simulator.policies.make_policy`).
 
 They see only an :class:`Observation` (position, prompt length, batch size and the length of the
@@ -409,13 +409,17 @@ class Goodput(CausalPolicy):
             opts.append((DRAFT, MAX_DRAFT_TOKENS))
         return opts
 
+    def emitted_by_k(self, state: GoodputState, drafter: int, obs: Observation, k_max: int) -> list[float]:
+        """Predicted emitted tokens of ``drafter`` proposing ``k`` = 1..``k_max`` tokens."""
+        q, r = self.qr(state, drafter, obs)
+        return [expected_emitted(q, r, k) for k in range(1, k_max + 1)]
+
     def decide(self, state: Any, obs: Observation, ctx: PolicyContext) -> tuple[int, int]:
         best = (NONE, 0, 1.0 / step_seconds(ctx, obs, NONE, 0))
         for drafter, k_max in self.options(obs, ctx):
-            q, r = self.qr(state, drafter, obs)
             t0, per_token = step_cost(ctx, obs, drafter)
-            for k in range(1, k_max + 1):
-                rate = expected_emitted(q, r, k) / (t0 + k * per_token)
+            for k, emitted in enumerate(self.emitted_by_k(state, drafter, obs, k_max), start=1):
+                rate = emitted / (t0 + k * per_token)
                 if rate > best[2]:
                     best = (drafter, k, rate)
         return best[0], best[1]
@@ -433,6 +437,64 @@ class Goodput(CausalPolicy):
             state.models[key].observe(matches, rejected)
             if self.engine_wide:
                 self._engine[key].observe(matches, rejected)
+
+
+def measure_priors(traces: Sequence[TraceArrays]) -> dict[str, tuple[float, float]]:
+    """:class:`Goodput`'s acceptance priors ``(q, r)`` measured on ``traces`` (every output
+    position after the prefill): n-gram where it has a draft, the learned drafter where n-gram has
+    no draft / has one. ``q`` = share of positions whose first draft token is accepted; ``r`` =
+    the censored geometric estimate of continuing, accepted continuations / (accepted continuations
+    + rejections before the draft ran out; n-gram drafts run out at their proposal length, the
+    learned drafter's at :data:`MAX_DRAFT_TOKENS`). Keys are :class:`Goodput`'s prior fields; a
+    prior the traces cannot measure (a drafter absent, no accepted draft) is left out."""
+    tallies = {key: np.zeros(4) for key in ("ngram_prior", "draft_prior", "draft_prior_at_ngram")}
+    for t in traces:
+        n = int(t.length.sum())  # requests are concatenated
+        after_prefill = np.ones(n, bool)
+        after_prefill[t.start] = False
+        # Without n-gram proposal lengths no position is known to have an n-gram draft.
+        prop = t.proposed_ngram if t.proposed_ngram is not None else np.zeros(n, np.int64)
+        has_draft, full = prop > 0, np.full(n, MAX_DRAFT_TOKENS)
+        parts = []
+        if t.acc_ngram is not None and t.proposed_ngram is not None:
+            parts.append(("ngram_prior", t.acc_ngram - 1, prop, has_draft))
+        if t.acc_draft is not None:
+            c = t.acc_draft - 1
+            parts += [("draft_prior", c, full, ~has_draft), ("draft_prior_at_ngram", c, full, has_draft)]
+        for key, c, cap, m in parts:
+            m = m & after_prefill
+            c, cap = np.minimum(c[m], cap[m]), cap[m]
+            hit = c >= 1
+            tallies[key] += [len(c), hit.sum(), (c[hit] - 1).sum(), (c[hit] < cap[hit]).sum()]
+    return {
+        key: (float(hits / count), float(cont / (cont + stops)))
+        for key, (count, hits, cont, stops) in tallies.items()
+        if hits > 0 and cont + stops > 0
+    }
+
+
+@dataclass
+class FittedGoodput(Goodput):
+    """:class:`Goodput` with its acceptance priors measured on training traces
+    (:func:`measure_priors`) instead of the rounded :data:`NGRAM_PRIOR` / :data:`DRAFT_PRIOR`.
+
+    Nothing else is tuned (the priors only seed the engine-wide estimates), so trained on one
+    dataset and replayed on another it is goodput cross-validated: ``adaptive-report`` trains it on
+    the other trace sets, or on ``--train-traces``.
+    """
+
+    name: str = "goodput-fitted"
+    needs_training: bool = True
+
+    def train(self, traces: Sequence[TraceArrays], ctx: PolicyContext) -> None:
+        """Measure the priors on ``traces`` (data of other datasets)."""
+        if not traces:
+            raise ValueError(f"policy {self.name!r} needs training traces (other datasets)")
+        priors = measure_priors(traces)
+        if not priors:
+            raise ValueError(f"policy {self.name!r}: the training traces have no accepted drafts to measure")
+        for key, prior in priors.items():  # a prior the traces cannot measure keeps its default
+            setattr(self, key, prior)
 
 
 def _logit(p: float) -> float:

@@ -110,8 +110,9 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
         nargs="+",
         default=list(PAPER_POLICIES),
         metavar="POLICY",
-        help="fixed-K, oracle, oracle-combine, adaptive, goodput, learned, trust, ngram-else-eagle, "
-        "dynamic-k (default: fixed-1 fixed-3 fixed-5 oracle)",
+        help="fixed-K, oracle, oracle-combine, adaptive, goodput, goodput-fitted, learned, trust, "
+        "ngram-else-eagle, dynamic-k; yardsticks hindsight-first, hindsight-ngram "
+        "(default: fixed-1 fixed-3 fixed-5 oracle)",
     )
     sim.add_argument("--mode", choices=list(MODES), default="exact")
     sim.add_argument("--batching", choices=BATCHING, default="replicated")

@@ -6,23 +6,38 @@ A policy turns a request's per-position acceptance trace into a *trajectory* (th
 - position policies (``fixed-K``, ``oracle``, ``oracle-combine``) decide from the trace at each
   position, vectorised over every position of every request; the oracles read the future and are
   upper bounds, not deployable;
-- causal policies (``dynamic-k``, ``ngram-else-eagle``, ``trust``, ``goodput``, ``learned``,
-  ``adaptive``) see only an :class:`Observation` (position, prompt length, batch size and the
-  length of the n-gram draft available now) and, after each step, a :class:`Feedback` (what a
-  real engine learns from verification); they live in :mod:`sdbench.simulator.causal`, whose
-  :func:`~sdbench.simulator.causal.run_causal` is the only code that reads the trace for them, so
-  they cannot peek at future acceptance.
+- causal policies (``dynamic-k``, ``ngram-else-eagle``, ``trust``, ``goodput``,
+  ``goodput-fitted``, ``learned``, ``adaptive``) see only an :class:`Observation` (position,
+  prompt length, batch size and the length of the n-gram draft available now) and, after each
+  step, a :class:`Feedback` (what a real engine learns from verification); they live in
+  :mod:`sdbench.simulator.causal`, whose :func:`~sdbench.simulator.causal.run_causal` is the only
+  code that reads the trace for them, so they cannot peek at future acceptance.
+
+Between the two, ``hindsight-first`` and ``hindsight-ngram`` (:class:`Hindsight`) are goodput told
+part of the realised acceptance: yardsticks of how much of the oracle's lead that knowledge is
+worth, not deployable.
 """
 
 from __future__ import annotations
 
 import re
 from abc import abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from sdbench.simulator.causal import CausalPolicy, DynamicK, Goodput, Learned, NgramElseDraft, Trust
+from sdbench.simulator.causal import (
+    CausalPolicy,
+    DynamicK,
+    FittedGoodput,
+    Goodput,
+    GoodputState,
+    Learned,
+    NgramElseDraft,
+    Observation,
+    Trust,
+    expected_emitted,
+)
 from sdbench.simulator.policytypes import (
     DRAFT,
     EXACT,
@@ -146,17 +161,66 @@ class OracleCombine(PositionPolicy):
         return drafter, k, k + 1, None
 
 
+@dataclass
+class Hindsight(Goodput):
+    """Goodput told part of the realised acceptance at each step (an upper bound, not causal).
+
+    ``knows="first"``: whether each drafter's first draft token will be accepted (``q`` is 0 or 1;
+    the continuation stays goodput's estimate). ``knows="ngram"``: exactly how many n-gram draft
+    tokens will be accepted (the learned drafter stays estimated). The rest is goodput's rule.
+    They measure how much of oracle-combine's lead needs that knowledge.
+    """
+
+    name: str = "hindsight-first"
+    proposers: tuple[str, ...] = ("combined",)
+    knows: str = "first"
+    causal = False  # reads the realised acceptance of the step it decides
+    _acc: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _next: int = field(default=0, init=False, repr=False, compare=False)
+    _traces: TraceArrays | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.knows not in ("first", "ngram"):
+            raise ValueError(f"Hindsight.knows must be 'first' or 'ngram', got {self.knows!r}")
+
+    def trajectories(self, traces: TraceArrays, ctx: PolicyContext, fidelity: Fidelity) -> Trajectories:
+        self._traces, self._next = traces, 0
+        return super().trajectories(traces, ctx, fidelity)
+
+    def start(self, prompt_len: int, ctx: PolicyContext) -> GoodputState:
+        # Requests are replayed in order (CausalPolicy.trajectories): the n-th start is request n.
+        assert self._traces is not None, "Hindsight runs through trajectories() only"
+        t = self._traces.request(self._next)
+        self._next += 1
+        self._acc = {
+            NGRAM: _require(t.acc_ngram, "n-gram acceptance"),
+            DRAFT: _require(t.acc_draft, "learned-drafter acceptance"),
+        }
+        return super().start(prompt_len, ctx)
+
+    def emitted_by_k(self, state: GoodputState, drafter: int, obs: Observation, k_max: int) -> list[float]:
+        c = int(self._acc[drafter][obs.position]) - 1
+        if self.knows == "ngram" and drafter == NGRAM:
+            return [1.0 + min(c, k) for k in range(1, k_max + 1)]
+        if self.knows == "first":
+            _, r = self.qr(state, drafter, obs)
+            return [expected_emitted(1.0 if c >= 1 else 0.0, r, k) for k in range(1, k_max + 1)]
+        return super().emitted_by_k(state, drafter, obs, k_max)
+
+
 def _causal_classes() -> dict[str, type[CausalPolicy]]:
-    return {c.name: c for c in (DynamicK, NgramElseDraft, Trust, Goodput, Learned)}
+    return {c.name: c for c in (DynamicK, NgramElseDraft, Trust, Goodput, FittedGoodput, Learned)}
 
 
+HINDSIGHT = {"hindsight-first": "first", "hindsight-ngram": "ngram"}
 ADAPTIVE_DEFAULT = "goodput"
 FIXED_RE = re.compile(r"^fixed-(\d+)$")
 
 
 def make_policy(name: str, proposer: str, fidelity: Fidelity = EXACT) -> Policy:
-    """The policy called ``name`` (``fixed-K``, ``oracle``, ``oracle-combine`` or a causal policy),
-    checked against ``proposer`` and ``fidelity``. ``adaptive`` is the best causal policy."""
+    """The policy called ``name`` (``fixed-K``, ``oracle``, ``oracle-combine``, ``hindsight-*`` or a
+    causal policy), checked against ``proposer`` and ``fidelity``. ``adaptive`` is the best causal
+    policy."""
     if proposer not in PROPOSERS:
         raise ValueError(f"unknown proposer {proposer!r} (choose from {', '.join(PROPOSERS)})")
     m = FIXED_RE.match(name)
@@ -171,10 +235,12 @@ def make_policy(name: str, proposer: str, fidelity: Fidelity = EXACT) -> Policy:
         policy = replace(causal[ADAPTIVE_DEFAULT](), name="adaptive")
     elif name in causal:
         policy = causal[name]()
+    elif name in HINDSIGHT:
+        policy = Hindsight(name=name, knows=HINDSIGHT[name])
     else:
         raise ValueError(
             f"unknown policy {name!r} (choose from fixed-K, oracle, oracle-combine, adaptive, "
-            f"{', '.join(sorted(causal))})"
+            f"{', '.join(sorted([*causal, *HINDSIGHT]))})"
         )
     policy.check(proposer, fidelity)
     return policy
