@@ -93,7 +93,7 @@ def test_bad_options_are_named() -> None:
     with pytest.raises(ValueError, match="--aux-layers"):
         eagle.HeadConfig(kind="eagle3", aux_layers=(2, 1)).validate()
     with pytest.raises(ValueError, match="--kind"):
-        eagle.HeadConfig(kind="medusa").validate()
+        eagle.HeadConfig(kind="hydra").validate()
 
 
 @pytest.mark.parametrize("kind", eagle.KINDS)

@@ -17,12 +17,12 @@ GPU_0_11 = {"vllm_version": "0.11.1", "device": "cuda", "patches": []}
 
 def test_default_grid_is_the_cross_product() -> None:
     grid = cells(load_config(REPO / "config" / "config.yaml"))
-    # Block 1: six methods on the target; block 2: the MiMo form of the target (MTP); block 3:
+    # Block 1: seven methods on the target; block 2: the MiMo form of the target (MTP); block 3:
     # the random-token control; the proposal-length sweep adds 5 k values (code-edit, bs 1), the
     # temperature sweep 3 methods x 3 temperatures > 0 (code-edit, bs 1); block 4: the prompts file
     # (3 methods, bs 1 and 8); block 5: the SPEED-Bench stand-in (3 methods, bs 1); the
-    # forced-acceptance sweep 3 methods x 3 lengths x 2 batch sizes (code-edit).
-    assert len(grid) == 1 * 1 * 6 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3 * 2 + 3 + 3 * 3 * 2
+    # forced-acceptance sweep 4 methods x 3 lengths x 2 batch sizes (code-edit).
+    assert len(grid) == 1 * 1 * 7 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3 * 2 + 3 + 4 * 3 * 2
     assert grid == sorted(grid)
     assert {c.batch_size for c in grid} == {1, 4, 8}
 
@@ -156,6 +156,10 @@ def test_simulated_vs_measured_join() -> None:
     methods["eg3"] = {"method": "eagle", "num_speculative_tokens": 3}
     both = pd.concat([cells, cells.iloc[[2]].assign(method="eg3", speedup=0.9)], ignore_index=True)
     assert list(compare(both, simulated, methods)["method"]) == ["dm3", "ng3"]
+    # A forced-acceptance cell is not what the drafter's trace accepts: not judged here (ext15 is).
+    methods["dm3.a4"] = {**methods["dm3"], "sweep_of": "dm3", "forced_acceptance_length": 4.0}
+    forced = pd.concat([cells, cells.iloc[[2]].assign(method="dm3.a4", speedup=1.9)], ignore_index=True)
+    assert list(compare(forced, simulated, methods)["method"]) == ["dm3", "ng3"]
 
 
 def test_a_null_engine_env_entry_unsets_the_variable() -> None:

@@ -241,6 +241,24 @@ def test_local_config_json(tmp_path: Path) -> None:
     assert as_eagle.architecture == "eagle" and as_eagle.shares_lm_head
 
 
+def test_medusa_heads_count_blocks_and_lm_heads_and_no_kv_cache(tmp_path: Path) -> None:
+    """The config `sdbench train-head --kind medusa` writes (3 heads, own LM heads, biased blocks):
+    3 x (128*128 + 128) + 3 x 2048*128 = 835,968, the tensors of the built tiny-target-medusa."""
+    target = _tiny_config(tmp_path / "tiny-target", 3)
+    medusa = tmp_path / "tiny-target-medusa"
+    medusa.mkdir()
+    (medusa / "config.json").write_text(json.dumps({
+        "architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": 128, "vocab_size": 2048,
+        "truncated_vocab_size": 2048, "num_heads": 3, "num_hidden_layers": 1, "medusa_fc_bias": True,
+        "original_lm_head": False, "dtype": "float32"}))  # fmt: skip
+    rep = memory_report(str(target), str(medusa), None, MODELS)
+    assert rep["method"] == "medusa" and rep["draft_params"] == 835_968
+    assert rep["breakdown"]["draft"] == {"blocks": 49_536, "lm_heads": 786_432}
+    assert rep["draft_per_token_kib"] == 0 and rep["draft_kv_layers"] == 0
+    with pytest.raises(ValueError, match="method 'medusa' needs Medusa heads"):
+        memory_report(str(target), str(target), "medusa", MODELS)
+
+
 def test_analytical_table_and_plot(tmp_path: Path) -> None:
     cells = pd.DataFrame(
         {

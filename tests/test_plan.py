@@ -26,11 +26,11 @@ def paper() -> Plan:
 
 
 def test_default_counts(default: Plan) -> None:
-    assert len(default.cells) == 95  # 77 of the grid and its sweeps + 18 forced-acceptance cells
-    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (22, 5, 5)
+    assert len(default.cells) == 107  # 83 of the grid and its sweeps + 24 forced-acceptance cells
+    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (26, 5, 5)
     assert len(default.server_groups) == 3 and default.baseline == "none"
     assert default.built_models == ["tiny-draft", "tiny-target"]
-    assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-mtp"]
+    assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-medusa", "tiny-target-mtp"]
 
 
 def test_paper_counts(paper: Plan) -> None:

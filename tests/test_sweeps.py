@@ -42,7 +42,7 @@ def test_proposal_length_sweep_becomes_methods_and_a_grid_block() -> None:
 def test_forced_acceptance_sweep_becomes_synthetic_methods_and_a_grid_block() -> None:
     config = validate_config(copy.deepcopy(RAW))
     points = sweeps.forced_acceptance_methods(config)
-    assert list(points) == [f"{m}.a{a}" for m in ("draft-k3", "eagle3-k3", "ngram-k3") for a in ("1", "2.5", "4")]
+    assert list(points) == [f"{m}.a{a}" for m in ("draft-k3", "eagle3-k3", "medusa-k3", "ngram-k3") for a in ("1", "2.5", "4")]
     assert points["eagle3-k3.a4"] == ("eagle3-k3", 4.0)  # full = k + 1
     entry = config["methods"]["eagle3-k3.a2.5"]
     assert entry["speculative_config"] == {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}

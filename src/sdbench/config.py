@@ -143,6 +143,16 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
                             f"methods.{method_name}.drafter.{model_name}: head {drafter!r} was trained for "
                             f"{head['target']!r}, not {model_name!r}"
                         )
+                    if head["kind"] == "medusa":
+                        from sdbench.models.headconfig import HeadConfig
+
+                        heads = head.get("num_heads", HeadConfig.num_heads)
+                        k = method.get("num_speculative_tokens", 0)
+                        if k > heads:
+                            problems.append(
+                                f"methods.{method_name}.num_speculative_tokens: {k} > the {heads} head(s) of "
+                                f"{drafter!r} (vLLM builds one Medusa head per speculative token; raise its num_heads)"
+                            )
     for name, model in config["models"].items():
         target = model.get("head", {}).get("target")
         if target is not None and "build" not in config["models"].get(target, {}):

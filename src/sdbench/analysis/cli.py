@@ -15,7 +15,7 @@ from pathlib import Path
 from sdbench.lazy import lazy
 
 # memory: SD methods and serving dtypes it accounts for (analysis.memory.METHODS, models.spec.DTYPE_BYTES)
-METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+METHODS: tuple[str, ...] = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "medusa")
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 # bleu: BLEU orders and bases (analysis.bleu.DEFAULT_ORDER, MAX_ORDER, BASES)
 DEFAULT_ORDER = 4

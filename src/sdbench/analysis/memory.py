@@ -28,7 +28,7 @@ from sdbench.models.spec import DTYPE_BYTES, ModelSpec, load_model_spec
 from sdbench.plotting import save_png, subplots
 
 # "none" = no speculative decoding; "mtp" = the target's own multi-token-prediction layers.
-METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp")
+METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "medusa")
 # d2t is a torch.long parameter in vLLM's Eagle3LlamaForCausalLM, whatever the weights' dtype.
 INT64_BYTES = 8
 GIB = 2**30
@@ -233,10 +233,24 @@ def count_mtp(spec: ModelSpec) -> ParamBreakdown:
 # Cells
 
 
+def count_medusa(spec: ModelSpec) -> ParamBreakdown:
+    """Medusa heads (vLLM ``MedusaModel``): per head ``num_hidden_layers`` residual blocks (h -> h,
+    bias per ``medusa_fc_bias``) and, unless one original LM head is shared, an LM head over the
+    (truncated) vocabulary. They read the target's last hidden state: no KV cache of their own."""
+    h, heads = spec.hidden_size, int(spec.medusa_num_heads or 0)
+    comps = {"blocks": heads * spec.num_hidden_layers * _linear(h, h, spec.medusa_fc_bias)}
+    vocab = spec.draft_vocab_size or spec.vocab_size
+    if spec.medusa_lm_heads:
+        comps["lm_heads"] = int(spec.medusa_lm_heads) * vocab * h
+    else:
+        comps["lm_head"] = spec.vocab_size * h
+    return ParamBreakdown(components=comps, kv_layers=0)
+
+
 def _infer_method(draft: ModelSpec | None) -> str:
     if draft is None:
         return "none"
-    return {"eagle": "eagle", "eagle3": "eagle3"}.get(draft.architecture, "draft_model")
+    return {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa"}.get(draft.architecture, "draft_model")
 
 
 def _draft_breakdown(target: ModelSpec, draft: ModelSpec | None, method: str) -> ParamBreakdown | None:
@@ -251,6 +265,16 @@ def _draft_breakdown(target: ModelSpec, draft: ModelSpec | None, method: str) ->
         return count_mtp(target)
     if draft is None:
         raise ValueError(f"method {method!r} needs --draft")
+    if method == "medusa":
+        if draft.architecture != "medusa":
+            raise ValueError(f"method 'medusa' needs Medusa heads, but {draft.repo_id!r} ({draft.source}) "
+                             f"has architecture {draft.architecture!r}")  # fmt: skip
+        if draft.hidden_size != target.hidden_size:
+            raise ValueError(
+                f"{draft.repo_id!r} ({draft.source}) reads hidden states of size {draft.hidden_size}, "
+                f"but target {target.repo_id!r} has hidden_size {target.hidden_size}"
+            )
+        return count_medusa(draft)
     if method in ("eagle", "eagle3"):
         if draft.architecture != method:
             raise ValueError(

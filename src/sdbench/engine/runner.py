@@ -621,6 +621,10 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     role = DRAFTER_ROLES.get(spec["method"]["method"])
     if drafter_dir and role:
         check_model_dir(drafter_dir, role)
+    if drafter_dir and spec["method"]["method"] == "medusa":
+        from sdbench.models.medusa import check_medusa_dir
+
+        check_medusa_dir(drafter_dir, int(spec["method"]["num_speculative_tokens"]))
     return prompts
 
 

@@ -70,10 +70,12 @@ def add_train_model(subparsers: argparse._SubParsersAction) -> None:
 
 
 _HEAD_HELP = {
-    "kind": "eagle (EAGLE-1: fc over [embedding ; final hidden]), eagle3 (fc over aux residual streams) "
-    "or mtp (a MiMo MTP layer; the output is the target as MiMo with the layer)",
+    "kind": "eagle (EAGLE-1: fc over [embedding ; final hidden]), eagle3 (fc over aux residual streams), "
+    "mtp (a MiMo MTP layer; the output is the target as MiMo with the layer) "
+    "or medusa (Medusa-1 heads: a residual block and an LM head each over the final hidden state)",
     "ttt_steps": "chain steps trained on the head's own outputs (EAGLE-3's training-time test; 1 = EAGLE-1's recipe)",
-    "step_decay": "loss weight of chain step j is step_decay ** (j - 1)",
+    "step_decay": "loss weight of chain step j (medusa: of head j) is step_decay ** (j - 1)",
+    "num_heads": "medusa only: heads trained (head j = 1, 2, ... drafts token t+1+j; vLLM runs the first num_speculative_tokens)",
     "feature_weight": "EAGLE-1 only: weight of the next-hidden-state regression (the token loss has weight 1)",
     "aux_layers": "EAGLE-3 only: residual stream entering these target layers (ascending; the layer count = the output)",
     "edit_fraction": "share of training rows made of packed code-edit examples",
@@ -86,7 +88,8 @@ def add_train_head(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench train-head`` (one option per :class:`~sdbench.models.headconfig.HeadConfig` field)."""
     d = HeadConfig()
     p = subparsers.add_parser(
-        "train-head", help="train an EAGLE / EAGLE-3 draft head or an MTP layer for a built target from its activations"
+        "train-head",
+        help="train an EAGLE / EAGLE-3 draft head, an MTP layer or Medusa heads for a built target from its activations",
     )
     p.add_argument("--target", required=True, help="the target's model directory (written by train-model)")
     p.add_argument("--tokenizer", required=True, help="directory written by build-tokenizer (training data)")

@@ -28,7 +28,6 @@ functions); the options live in :mod:`sdbench.models.headconfig`.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import shutil
@@ -39,7 +38,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sdbench.models.headconfig import KINDS, HeadConfig
+from sdbench.models.headconfig import EAGLE_KINDS as KINDS
+from sdbench.models.headconfig import HeadConfig
+from sdbench.models.headtraining import TargetFeatures as _TargetFeatures
+from sdbench.models.headtraining import load_frozen_target, optimize, prepare_run, run_record
 
 ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3", "mtp": "MiMoForCausalLM"}
 # Files besides the weights that make an MTP output a loadable model (copied from the target).
@@ -284,34 +286,6 @@ def unrolled_forward(head: _Head, embed, first_hidden, ttt_steps: int) -> list[t
     return outs
 
 
-class _TargetFeatures:
-    """The frozen target's features for a batch: embeddings, final hidden, aux residual streams, log-probs."""
-
-    def __init__(self, model, aux_layers: tuple[int, ...]) -> None:
-        self.model = model
-        self.aux_layers = aux_layers
-        self._pre_norm = None
-        model.model.norm.register_forward_hook(self._hook)
-
-    def _hook(self, module, inputs, output) -> None:
-        self._pre_norm = inputs[0]
-
-    def __call__(self, rows):
-        import torch
-
-        with torch.no_grad():
-            out = self.model(input_ids=rows, output_hidden_states=True)
-            states = list(out.hidden_states)
-            n = len(self.model.model.layers)
-            streams = {i: (states[i] if i < n else self._pre_norm) for i in self.aux_layers}
-            return {
-                "final": out.hidden_states[-1].float(),  # after the final norm (vLLM's EAGLE-1 input)
-                "pre_norm": self._pre_norm.float(),  # before it (MiMo's MTP input)
-                "aux": torch.cat([streams[i].float() for i in self.aux_layers], dim=-1),
-                "logprobs": torch.log_softmax(out.logits.float(), dim=-1),
-            }
-
-
 def _losses(head: _Head, feats: dict[str, Any], rows, lm_head, embed_w, cfg: HeadConfig, with_metrics: bool = False):
     """Weighted loss over the chain steps, plus per-step top-1 agreement with the target."""
     import torch
@@ -351,7 +325,8 @@ def train_head(
     cfg: HeadConfig,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train an EAGLE/EAGLE-3 head for the target in ``target_dir``; save it under ``output``.
+    """Train an EAGLE/EAGLE-3 head (or MTP layer; Medusa heads: :mod:`sdbench.models.medusa`) for
+    the target in ``target_dir``; save it under ``output``.
 
     ``output`` receives ``config.json``, ``model.safetensors`` (keys checked by
     :func:`check_head_tensors`) and ``training.json`` (hyper-parameters, losses,
@@ -360,62 +335,32 @@ def train_head(
     import numpy as np
     import torch
     from safetensors.torch import save_file
-    from transformers import LlamaForCausalLM
-    from transformers.utils import logging as hf_logging
 
     from sdbench.io import atomic_dir
-    from sdbench.models.check import check_model_dir, read_config
+    from sdbench.models.check import check_model_dir
     from sdbench.models.mimo import max_logit_difference
-    from sdbench.models.training import TrainingData
-    from sdbench.models.training import _autocast, children_cpu_seconds, compiled_step_loss, resolve_compile, resolve_precision
-    from sdbench.models.training import _lr_at as lr_at  # the target's schedule (same field names)
+    from sdbench.models.training import TrainingData, _autocast, compiled_step_loss
 
-    hf_logging.set_verbosity_error()
+    if cfg.kind == "medusa":  # residual blocks over the last hidden state, not a decoder layer
+        from sdbench.models.medusa import train_medusa
+
+        return train_medusa(target_dir, tokenizer_dir, output, cfg, log)
     target_dir = Path(target_dir)
-    check_model_dir(target_dir, role="target")
-    target_config = read_config(target_dir)
-    cfg.validate(int(target_config["num_hidden_layers"]))
-    torch.set_num_threads(cfg.threads)
-    torch.use_deterministic_algorithms(True)
-    precision = resolve_precision(cfg.precision)
-    compile_mode = resolve_compile(cfg.compile)
-    torch.manual_seed(cfg.seed)
+    target_config, precision, compile_mode = prepare_run(target_dir, cfg)
     t0, c0 = time.perf_counter(), time.process_time()
-    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target = load_frozen_target(target_dir)
     features = _TargetFeatures(target, cfg.aux_layers)
     embed_w = target.model.embed_tokens.weight
     lm_head = target.lm_head.weight
     data = TrainingData(tokenizer_dir, cfg.seq_len, cfg.seed)
     head = _Head(cfg.kind, target_config, len(cfg.aux_layers), cfg.seed)
-    opt = torch.optim.AdamW(list(head.params.values()), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, foreach=False)
 
     def head_loss(feats, rows):
         with _autocast(precision):
             return _losses(head, feats, rows, lm_head, embed_w, cfg)[0]
 
     step_loss = compiled_step_loss(head_loss, compile_mode)  # the frozen target's forward stays eager
-    losses: list[float] = []
-    t1, c1 = time.perf_counter(), time.process_time()
-    for step in range(cfg.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        rows = torch.from_numpy(data.batch(cfg.batch_size, cfg.edit_fraction))
-        # bf16 matmuls halve a step's CPU time where the CPU has native bf16 (else float32:
-        # emulated bf16 costs more); parameters, norms and the loss stay float32.
-        with _autocast(precision):
-            feats = features(rows)
-        loss = step_loss(feats, rows)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(list(head.params.values()), cfg.grad_clip, foreach=False)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if (step + 1) % max(1, cfg.steps // 10) == 0:
-            recent = losses[-max(1, cfg.steps // 10) :]
-            log(f"  step {step + 1}/{cfg.steps} loss {sum(recent) / len(recent):.3f} ({time.perf_counter() - t1:.0f}s)")
-    train_s, train_cpu = time.perf_counter() - t1, time.process_time() - c1
+    losses, train_s, train_cpu = optimize(list(head.params.values()), features, step_loss, data, cfg, precision, log)
     agree = _heldout_agreement(head, features, data, lm_head, embed_w, cfg)
     log(f"train-head {cfg.kind}: held-out top-1 agreement per step {agree}, {train_s:.0f}s ({train_cpu:.0f} CPU s)")
     state = {name: t.detach().contiguous() for name, t in head.params.items()}
@@ -431,11 +376,7 @@ def train_head(
         "shapes": {k: list(v.shape) for k, v in sorted(state.items())},
         "final_train_loss": round(float(np.mean(losses[-max(1, cfg.steps // 10) :])), 4),
         "heldout_top1_agreement_per_step": agree,
-        "target_config_sha256": hashlib.sha256((target_dir / "config.json").read_bytes()).hexdigest(),
-        "target_weights_sha256": hashlib.sha256((target_dir / "model.safetensors").read_bytes()).hexdigest(),
-        "wall_seconds": {"train": round(train_s, 2), "total": round(time.perf_counter() - t0, 2)},
-        "cpu_seconds": {"train": round(train_cpu, 2), "process": round(time.process_time(), 2), "this_build": round(time.process_time() - c0, 2),
-                        "children": children_cpu_seconds()},
+        **run_record(target_dir, t0, c0, train_s, train_cpu),
     }
     if cfg.kind == "mtp":
         state = {**_mimo_target_state(target_dir, target_config), **state}

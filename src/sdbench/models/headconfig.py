@@ -1,9 +1,9 @@
-"""Options of an EAGLE / EAGLE-3 head or MTP layer training run (``sdbench train-head``).
+"""Options of an EAGLE / EAGLE-3 head, MTP layer or Medusa heads training run (``sdbench train-head``).
 
 Standard library only: the command's parser (:mod:`sdbench.models.cli`) reads these fields,
-while the training itself (:mod:`sdbench.models.eagle`) imports torch. Keeping them apart also
-keeps a change to the head's training code from rerunning the target's and draft's builds,
-whose steps digest the models parser.
+while the training itself (:mod:`sdbench.models.eagle`, :mod:`sdbench.models.medusa`) imports
+torch. Keeping them apart also keeps a change to the head's training code from rerunning the
+target's and draft's builds, whose steps digest the models parser.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from dataclasses import dataclass
 
 from sdbench.models.trainconfig import COMPILES, PRECISIONS
 
-KINDS = ("eagle", "eagle3", "mtp")
+# Kinds built around one decoder layer (sdbench.models.eagle), then all kinds: Medusa-1 heads
+# (sdbench.models.medusa) are residual blocks over the target's last hidden state.
+EAGLE_KINDS = ("eagle", "eagle3", "mtp")
+KINDS = (*EAGLE_KINDS, "medusa")
 
 
 @dataclass(frozen=True)
@@ -30,9 +33,10 @@ class HeadConfig:
     grad_clip: float = 1.0
     edit_fraction: float = 0.5
     ttt_steps: int = 2  # chain depth trained on the head's own outputs
-    step_decay: float = 0.8  # loss weight of chain step j: step_decay ** (j - 1)
+    step_decay: float = 0.8  # loss weight of chain step j: step_decay ** (j - 1) (Medusa: of head j)
     feature_weight: float = 1.0  # EAGLE-1 feature regression (token loss weight is 1; unused by eagle3/mtp)
     aux_layers: tuple[int, ...] = (1, 2, 3)  # EAGLE-3: residual stream entering these target layers
+    num_heads: int = 3  # Medusa: heads (head j = 1, 2, ... drafts token t+1+j); vLLM runs the first k
     seed: int = 0
     threads: int = 1
     eval_windows: int = 16
@@ -47,7 +51,7 @@ class HeadConfig:
             raise ValueError(f"--compile must be one of {COMPILES}, got {self.compile!r}")
         if self.kind not in KINDS:
             raise ValueError(f"--kind must be one of {KINDS}, got {self.kind!r}")
-        for name in ("steps", "batch_size", "seq_len", "ttt_steps", "threads", "eval_windows"):
+        for name in ("steps", "batch_size", "seq_len", "ttt_steps", "threads", "eval_windows", "num_heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.lr <= 0:

@@ -23,7 +23,8 @@ import yaml
 from sdbench.packagedata import data_file, list_data, override_dir, shipped_dir
 
 # mimo: a dense Qwen2 network (q/k/v biases, no o_proj bias) with MTP layers (MiMoForCausalLM).
-ARCHITECTURES = ("llama", "qwen3", "eagle", "eagle3", "glm4_moe", "mimo")
+# medusa: Medusa heads (vLLM's MedusaModel): per head, residual blocks and an LM head.
+ARCHITECTURES = ("llama", "qwen3", "eagle", "eagle3", "glm4_moe", "mimo", "medusa")
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 _POS_INT = {"type": "integer", "minimum": 1}
@@ -93,6 +94,10 @@ MODEL_SCHEMA: dict[str, Any] = {
         "num_experts_per_tok": _POS_INT,
         "first_k_dense_replace": _NONNEG_INT,
         "num_nextn_predict_layers": _NONNEG_INT,
+        # medusa
+        "medusa_num_heads": _POS_INT,
+        "medusa_fc_bias": _BOOL,
+        "medusa_lm_heads": _NONNEG_INT,
     },
     "allOf": [
         {
@@ -110,6 +115,10 @@ MODEL_SCHEMA: dict[str, Any] = {
         {
             "if": {"properties": {"architecture": {"const": "mimo"}}, "required": ["architecture"]},
             "then": {"required": ["num_nextn_predict_layers"]},
+        },
+        {
+            "if": {"properties": {"architecture": {"const": "medusa"}}, "required": ["architecture"]},
+            "then": {"required": ["medusa_num_heads", "medusa_fc_bias", "medusa_lm_heads"]},
         },
     ],
 }
@@ -149,6 +158,9 @@ class ModelSpec:
     num_experts_per_tok: int | None = None
     first_k_dense_replace: int | None = None
     num_nextn_predict_layers: int = 0
+    medusa_num_heads: int | None = None
+    medusa_fc_bias: bool = False
+    medusa_lm_heads: int | None = None  # own LM heads (0: one shared original_lm_head)
     source: str = field(default="", compare=False)
 
     @property
@@ -241,6 +253,8 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
     src = str(cfg_path)
     archs = [str(a) for a in cfg.get("architectures") or []]
     model_type = cfg.get("model_type")
+    if model_type == "medusa":
+        return _medusa_spec(cfg, path, src)
     if "draft_vocab_size" in cfg or any("eagle3" in a.lower() for a in archs):
         arch = "eagle3"
     elif "MiMoForCausalLM" in archs:
@@ -306,6 +320,26 @@ def load_hf_config(path: str | os.PathLike[str], expect: str | None = None) -> M
         for key in _MOE_REQUIRED:
             if key in cfg:
                 data[key] = cfg[key]
+    return _spec_from_mapping(data, src)
+
+
+def _medusa_spec(cfg: Mapping[str, Any], path: Path, src: str) -> ModelSpec:
+    """A Medusa config (vLLM's ``MedusaConfig``): no attention, so the attention fields hold
+    placeholders (one head of ``hidden_size``) that nothing counts; no KV cache."""
+    for key in ("vocab_size", "hidden_size", "num_heads"):
+        if key not in cfg:
+            raise ValueError(f"{src}: key {key!r}: missing")
+    h = cfg["hidden_size"]
+    data = {
+        "repo_id": f"local/{path.name}", "architecture": "medusa", "vocab_size": cfg["vocab_size"],
+        "hidden_size": h, "intermediate_size": h, "num_hidden_layers": int(cfg.get("num_hidden_layers") or 1),
+        "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": h, "tie_word_embeddings": False,
+        "torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype") or "float32",
+        "medusa_num_heads": cfg["num_heads"], "medusa_fc_bias": bool(cfg.get("medusa_fc_bias", False)),
+        # vLLM: one LM head per Medusa head, unless original_lm_head shares a single one.
+        "medusa_lm_heads": 0 if cfg.get("original_lm_head") else cfg["num_heads"],
+        "draft_vocab_size": cfg.get("truncated_vocab_size") or cfg["vocab_size"],
+    }  # fmt: skip
     return _spec_from_mapping(data, src)
 
 
