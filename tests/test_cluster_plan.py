@@ -49,6 +49,21 @@ def planned_jobs(profile: Path, configfile: Path, workdir: Path, snakefile: Path
         return list(wf._workflow.dag.jobs)
 
 
+def cli_dry_run(profile: str, config: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """``snakemake -n --profile profiles/<profile> --configfile config/<config>``, as a user types it,
+    with the Apptainer test double on PATH (Apptainer deployment looks for the binary even in a dry
+    run; it cannot be the real thing here). Fails the test unless it plans."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(DOUBLES), str(BIN), os.environ["PATH"]])}
+    result = subprocess.run(
+        [str(BIN / "snakemake"), "-n", "--profile", str(REPO / "profiles" / profile),
+         "--configfile", str(REPO / "config" / config), "--snakefile", str(REPO / "Snakefile"),
+         "--directory", str(workdir)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
 @pytest.fixture(scope="module")
 def paper_jobs(tmp_path_factory: pytest.TempPathFactory) -> list:
     return planned_jobs(PROFILE, REPO / "config" / "paper.yaml", tmp_path_factory.mktemp("plan"))
@@ -110,19 +125,8 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
 
 
 def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
-    """``snakemake -n --profile profiles/slurm --configfile config/paper.yaml`` plans the grid.
-
-    Apptainer deployment makes even a dry run look for the binary: the test double
-    (tests/support/doubles/apptainer, which cannot be the real thing here) answers it.
-    """
-    env = {**os.environ, "PATH": os.pathsep.join([str(DOUBLES), str(BIN), os.environ["PATH"]])}
-    result = subprocess.run(
-        [str(BIN / "snakemake"), "-n", "--profile", str(REPO / "profiles" / "slurm"),
-         "--configfile", str(REPO / "config" / "paper.yaml"), "--snakefile", str(REPO / "Snakefile"),
-         "--directory", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    """``snakemake -n --profile profiles/slurm --configfile config/paper.yaml`` plans the grid."""
+    result = cli_dry_run("slurm", "paper.yaml", tmp_path)
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
     assert match and int(match.group(1)) == 786, result.stdout[-3000:]
     engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
@@ -167,14 +171,7 @@ def test_one_gpu_first_run_plans(tmp_path: Path) -> None:
     """``snakemake -n --profile profiles/gpu --configfile config/gpu-smoke.yaml`` (README, cluster
     section): 12 cells on three engine groups, two trace groups and three breakdown groups, every
     engine job asking for the one GPU the profile has, and the figures they feed."""
-    env = {**os.environ, "PATH": os.pathsep.join([str(DOUBLES), str(BIN), os.environ["PATH"]])}
-    result = subprocess.run(
-        [str(BIN / "snakemake"), "-n", "--profile", str(REPO / "profiles" / "gpu"),
-         "--configfile", str(REPO / "config" / "gpu-smoke.yaml"), "--snakefile", str(REPO / "Snakefile"),
-         "--directory", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = cli_dry_run("gpu", "gpu-smoke.yaml", tmp_path)
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, re.MULTILINE))
     assert {k: int(counts[k]) for k in ("run_cell", "run_engine", "trace_group", "breakdown_group")} == {
         "run_cell": 12, "run_engine": 3, "trace_group": 2, "breakdown_group": 3,

@@ -192,7 +192,7 @@ def plot_forced(forced: pd.DataFrame, gap: pd.DataFrame, out_png: str | Path, la
     size with 95% intervals; the method's own cell as a star; the ideal (speedup = τ) dotted."""
     from matplotlib.lines import Line2D
 
-    from sdbench.plotting import panel_axes, panel_grid, pyplot, save_png
+    from sdbench.plotting import figure_legend, panel_axes, panel_grid, pyplot, save_png
 
     panels = list(forced.groupby(["engine", "model", "dataset", "base_method"], sort=True))
     sizes = sorted(forced["batch_size"].unique())
@@ -224,10 +224,7 @@ def plot_forced(forced: pd.DataFrame, gap: pd.DataFrame, out_png: str | Path, la
     handles = [Line2D([], [], color=colors[b], marker="o", label=f"forced, batch size {b}") for b in sizes]
     handles += [Line2D([], [], color="black", marker="*", markersize=10, ls="none", label="the method's own cell"),
                 Line2D([], [], color="grey", ls=":", label="ideal: speedup = τ")]  # fmt: skip
-    ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.2)))
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    rows = -(-len(handles) // ncol)
-    fig.tight_layout(rect=(0, min(0.35, (0.28 * rows + 0.1) / fig.get_figheight()), 1, 1))
+    figure_legend(fig, {}, extra=handles)
     save_png(fig, out_png, dpi=dpi)
 
 
@@ -236,7 +233,7 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
     forced curve at the real τ, the ceiling (95% intervals) and the ideal k + 1."""
     from matplotlib.patches import Patch
 
-    from sdbench.plotting import panel_axes, panel_grid, save_png
+    from sdbench.plotting import figure_legend, panel_axes, panel_grid, save_png
 
     bars = (("measured", "measured_speedup", "measured_ci_low", "measured_ci_high", "#4c72b0"),
             ("forced curve at the real τ", "at_real_speedup", "at_real_ci_low", "at_real_ci_high", "#55a868"),
@@ -260,11 +257,7 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
         ax.set_ylabel("speedup over no SD", fontsize=8)
         ax.set_title(f"{labels.get(key[3], key[3])}\n{key[1]} / {key[2]}", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    handles = [Patch(color=color, label=label) for label, _, _, _, color in bars]
-    ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.2)))
-    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
-    rows = -(-len(handles) // ncol)
-    fig.tight_layout(rect=(0, min(0.35, (0.28 * rows + 0.1) / fig.get_figheight()), 1, 1))
+    figure_legend(fig, {}, extra=[Patch(color=color, label=label) for label, _, _, _, color in bars])
     save_png(fig, out_png, dpi=dpi)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 from sdbench.models.headconfig import EAGLE_KINDS as KINDS
 from sdbench.models.headconfig import HeadConfig
 from sdbench.models.headtraining import TargetFeatures as _TargetFeatures
-from sdbench.models.headtraining import load_frozen_target, optimize, prepare_run, run_record
+from sdbench.models.headtraining import compare_tensors, load_frozen_target, optimize, prepare_run, run_record
 
 ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3", "mtp": "MiMoForCausalLM"}
 # Files besides the weights that make an MTP output a loadable model (copied from the target).
@@ -107,14 +107,8 @@ def check_head_tensors(kind: str, config: Mapping[str, Any], shapes: Mapping[str
     checkpoint (a missing one stays uninitialized), and rejects extra keys only
     by a late error inside the engine: both are refused here instead.
     """
-    expected = expected_tensors(kind, config)
-    for name, shape in expected.items():
-        if name not in shapes:
-            raise ValueError(f"{kind} head: tensor {name!r} is missing (vLLM would leave it uninitialized)")
-        if tuple(shapes[name]) != shape:
-            raise ValueError(f"{kind} head: tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}")
-    for name in sorted(set(shapes) - set(expected)):
-        raise ValueError(f"{kind} head: unexpected tensor {name!r} (this vLLM has no parameter for it)")
+    compare_tensors(f"{kind} head", expected_tensors(kind, config), shapes,
+                    " (vLLM would leave it uninitialized)", "this vLLM has no parameter for it")  # fmt: skip
 
 
 def head_config(kind: str, target_config: Mapping[str, Any], cfg: HeadConfig) -> dict[str, Any]:

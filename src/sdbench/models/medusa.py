@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from sdbench.models.headconfig import HeadConfig
+from sdbench.models.headtraining import compare_tensors
 
 ARCHITECTURE = "MedusaModel"
 MODEL_TYPE = "medusa"
@@ -100,14 +101,7 @@ def check_medusa_tensors(config: Mapping[str, Any], shapes: Mapping[str, tuple[i
     vLLM drops a checkpoint key it has no parameter for without a word (``Medusa.load_weights``),
     so an unexpected tensor is refused here too.
     """
-    expected = expected_tensors(config)
-    for name, shape in expected.items():
-        if name not in shapes:
-            raise ValueError(f"medusa heads: tensor {name!r} is missing")
-        if tuple(shapes[name]) != shape:
-            raise ValueError(f"medusa heads: tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}")
-    for name in sorted(set(shapes) - set(expected)):
-        raise ValueError(f"medusa heads: unexpected tensor {name!r} (vLLM's Medusa has no parameter for it)")
+    compare_tensors("medusa heads", expected_tensors(config), shapes, "", "vLLM's Medusa has no parameter for it")
 
 
 def check_medusa_dir(path: str | Path, num_speculative_tokens: int | None = None) -> None:
