@@ -215,7 +215,8 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
     # The KV cache is what the config asked for (kv_cache_memory_bytes: 256 MiB), per engine, read
     # from the workers (sdbench.engine.workerprobe); the weights the config implies are what loaded.
-    assert (memory["measured_kv_cache_gib"] == 0.25).all(), memory["measured_kv_cache_gib"].unique()
+    # Whole blocks: what fits in the 256 MiB, at most one block short (0.24994 GiB with a drafter's layers).
+    assert memory["measured_kv_cache_gib"].between(0.25 * (1 - 1e-3), 0.25).all(), memory["measured_kv_cache_gib"].unique()
     none = memory[memory["method"] == "none"]
     assert ((none["measured_weights_gib"] / none["analytical_static_gib"] - 1).abs() < 0.02).all(), none
     assert (pipeline / "results/paper/fig08_bleu_measured/vllm-cpu/tiny-target/code-edit.png").exists()
@@ -250,7 +251,8 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
 def test_cost_proposal_length_and_random_input_tables(pipeline: Path) -> None:
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
     cost = pd.read_parquet(pipeline / "results/tables/cost.parquet")
-    assert len(cost) == len(cells) and (cost["cost_per_1m_tokens"] > 0).all()
+    # The grid's own cells (the sweeps' variants are priced in their own items): 29 - 5.
+    assert len(cost) == (cells["sweep"] == "").sum() == 24 and (cost["cost_per_1m_tokens"] > 0).all()
     assert (cost["cost_per_1m_tokens_ci_low"] <= cost["cost_per_1m_tokens"]).all()
     assert (cost.loc[cost.sd_method == "none", "cost_vs_no_sd"] == 1.0).all()
     assert "(test price)" in (pipeline / "results/paper/ext07_cost.md").read_text()

@@ -47,8 +47,8 @@ def test_sweep_becomes_dataset_variants_and_a_grid_block() -> None:
     base = config["datasets"]["code-edit"]
     assert variant == {**base, "temperature": 0.5, "sweep_of": "code-edit"}
     assert "temperature" not in base  # T = 0 is the base itself, greedy
-    block = config["grid"][-1]
-    assert block["sweep"] == "temperature" and block["methods"] == ["none", "ngram-k3", "eagle3-k3"]
+    block = next(b for b in config["grid"] if b.get("sweep") == "temperature")
+    assert block["methods"] == ["none", "ngram-k3", "eagle3-k3"]
     assert block["datasets"] == list(points) and block["batch_sizes"] == [1]
     # 3 variants x 3 methods at bs 1 are new; the T = 0 cells already ran; no new engine group.
     new = set(cells(config)) - set(cells(_without_sweep()))

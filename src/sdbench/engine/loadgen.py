@@ -128,7 +128,8 @@ async def _level(
                 i = next_index
                 next_index += 1
                 rid, ids, *budget = prompts[i % len(prompts)]  # (id, token ids[, its own max_tokens])
-                payload = _payload(ids, int(budget[0]) if budget and budget[0] else max_tokens, ignore_eos, model)
+                own = min(int(budget[0]), max_tokens) if budget and budget[0] else max_tokens  # capped: the cell's
+                payload = _payload(ids, own, ignore_eos, model)
                 try:
                     results.append(await _one(session, url, payload, t0, round_, i, rid))
                 except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:

@@ -44,14 +44,16 @@ def call_sampling_params(spec: dict[str, Any], request_ids: list[str], max_token
     """``SamplingParams`` of one generate call over ``request_ids`` (one per sequence, in slot order).
 
     ``max_tokens`` is each sequence's output budget (the prompt table's column: a user's prompts
-    file may set it per row); default the dataset entry's for every sequence. Greedy with one
+    file may set it per row), capped at the dataset entry's (a table prepared for a longer budget
+    never overruns the cell's); default the entry's for every sequence. Greedy with one
     budget: a single object for the call (config seed, as before). Otherwise a list, one per
     sequence; sampled ones seeded by :func:`request_seed`.
     """
     from vllm import SamplingParams
 
     run, t = spec["run"], temperature(spec)
-    budgets = [int(b) for b in max_tokens] if max_tokens else [int(spec["dataset"]["max_tokens"])]
+    cap = int(spec["dataset"]["max_tokens"])
+    budgets = [min(int(b), cap) for b in max_tokens] if max_tokens else [cap]
     ignore_eos = bool(run.get("ignore_eos", False))
     if t == 0 and len(set(budgets)) == 1:
         return SamplingParams(temperature=0.0, max_tokens=budgets[0], ignore_eos=ignore_eos, seed=spec["seed"])
