@@ -25,6 +25,28 @@ RPC_METHOD = "sdbench_memory_report"
 WRAPPER_MODULES = ("vllm.v1.worker.worker_base", "vllm.worker.worker_base")
 
 
+def loaded_weight_bytes(models: list[Any]) -> int:
+    """Bytes of the weights the engine's modules hold, target and drafter, a tensor they share
+    (embedding, LM head) once.
+
+    On CPU the runner's profiled "consumed memory" is a host-memory difference that misses
+    memory-mapped weights, and the CPU build repacks each linear layer's weight into a oneDNN
+    handle, leaving an empty parameter: such a weight counts as the layer's own partition shape
+    (``input_size_per_partition`` x ``output_size_per_partition``) at its ``params_dtype``.
+    """
+    seen: dict[tuple[int, int], int] = {}
+    for model in models:
+        for module in model.modules():
+            for name, p in module.named_parameters(recurse=False):
+                if p.numel() == 0 and name == "weight" and hasattr(module, "input_size_per_partition"):
+                    n = int(module.input_size_per_partition) * int(module.output_size_per_partition)
+                    dtype = getattr(module, "params_dtype", p.dtype)
+                    seen[(id(module), 0)] = n * dtype.itemsize
+                elif p.numel():
+                    seen[(p.data_ptr(), p.numel())] = p.numel() * p.element_size()
+    return sum(seen.values())
+
+
 def memory_report(wrapper: Any) -> dict[str, float]:
     """This worker's memory: weights and KV cache of its runner, device peak, process peak RSS.
 
@@ -33,13 +55,11 @@ def memory_report(wrapper: Any) -> dict[str, float]:
     """
     worker = getattr(wrapper, "worker", wrapper)
     runner = getattr(worker, "model_runner", None)
-    weights = getattr(runner, "model_memory_usage", None)
+    on_gpu = getattr(getattr(worker, "device", None), "type", None) == "cuda"
+    weights = getattr(runner, "model_memory_usage", None) if on_gpu else None
     if not weights:
-        # CPU runner: no profiled number; count the loaded tensors (target + drafter).
         models = [getattr(runner, "model", None), getattr(getattr(runner, "drafter", None), "model", None)]
-        weights = sum(
-            p.numel() * p.element_size() for m in models if hasattr(m, "parameters") for p in m.parameters()
-        )
+        weights = loaded_weight_bytes([m for m in models if hasattr(m, "modules")])
     kv = 0
     for tensor in getattr(runner, "kv_caches", None) or []:
         if hasattr(tensor, "numel"):
