@@ -153,6 +153,20 @@ def test_refit_recovers_the_model_that_made_the_latencies() -> None:
     assert np.allclose(check["predicted_refit"], table["speedup"])
 
 
+def test_a_drafter_the_step_timing_fit_lacks_is_not_priced_before_the_refit() -> None:
+    # The default's Medusa cells: the breakdown does not time Medusa, so only the refit prices them.
+    table = _forced_rows(TRUE)
+    before = replace(TRUE, drafters={"eagle3": TRUE.drafters["eagle3"]})
+    fitted = forcedcheck.refit(before, table, PROMPTS, "forced")
+    check = forcedcheck.check_table(table, before, fitted, PROMPTS)
+    ngram = check["sd_method"] == "ngram"
+    assert check.loc[ngram, "predicted"].isna().all() and not check.loc[ngram, "inside"].any()
+    assert check.loc[~ngram, "predicted"].notna().all() and check["predicted_refit"].notna().all()
+    text = forcedcheck.check_markdown(check, before, fitted, {})
+    assert "| ngram-k3 | 1 | not priced |" in text and "| — | — |" in text
+    assert "of 6 priced inside before the refit" in text and "Not priced before the refit: ngram" in text
+
+
 def test_nonnegative_least_squares_drops_a_negative_coefficient() -> None:
     x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     y = np.array([3.0, 2.0, 1.0])  # the unconstrained slope is -1

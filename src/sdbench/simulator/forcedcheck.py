@@ -88,12 +88,17 @@ def predicted_latencies(cm: CostModel, row: Any, prompt_len: np.ndarray) -> tupl
 
 
 def predict(cm: CostModel, forced: pd.DataFrame, prompts: dict[tuple[str, str], np.ndarray]) -> np.ndarray:
-    """Predicted speedup of every forced cell (tokens per request are equal in both arms)."""
+    """Predicted speedup of every forced cell (tokens per request are equal in both arms); NaN
+    where ``cm`` has no cost for the cell's drafter (e.g. Medusa, which the step-timing fit does
+    not time: the refit gives it one from the forced points alone)."""
     out = []
     for row in forced.itertuples(index=False):
+        if str(row.sd_method) not in cm.drafters:
+            out.append(math.nan)
+            continue
         sd, base = predicted_latencies(cm, row, prompts[(row.model, row.dataset)])
         out.append(base / sd)
-    return np.array(out)
+    return np.array(out, dtype=float)
 
 
 # ----------------------------------------------------------------------------- refit
@@ -200,20 +205,33 @@ def check_markdown(table: pd.DataFrame, before: CostModel, after: CostModel, lab
         lines.append(
             f"| {labels.get(r.base_method, r.base_method)} | {r.batch_size} | {r.forced_acceptance_length:g} "
             f"| {r.mean_acceptance_length:.2f} | {r.speedup:.2f} [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}] "
-            f"| {r.predicted:.2f} | {r.error:+.0%} | {'✓' if r.inside else ''} "
-            f"| {r.predicted_refit:.2f} | {r.error_refit:+.0%} | {'✓' if r.inside_refit else ''} |"
+            f"| {_num(r.predicted, '.2f')} | {_num(r.error, '+.0%')} | {'✓' if r.inside else ''} "
+            f"| {_num(r.predicted_refit, '.2f')} | {_num(r.error_refit, '+.0%')} | {'✓' if r.inside_refit else ''} |"
         )
     lines += ["", "| method | bs | inside (step-timing fit) | inside (refitted) | median error before | after |",
               "|---|---|---|---|---|---|"]  # fmt: skip
     for (base, b), sub in table.groupby(["base_method", "batch_size"], sort=True):
+        priced = sub["predicted"].notna()
+        before_inside = f"{int(sub['inside'].sum())} of {len(sub)}" if priced.any() else "not priced"
         lines.append(
-            f"| {labels.get(base, base)} | {b} | {int(sub['inside'].sum())} of {len(sub)} "
-            f"| {int(sub['inside_refit'].sum())} of {len(sub)} | {sub['error'].median():+.0%} "
-            f"| {sub['error_refit'].median():+.0%} |"
+            f"| {labels.get(base, base)} | {b} | {before_inside} "
+            f"| {int(sub['inside_refit'].sum())} of {len(sub)} | {_num(sub['error'].median(), '+.0%')} "
+            f"| {_num(sub['error_refit'].median(), '+.0%')} |"
         )
-    lines += ["", f"All points: {int(table['inside'].sum())} of {len(table)} inside before the refit, "
+    priced = table["predicted"].notna()
+    lines += ["", f"All points: {int(table['inside'].sum())} of {int(priced.sum())} priced inside before the refit, "
                   f"{int(table['inside_refit'].sum())} of {len(table)} after (in-sample)."]  # fmt: skip
+    unpriced = sorted(set(table.loc[~priced, "sd_method"]))
+    if unpriced:
+        lines += ["", f"Not priced before the refit: {', '.join(unpriced)} (the step-timing fit `{before.name}` has "
+                      "no cost for that drafter; add it to `breakdown:` to time it). The refit fits it from "
+                      "these points alone."]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _num(x: float, fmt: str) -> str:
+    """``x`` formatted, or an em dash where it is NaN (a point the model does not price)."""
+    return "—" if math.isnan(x) else format(x, fmt)
 
 
 def plot_check(table: pd.DataFrame, out_png: str, dpi: int = 110) -> None:
