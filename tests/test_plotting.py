@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sdbench.plotting import pyplot, save_png, subplots
@@ -34,3 +35,17 @@ def test_failed_save_leaves_nothing_and_closes(tmp_path: Path) -> None:
         save_png(fig, tmp_path / "bad.png", dpi=80, no_such_option=1)
     assert list(tmp_path.iterdir()) == []
     assert pyplot().get_fignums() == []
+
+
+def test_adaptive_policies_wrap_into_a_grid_with_one_legend(tmp_path: Path) -> None:
+    # The default's five datasets were one 2190 x 430 px strip (5.1:1).
+    from PIL import Image
+
+    from sdbench.simulator.figures import figure_adaptive
+
+    rows = [dict(dataset=f"d{i}", policy=p, batch_size=b, speedup=1.0 + i / 10, best_fixed=1.0, oracle_combine=2.0)
+            for i in range(5) for p in ("combined:adaptive", "eagle:dynamic-k") for b in (1, 4, 8)]  # fmt: skip
+    out = tmp_path / "ext04.png"
+    figure_adaptive(pd.DataFrame(rows), out)
+    w, h = Image.open(out).size
+    assert w <= 3000 and w / h <= 4.0

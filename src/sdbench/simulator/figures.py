@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import panel_grid, pyplot, save_png, subplots
 from sdbench.simulator.core import DEFAULT_BATCH_SIZES
 from sdbench.simulator.reports import PAPER_GRID
 
@@ -17,11 +17,16 @@ from sdbench.simulator.reports import PAPER_GRID
 def _axes_grid(nrows: int, ncols: int) -> tuple[object, np.ndarray]:
     fig, axes = subplots(nrows, ncols, figsize=(4.2 * ncols, 3.2 * nrows), squeeze=False, sharex=True)
     for ax in axes.flat:
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(DEFAULT_BATCH_SIZES, [str(b) for b in DEFAULT_BATCH_SIZES])
-        ax.axhline(1.0, color="0.7", lw=0.8)
-        ax.grid(alpha=0.3)
+        _style_batch_axes(ax)
     return fig, axes
+
+
+def _style_batch_axes(ax: object) -> None:
+    """Batch size on a log2 axis at the simulator's batch sizes, a line at speedup 1, a light grid."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(DEFAULT_BATCH_SIZES, [str(b) for b in DEFAULT_BATCH_SIZES])
+    ax.axhline(1.0, color="0.7", lw=0.8)
+    ax.grid(alpha=0.3)
 
 
 def figure_fixed_vs_oracle(results: pd.DataFrame, path: str | os.PathLike[str]) -> None:
@@ -100,11 +105,16 @@ def figure_compare(table: pd.DataFrame, path: str | os.PathLike[str]) -> None:
 
 
 def figure_adaptive(report: pd.DataFrame, path: str | os.PathLike[str]) -> None:
-    """Causal policies between the best fixed policy and oracle-combine, per dataset."""
+    """Causal policies between the best fixed policy and oracle-combine, a panel per dataset
+    (wrapped into a grid), one legend for all."""
     datasets = sorted(report["dataset"].unique())
-    fig, axes = _axes_grid(1, len(datasets))
+    policies = sorted(report["policy"].unique())
+    colors = dict(zip(policies, pyplot().rcParams["axes.prop_cycle"].by_key()["color"] * len(policies)))
+    fig, axes = panel_grid(len(datasets), 4.2, 3.2, dpi=130)
+    ncols = axes.shape[1]
     for j, d in enumerate(datasets):
-        ax = axes[0, j]
+        ax = axes[j // ncols, j % ncols]
+        _style_batch_axes(ax)
         sub = report[report["dataset"] == d]
         ref = sub.drop_duplicates("batch_size").sort_values("batch_size")
         ax.fill_between(ref["batch_size"], ref["best_fixed"], ref["oracle_combine"], color="0.9", label="gap")
@@ -112,9 +122,12 @@ def figure_adaptive(report: pd.DataFrame, path: str | os.PathLike[str]) -> None:
         ax.plot(ref["batch_size"], ref["oracle_combine"], "k--", lw=2, label="oracle-combine")
         for policy, g in sub.groupby("policy", sort=True):
             g = g.sort_values("batch_size")
-            ax.plot(g["batch_size"], g["speedup"], marker="o", ms=3, label=policy)
+            ax.plot(g["batch_size"], g["speedup"], marker="o", ms=3, color=colors[policy], label=policy)
         ax.set_title(d)
         ax.set_xlabel("batch size")
         ax.set_ylabel("speedup")
-        ax.legend(fontsize=6)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.2)))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, min(0.35, (0.25 * -(-len(handles) // ncol) + 0.1) / fig.get_figheight()), 1, 1))
     save_png(fig, path, dpi=130, bbox_inches="tight")
