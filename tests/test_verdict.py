@@ -76,6 +76,9 @@ def test_server_points_judge_the_range_over_rounds() -> None:
     assert points["speedup"].round(2).tolist() == [1.5, 1.01]
     judged = [vd.verdict(lo, hi) for lo, hi in zip(points["speedup_low"], points["speedup_high"])]
     assert judged == [vd.PAYS, vd.BREAK_EVEN]
+    paying = points.assign(speedup_low=1.2, speedup_high=1.3, verdict=vd.PAYS)
+    (sentence,) = vd.advice(vd.recommendations(paying, {"ngram-k3": "n-gram k=3"}))
+    assert sentence.startswith("m on d (e): concurrencies 1-4: n-gram k=3")
 
 
 def test_cli_writes_table_markdown_and_a_readable_figure(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ RULE = (
 )
 LINE = ["engine", "model", "dataset", "method", "load_kind"]
 OFFLINE, SERVER = "batch size", "concurrency"
+PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
 
 
 def verdict(low: float | None, high: float | None) -> str:
@@ -161,7 +162,7 @@ def advice(recs: pd.DataFrame) -> list[str]:
                 runs.append((r.use, [int(r.load)], [r.speedup]))
         parts = []
         for use, loads, speedups in runs:
-            where = f"{kind} {loads[0]}" if len(loads) == 1 else f"{kind}s {loads[0]}-{loads[-1]}"
+            where = f"{kind} {loads[0]}" if len(loads) == 1 else f"{PLURAL.get(kind, kind + 's')} {loads[0]}-{loads[-1]}"
             if use == "no SD":
                 parts.append(f"{where}: run without SD (no method pays)")
             else:
