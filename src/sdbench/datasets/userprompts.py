@@ -175,10 +175,12 @@ def row_records(
             value = _field(row, columns["max_tokens"], where, found, optional=True)
             if value not in (None, ""):
                 try:
-                    max_tokens = int(value)
-                    if max_tokens != float(value):
+                    # Through float: a CSV cell is text, and pandas writes an integer column with gaps as "96.0".
+                    number = float(value)
+                    max_tokens = int(number)
+                    if max_tokens != number:
                         raise ValueError
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     raise ConfigError(f"{where}: column {columns['max_tokens']!r}: {value!r} is not an integer") from None
                 if not 1 <= max_tokens <= cap:
                     raise ConfigError(f"{where}: column {columns['max_tokens']!r}: {max_tokens} is outside 1.."
