@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from sdbench.plotting import panel_grid, pyplot, save_png, subplots
+from sdbench.plotting import figure_legend, panel_axes, panel_grid, pyplot, save_png, subplots
 from sdbench.simulator.core import DEFAULT_BATCH_SIZES
 from sdbench.simulator.reports import PAPER_GRID
 
@@ -111,9 +111,8 @@ def figure_adaptive(report: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     policies = sorted(report["policy"].unique())
     colors = dict(zip(policies, pyplot().rcParams["axes.prop_cycle"].by_key()["color"] * len(policies)))
     fig, axes = panel_grid(len(datasets), 4.2, 3.2, dpi=130)
-    ncols = axes.shape[1]
     for j, d in enumerate(datasets):
-        ax = axes[j // ncols, j % ncols]
+        ax = panel_axes(axes, j)
         _style_batch_axes(ax)
         sub = report[report["dataset"] == d]
         ref = sub.drop_duplicates("batch_size").sort_values("batch_size")
@@ -126,8 +125,5 @@ def figure_adaptive(report: pd.DataFrame, path: str | os.PathLike[str]) -> None:
         ax.set_title(d)
         ax.set_xlabel("batch size")
         ax.set_ylabel("speedup")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    ncol = max(1, min(len(handles), int(fig.get_figwidth() // 2.2)))
-    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, min(0.35, (0.25 * -(-len(handles) // ncol) + 0.1) / fig.get_figheight()), 1, 1))
+    figure_legend(fig, {}, extra=axes[0, 0].get_legend_handles_labels()[0])
     save_png(fig, path, dpi=130, bbox_inches="tight")
