@@ -109,6 +109,16 @@ def test_a_cell_lowered_by_20_percent_is_flagged_and_fails_the_gate(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "| e / m / d | ngram | 4 |" in done.stdout and "speed -20%, throughput -20%, ▼ regressed" in done.stdout
     assert "regressed (B lower by > 10% with disjoint intervals): 1" in done.stdout
+    # Throughput alone lowered (the machine ran slower, the paired speedup held): only a throughput gate fails.
+    c = a.copy()
+    for col in ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"):
+        c[col] *= 0.8
+    rc = _run_dir(tmp_path, "c", c)
+    for gate, code in (("both", 1), ("throughput", 1), ("speedup", 0)):
+        run = subprocess.run([str(SDBENCH), "compare", str(ra), str(rc), "--threshold", "0.1", "--gate", gate],
+                             capture_output=True, text=True)  # fmt: skip
+        assert run.returncode == code, (gate, run.stdout + run.stderr)
+    assert "regressed (B's speedup lower by > 10% with disjoint intervals): 0" in run.stdout
     from PIL import Image
 
     width, height = Image.open(png).size

@@ -128,6 +128,9 @@ def compare_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=None, metavar="FRACTION",
                    help="exit 1 when a cell's speedup or throughput in B is lower by more than this "
                         "(e.g. 0.1) with disjoint intervals: a CI gate")  # fmt: skip
+    p.add_argument("--gate", choices=("speedup", "throughput", "both"), default="both",
+                   help="what --threshold judges (default both); speedup, paired with no SD in the same process, "
+                        "survives a machine whose speed changed between the runs, throughput does not")  # fmt: skip
     p.add_argument("--config", default=None, help="config whose method labels to print (default: method keys)")
     p.add_argument("--markdown", default=None, help="write the table and summary here too")
     p.add_argument("--figure", default=None, help="PNG: B against A per cell, speedup and throughput")
