@@ -91,7 +91,7 @@ def _cells(cells: pd.DataFrame, name: str) -> pd.DataFrame:
 
 # What a regression is judged on. The speedup is paired with the no-SD arm in the same process,
 # so it survives a machine that runs faster or slower between the two runs; throughput does not
-# (two runs of one commit hours apart on a shared 2-core VM: throughput -44% to +16%).
+# (two runs of one commit hours apart on a shared 2-core VM: throughput -46% to +16%).
 GATES = ("speedup", "throughput", "both")
 
 
