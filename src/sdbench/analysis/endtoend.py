@@ -42,16 +42,20 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     dupes = cells.duplicated(SORT)
     if dupes.any():
         raise ValueError(f"duplicate cells in summaries: {cells.loc[dupes, SORT].to_dict('records')}")
-    for column, default in (("contaminated", False), ("tokens_per_s_boot", None)):
+    for column, default in (("contaminated", False), ("tokens_per_s_boot", None), ("engine_layout", ""),
+                            ("num_preemptions", 0), ("paired_baseline_num_preemptions", 0)):  # fmt: skip
         if column not in cells:
             cells[column] = [default] * len(cells)
-    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated"]
+    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated", "engine_layout",
+                    "num_preemptions"]  # fmt: skip
     base = cells.loc[cells["method"] == baseline, keep].rename(
         columns={
             "tokens_per_s": "baseline_tokens_per_s",
             "tokens_per_s_pooled": "_base_pooled",
             "tokens_per_s_boot": "_base_boot",
             "contaminated": "_base_contaminated",
+            "engine_layout": "_base_layout",
+            "num_preemptions": "_base_preemptions",
         }
     )
     out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
@@ -70,11 +74,32 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
             out.loc[paired, column] = out.loc[paired, f"paired_{column}"]
         out.loc[paired, "speedup_design"] = "paired"
     out.loc[out["method"] == baseline, "speedup_design"] = ""
+    check_layouts(out)
     out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
         False
     ).astype(bool)
-    out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "tokens_per_s_boot"])
+    # A speedup whose either arm had requests preempted (KV cache full) was timed at a smaller
+    # batch than its cell names for part of the run (docs/measurement.md).
+    own = out["num_preemptions"].fillna(0).astype(int) + out["paired_baseline_num_preemptions"].fillna(0).astype(int)
+    other = out["_base_preemptions"].where(out["speedup_design"] == "independent", 0).fillna(0).astype(int)
+    out["preempted"] = (own + other) > 0
+    out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "_base_layout", "_base_preemptions",
+                            "tokens_per_s_boot"])  # fmt: skip
     return out.sort_values(SORT, kind="stable").reset_index(drop=True)
+
+
+def check_layouts(cells: pd.DataFrame) -> None:
+    """Refuse a speedup over the separately measured no-SD cell whose engine ran in another
+    process layout (``engine_layout``; a paired cell's arms are checked when timed)."""
+    known = (cells["engine_layout"].fillna("") != "") & (cells["_base_layout"].fillna("") != "")
+    bad = cells[known & (cells["speedup_design"] == "independent") & (cells["engine_layout"] != cells["_base_layout"])]
+    if len(bad):
+        row = bad.iloc[0]
+        name = "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/bs{row['batch_size']}"
+        raise ValueError(
+            f"cell {name}: its speedup divides a {row['engine_layout']} engine by a {row['_base_layout']} no-SD "
+            f"engine; both arms must run in one process layout ({len(bad)} such cell(s))"
+        )
 
 
 def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
