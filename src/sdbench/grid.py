@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
+from sdbench.config import DRAFTER_METHODS, ConfigError, check_kv_capacity, load_config, trimmed_cells
 from sdbench import sweeps
 from sdbench.sweeps import is_sampled
 from sdbench.engine.versions import unsupported_reason
@@ -56,7 +56,8 @@ def cells(config: dict[str, Any]) -> list[Cell]:
                         out.add(Cell(block["engine"], model, dataset, method, int(bs)))
     if problems:
         raise ConfigError("config: invalid grid:\n  " + "\n  ".join(problems))
-    return sorted(out)
+    trimmed = trimmed_cells(config)  # kv_capacity: trim
+    return sorted(c for c in out if (c.engine, c.model, c.dataset, c.method, c.batch_size) not in trimmed)
 
 
 def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
@@ -273,6 +274,16 @@ def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
 
 def _cmd_check(args: Any) -> int:
     config = load_config(args.config)
+    import sys
+
+    mode = config.get("kv_capacity", "refuse")
+    short = check_kv_capacity(config)
+    for line in short:  # one line per cell
+        print(f"{args.config}: kv_capacity {mode}: {line}", file=sys.stderr if mode == "refuse" else sys.stdout)
+    if short and mode == "refuse":
+        print(f"error: {args.config}: {len(short)} cell(s) cannot fit the KV cache (kv_capacity: refuse; "
+              "kv_capacity: trim drops them)", file=sys.stderr)
+        return 1
     grid = cells(config)
     print(f"{args.config}: valid; {len(grid)} cells")
     return 0

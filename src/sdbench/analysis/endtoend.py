@@ -209,7 +209,7 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
         ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "output tokens / s"),
         ("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD"),
     )
-    flagged_any = False
+    flagged_any = preempted_any = False
     for i, (keys, sub) in enumerate(panels):
         for row, (y, lo, hi, ylabel) in enumerate(metrics):
             ax = panel_axes(axes, i, row, 2)
@@ -225,6 +225,11 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
                 flagged_any = True
                 ax.scatter(flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
                            linewidths=1.5, zorder=5)  # fmt: skip
+            preempted = sub[sub["preempted"].astype(bool)] if "preempted" in sub else sub.iloc[:0]
+            if len(preempted):  # KV cache too small for the batch: part of it waited (docs/measurement.md)
+                preempted_any = True
+                ax.scatter(preempted["batch_size"], preempted[y], s=220, marker="s", facecolors="none",
+                           edgecolors="darkorange", linewidths=1.5, zorder=5)  # fmt: skip
             if row == 1:
                 ax.axhline(1.0, color="grey", lw=0.8, ls="--")
             ax.set_xscale("log", base=2)
@@ -236,6 +241,9 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
     if flagged_any:
         extra.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="red",
                             markersize=10, label="timed on a busy machine"))  # fmt: skip
+    if preempted_any:
+        extra.append(Line2D([], [], ls="none", marker="s", markerfacecolor="none", markeredgecolor="darkorange",
+                            markersize=11, label="requests preempted (KV cache full)"))  # fmt: skip
     figure_legend(fig, styles, extra)
     save_png(fig, out_png, dpi=dpi)
 

@@ -587,3 +587,58 @@ def memory_markdown(per_engine: Any) -> str:
             f"| {num(r.peak_memory_gib, '.2f')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache capacity (sdbench check-config, config key kv_capacity)
+
+# Device memory vLLM keeps outside weights and KV cache, per GPU: the profiled activation peak,
+# CUDA graphs and the NCCL / cuBLAS workspaces. A round figure on purpose: the check refuses
+# only batches clearly beyond the cache; the preemption counter catches the rest at run time.
+NON_KV_RESERVE_GIB = 2.0
+# vLLM's default share of a GPU the engine may use (EngineArgs.gpu_memory_utilization).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """KV cache capacity of one engine x target x drafter, as the memory model computes it."""
+
+    capacity_tokens: int
+    per_token_kib: float
+    kv_cache_gib: float
+    how: str  # where the KV budget came from, for the one-line refusal
+
+
+def kv_capacity(
+    report: Mapping[str, Any],
+    *,
+    kv_cache_memory_bytes: int | None = None,
+    device_memory_gib: float | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    tensor_parallel_size: int = 1,
+) -> KVCapacity | None:
+    """Tokens the KV cache of a cell's engine holds, or ``None`` when its memory is unknown.
+
+    ``report`` is :func:`memory_report`'s (its ``per_token_kib`` counts the drafter's KV too,
+    its ``static_gib`` target and drafter weights). The KV budget is the engine's explicit
+    ``kv_cache_memory_bytes`` per worker when set, else ``device_memory_gib`` x
+    ``gpu_memory_utilization`` minus :data:`NON_KV_RESERVE_GIB` per GPU, minus the weights;
+    tensor-parallel ranks each hold their share of every token's KV.
+    """
+    per_token = float(report["per_token_kib"]) * KIB
+    if per_token <= 0:
+        return None
+    tp = int(tensor_parallel_size)
+    if kv_cache_memory_bytes is not None:
+        budget = float(kv_cache_memory_bytes) * tp
+        how = f"kv_cache_memory_bytes {kv_cache_memory_bytes / GIB:.2f} GiB x {tp} worker(s)"
+    elif device_memory_gib is not None:
+        budget = tp * (device_memory_gib * gpu_memory_utilization - NON_KV_RESERVE_GIB) * GIB \
+            - float(report["static_gib"]) * GIB
+        how = (f"{tp} x {device_memory_gib:g} GiB x gpu_memory_utilization {gpu_memory_utilization:g} "
+               f"- {tp} x {NON_KV_RESERVE_GIB:g} GiB reserve - {float(report['static_gib']):.1f} GiB weights")
+    else:
+        return None
+    budget = max(budget, 0.0)
+    return KVCapacity(int(budget // per_token), per_token / KIB, budget / GIB, how)
