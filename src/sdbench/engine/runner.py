@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.hardware import provenance
+from sdbench.engine.hardware import job_env, provenance
 from sdbench.engine.versions import apply_env, engine_env, engine_memory, quirks_for, speculative_config
 
 log = logging.getLogger(__name__)
@@ -234,6 +234,7 @@ def start_engine(
         from sdbench.engine.steptiming import ENV_STEP_TIMING_DIR
 
         os.environ[ENV_STEP_TIMING_DIR] = steps_dir
+    apply_env(job_env(spec["engine"], int(spec["model"].get("tensor_parallel_size", 1))))
     env = engine_env(spec["engine"], spec["method"])
     apply_env(env)
 
@@ -598,6 +599,7 @@ def trace_group(
                 f"other engine arguments than {first['cell']['dataset']!r}"
             )
     os.environ[ENV_TRACE_DIR] = trace_dir
+    apply_env(job_env(first["engine"], int(first["model"].get("tensor_parallel_size", 1))))
     apply_env(engine_env(first["engine"], first["method"]))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
