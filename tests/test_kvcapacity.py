@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from sdbench.analysis.memory import kv_capacity, memory_report
-from sdbench.config import kv_capacity_shortfalls, load_config
+from sdbench.analysis.memory import kv_capacity, kv_capacity_shortfalls, memory_report
+from sdbench.config import load_config
 from sdbench.grid import cells
 
 ROOT = Path(__file__).resolve().parents[1]

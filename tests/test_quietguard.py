@@ -132,11 +132,15 @@ with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:  # this job's own cg
     fh.write(str(os.getpid()))
 os.sched_setaffinity(0, {0})  # the job's core
 from sdbench.engine.quietguard import QuietGuard
+from sdbench.engine.quietguard import cgroup_pids
 guard = QuietGuard("flag", interval=0.2)
 guard.start()
-time.sleep(1.5)
+time.sleep(3.0)
 report = guard.stop()
-print(json.dumps({"scope": report.scope, "busy": sorted(report.busy)}))
+inside = int(sys.argv[2])
+print(json.dumps({"scope": report.scope, "busy": sorted(report.busy),
+                  "members": sorted(cgroup_pids(guard.scope.cgroup)),
+                  "inside_seen": [guard._first.get(inside), guard._last.get(inside)]}))
 """
 
 
@@ -177,8 +181,8 @@ def test_on_a_cluster_the_guard_judges_the_job_not_the_node(job_cgroup: Path) ->
         time.sleep(0.3)
         env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
         env.pop("SLURM_JOB_ID", None)
-        out = subprocess.run([sys.executable, "-c", _GUARD_IN_CGROUP, str(job_cgroup)], capture_output=True,
-                             text=True, check=True, env=env, timeout=60)  # fmt: skip
+        out = subprocess.run([sys.executable, "-c", _GUARD_IN_CGROUP, str(job_cgroup), str(inside)],
+                             capture_output=True, text=True, check=True, env=env, timeout=60)  # fmt: skip
         seen = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         for pid in (outside, inside):

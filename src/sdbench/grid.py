@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.config import DRAFTER_METHODS, ConfigError, check_kv_capacity, load_config, trimmed_cells
+from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
 from sdbench import sweeps
 from sdbench.sweeps import is_sampled
 from sdbench.engine.versions import unsupported_reason
@@ -56,7 +56,11 @@ def cells(config: dict[str, Any]) -> list[Cell]:
                         out.add(Cell(block["engine"], model, dataset, method, int(bs)))
     if problems:
         raise ConfigError("config: invalid grid:\n  " + "\n  ".join(problems))
-    trimmed = trimmed_cells(config)  # kv_capacity: trim
+    trimmed: set[tuple[str, str, str, str, int]] = set()
+    if config.get("kv_capacity") == "trim":  # cells whose batch cannot fit the KV cache
+        from sdbench.analysis.memory import trimmed_cells
+
+        trimmed = trimmed_cells(config)
     return sorted(c for c in out if (c.engine, c.model, c.dataset, c.method, c.batch_size) not in trimmed)
 
 
@@ -275,6 +279,8 @@ def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
 def _cmd_check(args: Any) -> int:
     config = load_config(args.config)
     import sys
+
+    from sdbench.analysis.memory import check_kv_capacity
 
     mode = config.get("kv_capacity", "refuse")
     short = check_kv_capacity(config)

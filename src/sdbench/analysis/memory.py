@@ -642,3 +642,120 @@ def kv_capacity(
         return None
     budget = max(budget, 0.0)
     return KVCapacity(int(budget // per_token), per_token / KIB, budget / GIB, how)
+
+
+# --------------------------------------------------------------------------------------------------
+# KV capacity of a config's cells (sdbench check-config, config key kv_capacity)
+
+# vLLM method name -> the method names of sdbench.analysis.memory (suffix: no weights, no KV).
+_MEMORY_METHODS = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "suffix": "ngram"}
+
+
+def _prompt_tokens(dataset: dict[str, Any]) -> int | None:
+    """Longest prompt a dataset entry can have before its table exists: ``max_prompt_tokens``,
+    else a SPEED-Bench throughput tier's input length (``throughput_32k``: 32768), else unknown."""
+    import re
+
+    if dataset.get("max_prompt_tokens"):
+        return int(dataset["max_prompt_tokens"])
+    if dataset.get("builder") == "speed_bench":
+        where = f"{dataset.get('local_path') or ''} {dataset.get('hf_config') or ''}"
+        tier = re.search(r"throughput_(\d+)k", where)
+        if tier:
+            return int(tier.group(1)) * 1024
+    return None
+
+
+def _engine_kv(engine: dict[str, Any]) -> dict[str, Any]:
+    """The KV budget settings of an engine entry (sdbench.analysis.memory.kv_capacity)."""
+    kwargs = engine.get("llm_kwargs", {})
+    explicit = kwargs.get("kv_cache_memory_bytes")
+    cpu_space = (engine.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE")
+    if explicit is None and engine["device"] == "cpu" and cpu_space not in (None, ""):
+        explicit = int(cpu_space) * GIB  # the CPU build's GiB setting (vllm/platforms/cpu.py)
+    return {
+        "kv_cache_memory_bytes": None if explicit is None else int(explicit),
+        "device_memory_gib": engine.get("device_memory_gib") if engine["device"] == "cuda" else None,
+        "gpu_memory_utilization": float(kwargs.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
+    }
+
+
+def kv_capacity_shortfalls(config: dict[str, Any]) -> dict[tuple[str, str, str, str, int], str]:
+    """Cells of a validated config whose batch cannot fit the engine's KV cache -> why, one line each.
+
+    Needed: ``batch_size`` sequences of (longest prompt + ``max_tokens`` + k lookahead), each
+    capped at the model's ``max_model_len``; capacity: :func:`sdbench.analysis.memory.kv_capacity`
+    with the drafter's KV for SD cells. Cells whose capacity or model architecture is unknown
+    (a model built locally, a cuda engine without ``device_memory_gib``) are not judged.
+    """
+    import functools
+
+    from sdbench.config import DRAFTER_METHODS
+
+    @functools.lru_cache(maxsize=None)
+    def report(target: str, drafter: str | None, method: str, dtype: str | None) -> dict[str, Any] | None:
+        try:
+            return memory_report(target, drafter, method, dtype=dtype)
+        except (ValueError, FileNotFoundError):
+            return None  # no architecture config for a hub id or a model built by the workflow
+
+    out: dict[tuple[str, str, str, str, int], str] = {}
+    for block in config["grid"]:
+        engine = config["engines"][block["engine"]]
+        budget = _engine_kv(engine)
+        if budget["kv_cache_memory_bytes"] is None and budget["device_memory_gib"] is None:
+            continue
+        for model_key in block["models"]:
+            model = config["models"][model_key]
+            if not model.get("hf_id"):
+                continue
+            dtype = model.get("dtype") if model.get("dtype") not in (None, "auto") else None
+            for method_key in block["methods"]:
+                method = config["methods"][method_key]
+                name = _MEMORY_METHODS.get(method["method"], method["method"])
+                drafter = None
+                if method["method"] in DRAFTER_METHODS and name != "mtp":
+                    entry = config["models"].get(method["drafter"][model_key], {})
+                    if not entry.get("hf_id"):
+                        continue
+                    drafter = entry["hf_id"]
+                rep = report(model["hf_id"], drafter, name, dtype)
+                if rep is None:
+                    continue
+                cap = kv_capacity(rep, tensor_parallel_size=int(model.get("tensor_parallel_size", 1)), **budget)
+                if cap is None:
+                    continue
+                k = int(method.get("num_speculative_tokens", 0))
+                for dataset_key in block["datasets"]:
+                    dataset = config["datasets"][dataset_key]
+                    prompt = _prompt_tokens(dataset)
+                    per_seq = (prompt or 0) + int(dataset["max_tokens"]) + k
+                    if model.get("max_model_len"):
+                        per_seq = min(per_seq, int(model["max_model_len"]))
+                    for bs in block["batch_sizes"]:
+                        needed = int(bs) * per_seq
+                        if needed <= cap.capacity_tokens:
+                            continue
+                        prompt_text = f"{prompt} prompt" if prompt is not None else "prompt length unknown, counted as 0"
+                        out[(block["engine"], model_key, dataset_key, method_key, int(bs))] = (
+                            f"{block['engine']}/{model_key}/{dataset_key}/{method_key}/bs{bs}: needs {needed:,} KV "
+                            f"tokens (batch {bs} x ({prompt_text} + {dataset['max_tokens']} max_tokens + {k})), "
+                            f"capacity {cap.capacity_tokens:,} ({cap.kv_cache_gib:.1f} GiB at "
+                            f"{cap.per_token_kib:.0f} KiB/token: {cap.how})"
+                        )
+    return dict(sorted(out.items()))
+
+
+def trimmed_cells(config: dict[str, Any]) -> set[tuple[str, str, str, str, int]]:
+    """Cells ``kv_capacity: trim`` drops from the grid (empty under refuse / off)."""
+    if config.get("kv_capacity") != "trim":
+        return set()
+    return set(kv_capacity_shortfalls(config))
+
+
+def check_kv_capacity(config: dict[str, Any]) -> list[str]:
+    """The cells ``sdbench check-config`` refuses (``kv_capacity: refuse``) or trims (``trim``),
+    one line each; nothing under ``off``."""
+    if config.get("kv_capacity", "refuse") == "off":
+        return []
+    return list(kv_capacity_shortfalls(config).values())
