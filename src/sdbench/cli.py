@@ -153,6 +153,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "figure-index": _add_figure_index,
     "prepare-dataset": datasets_cli.add_prepare_dataset,
     "speed-bench-sample": datasets_cli.add_speed_bench_sample,
+    "datasets": datasets_cli.add_datasets,
     "run-cell": engine_cli.add_run_cell,
     "run-group": engine_cli.add_run_group,
     "cell-tables": engine_cli.add_cell_tables,
@@ -189,7 +190,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
 # What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
 TOOLS = (
     "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
-    "figure-index", "fetch", "download-model", "check-model", "costmodel",
+    "figure-index", "fetch", "download-model", "check-model", "costmodel", "datasets",
 )  # fmt: skip
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)
