@@ -196,6 +196,8 @@ def split_files(entry: dict[str, Any]) -> list[str]:
     import datasets
 
     path = entry.get("local_path") or entry["hf_id"]
+    if entry.get("local_path") and not Path(path).is_dir():
+        raise ConfigError(f"local_path: {path!r} is not a directory (a local copy of {entry.get('hf_id')})")
     kwargs: dict[str, Any] = {"revision": entry.get("revision", "main")}
     if entry.get("data_files"):
         kwargs["data_files"] = entry["data_files"]
@@ -654,14 +656,15 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
         df = random_token_prompts(args.name, entry, read_prompt_table(args.matched), tokenizer, args.seed)
     else:
         context = model_context(args.tokenizer, args.max_model_len)
+        lines: list[str] = []  # printed once the table is made: an error stays one line
+        df = prepare(args.name, entry, tokenizer, args.seed, chat_kwargs, context=context, log=lines.append)
         print(
-            f"datasets.{args.name}: form {_form(entry)}; context {context if context else 'unknown'} tokens "
-            "(a prompt that fills it is dropped; max_tokens is capped at what fits after the prompt)",
+            f"datasets.{args.name}: {len(df)} prompts, form {_form(entry)}; model context "
+            f"{context if context else 'unknown'} tokens (a prompt that fills it is dropped; max_tokens is "
+            "capped at what fits after the prompt)",
+            *lines,
+            sep="\n",
             file=sys.stderr,
         )
-        df = prepare(
-            args.name, entry, tokenizer, args.seed, chat_kwargs, context=context,
-            log=lambda line: print(line, file=sys.stderr),
-        )  # fmt: skip
     write_parquet(df, Path(args.output))
     return 0
