@@ -168,3 +168,33 @@ def test_the_llama3_tokenizer_package_is_a_test_dependency_only() -> None:
     assert TOKEN_COUNTER not in _requirement_names((REPO / "requirements" / "analysis.txt").read_text().splitlines())
     images: Any = yaml.safe_load((REPO / "containers" / "images.yaml").read_text())
     assert TOKEN_COUNTER not in json.dumps(images)
+
+
+@pytest.mark.usefixtures("offline_hub")
+def test_check_recovers_every_paper_dataset_from_prompts_prepare_made(
+    llama3_tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """The inverse of every authors' format, on prompts `prepare` made from hub copies (the sharegpt
+    and cnn traces are held out): each request comes back identical."""
+    from support.datasets_hub_copies import WRITERS
+    from transformers import AutoTokenizer
+
+    from sdbench.config import load_config
+    from sdbench.datasets.chattemplate import shipped_template
+    from sdbench.datasets.prompts import prepare
+    from sdbench.datasets.published import check
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "tokenizer.json").write_bytes((llama3_tokenizer_dir / "tokenizer.json").read_bytes())
+    cfg = json.loads((llama3_tokenizer_dir / "tokenizer_config.json").read_text())
+    template = shipped_template("llama3.1")
+    (model_dir / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    config = load_config(REPO / "config" / "paper.yaml")
+    for name in ("cnn", "sharegpt", "instructcoder", "gsm8k", "gpqa"):
+        entry = {**config["datasets"][name], "local_path": str(WRITERS[name](tmp_path / name)), "num_prompts": 3}
+        df = prepare(name, entry, tok, 42)
+        requests = [(r, list(ids)) for r, ids in zip(df["request_id"], df["prompt_token_ids"], strict=True)]
+        outcomes = check(entry, requests, tok, "authors", template)
+        assert [o.identical for o in outcomes] == [True] * 3, (name, [o.note or o.position for o in outcomes])

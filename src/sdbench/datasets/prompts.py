@@ -350,7 +350,10 @@ _hub_builder(
         ("article", "highlights"),
         clean=lambda r, seed: {"prompt_text": CNN_CLEAN_PREFIX + r["article"], "reference": r["highlights"]},
         authors=lambda r: {"prompt_text": CNN_AUTHORS_PREFIX + r["article"], "reference": r["highlights"]},
-        parse_authors=lambda text: {"article": _strip_affixes(text, CNN_AUTHORS_PREFIX, "", "CNN/DailyMail")},
+        parse_authors=lambda text: {
+            "article": _strip_affixes(text, CNN_AUTHORS_PREFIX, "", "CNN/DailyMail"),
+            "highlights": "",
+        },
     ),
 )
 
