@@ -446,7 +446,6 @@ class HubRepo:
     repo_id: str
     revision: str
     key: str  # the config's model or dataset key
-    data_files: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.kind} {self.repo_id}@{self.revision}"
@@ -467,9 +466,7 @@ def hub_repos(config: Mapping[str, Any], plan: Any) -> list[HubRepo]:
     for name in sorted(used):
         entry = config["datasets"][name]
         if entry["source"] == "huggingface" and not entry.get("local_path") and entry.get("hf_id"):
-            files = entry.get("data_files") or ()
-            repos.append(HubRepo("dataset", entry["hf_id"], entry.get("revision", "main"), name,
-                                 tuple([files] if isinstance(files, str) else files)))
+            repos.append(HubRepo("dataset", entry["hf_id"], entry.get("revision", "main"), name))
     return repos
 
 
@@ -502,8 +499,8 @@ def hub_access(repo: HubRepo, token: str | None, endpoint: str | None = None) ->
     try:
         HfApi(endpoint=endpoint, token=token or False).auth_check(repo.repo_id, repo_type=repo.kind)
     except GatedRepoError:
-        who = "the token's account has not" if token else "no token; gated, and the account must have"
-        return failed(check, f"gated: {who} accepted its terms",
+        who = "the token's account has not accepted its terms" if token else "and no hub token is set"
+        return failed(check, f"gated, {who}",
                       f"accept them at https://huggingface.co/{'datasets/' if repo.kind == 'dataset' else ''}"
                       f"{repo.repo_id}, then {login}")
     except RepositoryNotFoundError:
@@ -525,32 +522,52 @@ def repo_files(repo: HubRepo, token: str | None, endpoint: str | None = None) ->
     return [(s.rfilename, int(s.size or 0)) for s in info.siblings or []]
 
 
-def _download_selection() -> Callable[[list[str]], list[str]] | None:
-    """The hub module's selection of the files a model download takes, if it has one."""
+def model_selection() -> Callable[[list[str]], list[str]]:
+    """The files of a model repository a download takes: :func:`sdbench.models.hub.select_model_files`
+    when the hub module has it (what vLLM loads), else every file (a whole snapshot)."""
     from sdbench.models import hub
 
-    for name in ("snapshot_files", "files_to_download", "select_files"):
-        func = getattr(hub, name, None)
-        if callable(func):
-            return func
-    return None
+    select = getattr(hub, "select_model_files", None)
+    if select is None:
+        return list
+    return lambda names: list(select(names)[0])
 
 
 # Dataset files load_dataset reads (everything else in a dataset repo is docs and scripts).
 _DATA_SUFFIXES = (".parquet", ".arrow", ".json", ".jsonl", ".csv", ".tsv", ".txt", ".gz", ".zst", ".zip", ".bz2", ".xz")
 
 
-def download_bytes(repo: HubRepo, files: Sequence[tuple[str, int]],
-                   select: Callable[[list[str]], list[str]] | None = None) -> int:
-    """Bytes a download of ``repo`` takes, from its file list: for a model the files ``select``
-    keeps (all when None), for a dataset its ``data_files`` or else every data file."""
-    names = [n for n, _ in files]
-    if repo.kind == "model":
-        keep = set(select(names)) if select else set(names)
-    elif repo.data_files:
-        keep = set(repo.data_files)
-    else:
-        keep = {n for n in names if n.lower().endswith(_DATA_SUFFIXES)}
+def dataset_selection(entry: Mapping[str, Any], name: str) -> Callable[[list[str]], list[str]]:
+    """The files of a dataset repository a download takes: the hub module's
+    ``select_dataset_files`` when it has one (read without the dataset card: every file of a
+    repository whose card would narrow it down, an upper bound), else the entry's ``data_files``
+    or every data file."""
+    from sdbench.models import hub
+
+    select = getattr(hub, "select_dataset_files", None)
+    files = entry.get("data_files")
+
+    def fallback(names: list[str]) -> list[str]:
+        if files:
+            wanted = {files} if isinstance(files, str) else set(files)
+            return [n for n in names if n in wanted]
+        return [n for n in names if n.lower().endswith(_DATA_SUFFIXES)]
+
+    if select is None:
+        return fallback
+
+    def selected(names: list[str]) -> list[str]:
+        try:
+            return list(select(names, None, dict(entry), name))
+        except ValueError:  # ConfigError: the entry selects nothing; the download job says so
+            return fallback(names)
+
+    return selected
+
+
+def download_bytes(files: Sequence[tuple[str, int]], select: Callable[[list[str]], list[str]]) -> int:
+    """Bytes a download takes: the sizes (the hub's file list) of the files ``select`` keeps."""
+    keep = set(select([n for n, _ in files]))
     return sum(size for name, size in files if name in keep)
 
 
@@ -572,11 +589,24 @@ def disk_space(check: str, directory: Path, need: int, free: Callable[[Path], in
     return ok(check)
 
 
-def hub_datasets_cache() -> Path:
-    """Where ``datasets.load_dataset`` downloads to (HF_HUB_CACHE, else HF_HOME/hub)."""
+def dataset_root(root: Path) -> Path:
+    """Where hub datasets go: the workflow's copies (``paths.HUB_DATASET``) when it makes them,
+    else the hub cache ``datasets.load_dataset`` downloads into."""
     from huggingface_hub import constants
 
-    return Path(constants.HF_HUB_CACHE)
+    from sdbench.workflow import paths
+
+    pattern = getattr(paths, "HUB_DATASET", None)
+    return root / Path(pattern).parent if pattern else Path(constants.HF_HUB_CACHE)
+
+
+def download_dir(root: Path, repo: HubRepo) -> Path:
+    """The directory a repository is downloaded into for its config key."""
+    from sdbench.workflow import paths
+
+    if repo.kind == "model":
+        return root / paths.HUB_MODEL.format(key=repo.key)
+    return dataset_root(root) / repo.key
 
 
 # --- SLURM --------------------------------------------------------------------------------------
@@ -857,30 +887,25 @@ def hub_checks(site: Site, endpoint: str | None = None) -> list[Result]:
     from huggingface_hub import get_token
 
     token = get_token()
-    first = {}
+    first: dict[tuple[str, str, str], HubRepo] = {}
     for repo in repos:
         first.setdefault((repo.kind, repo.repo_id, repo.revision), repo)
     access = {k: hub_access(r, token, endpoint) for k, r in first.items()}
     results = list(access.values())
-    select = _download_selection()
     files: dict[tuple[str, str, str], list[tuple[str, int]]] = {}
-    models, datasets = 0, 0
+    need = {"model": 0, "dataset": 0}
     for repo in repos:
         key = (repo.kind, repo.repo_id, repo.revision)
-        if access[key].failed:
-            continue
-        if repo.kind == "model" and (site.root / HUB_DIR / repo.key / "sdbench-source.json").is_file():
-            continue  # already downloaded
+        if access[key].failed or (download_dir(site.root, repo) / "sdbench-source.json").is_file():
+            continue  # no access (said above), or downloaded already
         if key not in files:
             files[key] = repo_files(repo, token, endpoint)
-        size = download_bytes(repo, files[key], select)
-        if repo.kind == "model":  # one snapshot per model key (resources/hub/<key>)
-            models += size
-        else:
-            datasets += size
-    results.append(disk_space("disk for model snapshots", site.root / HUB_DIR, models))
-    if datasets:
-        results.append(disk_space("disk for hub datasets", hub_datasets_cache(), datasets))
+        select = (model_selection() if repo.kind == "model"
+                  else dataset_selection(site.config["datasets"][repo.key], repo.key))
+        need[repo.kind] += download_bytes(files[key], select)  # one copy per config key
+    results.append(disk_space("disk for model snapshots", site.root / HUB_DIR, need["model"]))
+    if need["dataset"]:
+        results.append(disk_space("disk for hub datasets", dataset_root(site.root), need["dataset"]))
     return results
 
 
