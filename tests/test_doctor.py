@@ -485,7 +485,8 @@ def test_a_partition_shorter_than_the_plan_is_flagged(slurm_cluster, tmp_path: P
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition of the real test cluster with MaxTime 5 min: the default grid's engine jobs ask
     more, so the doctor fails it; the cluster's own partition (MaxTime INFINITE) passes."""
-    slurm_cluster.run("scontrol", "create", f"PartitionName=short Nodes={slurm_cluster.nodename} MaxTime=5 State=UP")
+    slurm_cluster.run("scontrol", "create", "PartitionName=short", f"Nodes={slurm_cluster.nodename}", "MaxTime=5",
+                      "State=UP")
     try:
         monkeypatch.setenv("PATH", slurm_cluster.env["PATH"])
         monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
