@@ -224,7 +224,8 @@ def test_driver_against_the_images_cuda(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_CUDA", "12.4")
     check = "GPUs on this host (nvidia-smi): 1 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4)"
     assert doctor.driver_check("GPUs on this host (nvidia-smi)", [], ["sdbench-vllm-0.11.1"]).line() == f"{check} | ok"
-    line = doctor.driver_check("GPUs on this host (nvidia-smi)", [], ["sdbench-vllm-0.11.1", "sdbench-vllm-0.26.0"]).line()
+    both = ["sdbench-vllm-0.11.1", "sdbench-vllm-0.26.0"]
+    line = doctor.driver_check("GPUs on this host (nvidia-smi)", [], both).line()
     assert line.startswith(f"{check} | FAILED: driver too old: sdbench-vllm-0.26.0 needs CUDA 13 = driver >= 580 (")
     assert line.endswith("| upgrade the NVIDIA driver, or use an image of an older CUDA (config engines.*.container)")
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_DRIVER", "580.65.06")
@@ -370,6 +371,11 @@ def test_hub_checks_skip_offline_or_unreachable(tmp_path: Path) -> None:
 )
 def test_parse_slurm_minutes(text: str, minutes: float | None) -> None:
     assert doctor.parse_slurm_minutes(text) == minutes
+
+
+@pytest.mark.parametrize("value, minutes", [(90, 90), ("90", 90), ("2h", 120), ("1h30m", 90), ("1-00:00:00", 1440)])
+def test_profile_minutes(value: object, minutes: int) -> None:
+    assert doctor.profile_minutes(value) == minutes
 
 
 def test_gres_gpus() -> None:

@@ -169,7 +169,8 @@ def project_venv(root: Path, prefix: str = sys.prefix, base_prefix: str = sys.ba
     if not stamp.is_file():
         return failed(check, f"no {stamp} (not made by scripts/bootstrap.sh)", fix)
     if stamp.read_text().strip() != lock_stamp(root):
-        return failed(check, f"{stamp} differs from this checkout's {LOCK} + pyproject.toml (changed since the bootstrap)",
+        return failed(check,
+                      f"{stamp} differs from this checkout's {LOCK} + pyproject.toml (changed since the bootstrap)",
                       "bash scripts/bootstrap.sh (installs the current lock)")
     return ok(check)
 
@@ -293,7 +294,8 @@ def snakemake_plugins(profile: Mapping[str, Any], installed: Callable[[str], str
         version = installed(dist)
         check = f"plugin {dist} (profile {option}: {profile.get(option)})"
         if version is None:
-            results.append(failed(check, "not installed", f"bash scripts/bootstrap.sh (the lock pins it), or pip install {dist}"))
+            fix = f"bash scripts/bootstrap.sh (the lock pins it), or pip install {dist}"
+            results.append(failed(check, "not installed", fix))
         else:
             results.append(ok(check))
     return results
@@ -346,7 +348,8 @@ def image_built(root: Path, container: str, images: Mapping[str, Any]) -> Result
     if Path(container).parent != SIF_DIR or Path(container).suffix != ".sif":
         return skipped(check, f"not a {SIF_DIR}/<name>.sif of {IMAGES}: cannot be checked against it")
     if name not in images:
-        return failed(check, f"{IMAGES} has no image {name!r}", f"add it to {IMAGES} or name one of: {', '.join(images)}")
+        return failed(check, f"{IMAGES} has no image {name!r}",
+                      f"add it to {IMAGES} or name one of: {', '.join(images)}")
     if not (root / container).is_file():
         return failed(check, "no such file", f"bash containers/build.sh {name}")
     return ok(check)
@@ -668,6 +671,20 @@ def slurm_reachable() -> Result:
     return ok("slurm: sinfo answers")
 
 
+_UNITS = {"d": 1440, "h": 60, "m": 1, "min": 1, "s": 1 / 60}
+
+
+def profile_minutes(value: Any) -> int:
+    """A profile's ``runtime`` in minutes: a number, ``"90"``, ``"2h"``, ``"1h30m"`` or ``"1-00:00:00"``."""
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d+)?)(d|h|min|m|s)", text)
+    if parts and "".join(n + u for n, u in parts) == text:
+        return int(sum(float(n) * _UNITS[u] for n, u in parts))
+    return int(parse_slurm_minutes(text) or 0)
+
+
 @dataclass(frozen=True)
 class JobAsk:
     """What one rule's jobs ask of SLURM: partition, the longest runtime (minutes, first attempt
@@ -697,7 +714,7 @@ def job_asks(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) -
         if fixed is None and computed is None:
             fixed = defaults.get("runtime")
         if fixed is not None:
-            minutes = int(parse_slurm_minutes(str(fixed)) or 0) if isinstance(fixed, str) else int(fixed)
+            minutes = profile_minutes(fixed)
             return minutes, minutes
         assert computed is not None
         return computed(1), computed(attempts)
