@@ -256,7 +256,10 @@ def test_gpus_inside_an_image(site_images: Path, monkeypatch: pytest.MonkeyPatch
 HUB = {
     "model/org/open": Repo({"config.json": 1_000, "model.safetensors": 4_000_000_000}),
     "model/meta/gated": Repo({"config.json": 1_000, "model.safetensors": 16_000_000_000}, gated=True),
-    "dataset/org/data": Repo({"README.md": 500, "data/test.parquet": 2_000_000}),
+    "dataset/org/data": Repo(
+        {"README.md": 500, "data/test.parquet": 3_000_000_000, "other/big.parquet": 9_000_000_000},
+        texts={"README.md": "---\nconfigs: [{config_name: main, data_files: data/test.parquet}]\n---\n"},
+    ),
 }
 
 
@@ -281,7 +284,7 @@ def test_hub_access_through_the_hub_api() -> None:
             "check mine's hf_id in the config; for a private repo hf auth login (or export HF_TOKEN=<token>)"
         )
         files = doctor.repo_files(doctor.HubRepo("dataset", "org/data", "main", "d"), None, endpoint)
-        assert files == [("README.md", 500), ("data/test.parquet", 2_000_000)]
+        assert files == [("README.md", 500), ("data/test.parquet", 3_000_000_000), ("other/big.parquet", 9_000_000_000)]
     assert doctor.hub_reachable(_closed_port()) is not None
 
 
@@ -328,7 +331,14 @@ def _hub_config() -> dict:
 
 
 def test_hub_checks_of_a_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every repository once; disk for one snapshot per model key, not for what is downloaded."""
+    """Every repository once; disk for one snapshot per model key, not for what is downloaded; a
+    dataset's files as the hub module selects them from its card."""
+    from sdbench.models import hub
+
+    def select_by_card(files, readme, entry, name):  # the hub module's signature; reads the card
+        return ["README.md"] + [f for f in files if readme and f"data_files: {f}" in readme]
+
+    monkeypatch.setattr(hub, "select_dataset_files", select_by_card, raising=False)
     monkeypatch.setenv("HF_TOKEN", "hf_granted")
     site = _site(tmp_path, _hub_config())
     with hub_server(HUB, token="hf_granted") as endpoint:
@@ -339,7 +349,7 @@ def test_hub_checks_of_a_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         "hub access dataset org/data@main | ok",
     ]
     assert lines[3] == f"disk for model snapshots: 20.0 GB into {tmp_path / 'resources/hub'} | ok"
-    assert lines[4].startswith("disk for hub datasets: ") and lines[4].endswith(" | ok")
+    assert lines[4].startswith("disk for hub datasets: 6.0 GB into ") and lines[4].endswith(" | ok")  # 2 keys
     (tmp_path / "resources" / "hub" / "qwen3-8b").mkdir(parents=True)
     (tmp_path / "resources" / "hub" / "qwen3-8b" / "sdbench-source.json").write_text("{}")
     with hub_server(HUB, token="hf_granted") as endpoint:

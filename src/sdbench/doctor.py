@@ -540,10 +540,25 @@ def model_selection() -> Callable[[list[str]], list[str]]:
 _DATA_SUFFIXES = (".parquet", ".arrow", ".json", ".jsonl", ".csv", ".tsv", ".txt", ".gz", ".zst", ".zip", ".bz2", ".xz")
 
 
-def dataset_selection(entry: Mapping[str, Any], name: str) -> Callable[[list[str]], list[str]]:
+def dataset_card(repo: HubRepo, token: str | None, endpoint: str | None = None) -> str | None:
+    """The repository's README.md (the dataset card, whose ``configs`` name each config's files)
+    at its revision, or None when it cannot be read."""
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    url = hf_hub_url(repo.repo_id, "README.md", repo_type=repo.kind, revision=repo.revision,
+                     endpoint=endpoint or constants.ENDPOINT)
+    try:
+        response = get_session().get(url, headers=build_hf_headers(token=token or False), follow_redirects=True)
+    except Exception:  # the size estimate then takes every file: an upper bound
+        return None
+    return response.text if response.status_code == 200 else None
+
+
+def dataset_selection(entry: Mapping[str, Any], name: str, card: str | None = None) -> Callable[[list[str]], list[str]]:
     """The files of a dataset repository a download takes: the hub module's
-    ``select_dataset_files`` when it has one (read without the dataset card: every file of a
-    repository whose card would narrow it down, an upper bound), else the entry's ``data_files``
+    ``select_dataset_files`` when it has one (with the dataset ``card``; without it every file of
+    a repository whose card would narrow it down, an upper bound), else the entry's ``data_files``
     or every data file."""
     from sdbench.models import hub
 
@@ -561,7 +576,7 @@ def dataset_selection(entry: Mapping[str, Any], name: str) -> Callable[[list[str
 
     def selected(names: list[str]) -> list[str]:
         try:
-            return list(select(names, None, dict(entry), name))
+            return list(select(names, card, dict(entry), name))
         except ValueError:  # ConfigError: the entry selects nothing; the download job says so
             return fallback(names)
 
@@ -917,8 +932,11 @@ def hub_checks(site: Site, endpoint: str | None = None) -> list[Result]:
             continue  # no access (said above), or downloaded already
         if key not in files:
             files[key] = repo_files(repo, token, endpoint)
-        select = (model_selection() if repo.kind == "model"
-                  else dataset_selection(site.config["datasets"][repo.key], repo.key))
+        if repo.kind == "model":
+            select = model_selection()
+        else:
+            card = dataset_card(repo, token, endpoint) if "README.md" in dict(files[key]) else None
+            select = dataset_selection(site.config["datasets"][repo.key], repo.key, card)
         need[repo.kind] += download_bytes(files[key], select)  # one copy per config key
     results.append(disk_space("disk for model snapshots", site.root / HUB_DIR, need["model"]))
     if need["dataset"]:

@@ -8,7 +8,9 @@ client (pass its ``endpoint`` to the checks):
   otherwise; 404 with ``X-Error-Code: RepoNotFound`` for an unknown repo (the hub's codes, read by
   ``huggingface_hub.utils.hf_raise_for_status``);
 * ``GET /api/{models|datasets}/{repo}[/revision/{rev}]``: the repo's info with its file list
-  (``siblings`` with ``rfilename`` and ``size``).
+  (``siblings`` with ``rfilename`` and ``size``);
+* ``GET [/datasets]/{repo}/resolve/{rev}/{file}``: a file's text, for the files given one
+  (``Repo.texts``; 404 with ``X-Error-Code: EntryNotFound`` otherwise).
 
     with hub_server({"model/org/gated": Repo(files={"model.safetensors": 10}, gated=True)},
                     token="hf_ok") as endpoint:
@@ -30,8 +32,10 @@ from typing import Iterator
 class Repo:
     files: dict[str, int] = field(default_factory=dict)
     gated: bool = False
+    texts: dict[str, str] = field(default_factory=dict)
 
 
+_RESOLVE = re.compile(r"^(/datasets)?/([^/]+/[^/]+)/resolve/[^/]+/(.+)$")
 _PATH = re.compile(r"^/api/(models|datasets)/([^/]+/[^/?]+)(/auth-check|/revision/[^?]+)?(?:\?.*)?$")
 
 
@@ -54,6 +58,20 @@ def hub_server(repos: dict[str, Repo], token: str | None = None) -> Iterator[str
             self.wfile.write(data)
 
         def do_GET(self) -> None:
+            resolve = _RESOLVE.match(self.path)
+            if resolve:
+                kind = "dataset" if resolve.group(1) else "model"
+                repo = repos.get(f"{kind}/{resolve.group(2)}")
+                text = repo.texts.get(resolve.group(3)) if repo else None
+                if text is None:
+                    self._send(404, {"error": "Entry not found"}, "EntryNotFound")
+                    return
+                data = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             match = _PATH.match(self.path)
             if match is None:
                 self._send(200, [] if self.path.startswith("/api/models?") else {})  # listing: reachable
