@@ -457,6 +457,7 @@ class HubRepo:
 def hub_repos(config: Mapping[str, Any], plan: Any) -> list[HubRepo]:
     """The hub models the grid uses (targets and drafters) and the hub datasets its prompt tables
     read (``source: huggingface`` without a ``local_path`` copy)."""
+    from sdbench import sweeps
     from sdbench.grid import models_used
 
     repos = [
@@ -466,6 +467,7 @@ def hub_repos(config: Mapping[str, Any], plan: Any) -> list[HubRepo]:
     used = {c.dataset for c in plan.cells} | {c.dataset for c in plan.breakdown}
     used |= set((config.get("server") or {}).get("datasets", []))
     used |= {config["datasets"][d]["matched_to"] for d in list(used) if config["datasets"][d].get("matched_to")}
+    used = {sweeps.prompt_dataset(dict(config), d) for d in used}  # a temperature variant reads its base's
     for name in sorted(used):
         entry = config["datasets"][name]
         if entry["source"] == "huggingface" and not entry.get("local_path") and entry.get("hf_id"):
