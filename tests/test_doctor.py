@@ -487,6 +487,12 @@ def test_doctor_names_what_the_gpu_profile_lacks_here() -> None:
     assert out.stderr.strip() == f"doctor: 4 of {len(out.stdout.splitlines())} checks FAILED"
 
 
+def test_outside_a_checkout_is_one_error_line(tmp_path: Path) -> None:
+    out = subprocess.run([str(BIN / "sdbench"), "doctor"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(f"error: sdbench doctor: {tmp_path} is not an sdbench checkout (no Snakefile, ")
+
+
 def test_a_bad_config_is_one_failed_line() -> None:
     out = _doctor("--profile", "profiles/local", "--config", "config/nope.yaml")
     assert out.returncode == 1

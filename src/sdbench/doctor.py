@@ -995,6 +995,9 @@ def run_checks(site: Site) -> list[Result]:
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
     root = Path.cwd()
+    if not (root / "Snakefile").is_file() or not (root / LOCK).is_file():
+        raise SystemExit(f"sdbench doctor: {root} is not an sdbench checkout (no Snakefile, {LOCK}): run it from the "
+                         "checkout's top directory, where snakemake runs")
     profile_dir = Path(args.profile) if args.profile else None
     profile = load_profile(profile_dir)
     configfile = profile.get("configfile")
