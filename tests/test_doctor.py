@@ -237,6 +237,16 @@ def test_driver_against_the_images_cuda(monkeypatch: pytest.MonkeyPatch, tmp_pat
     )
 
 
+def test_host_gpus_are_checked_for_cuda_engines_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _path(monkeypatch, GPU_DOUBLES)
+    gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
+    assert [r.line() for r in doctor.host_gpu_checks(gpu)] == [
+        "GPUs on this host (nvidia-smi): 1 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4) | ok"
+    ]
+    cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    assert doctor.host_gpu_checks(cpu) == []
+
+
 def test_gpus_inside_an_image(site_images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`apptainer exec --nv IMAGE nvidia-smi`: the double runs the command on the host."""
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3")
@@ -474,10 +484,10 @@ def test_doctor_names_what_the_gpu_profile_lacks_here() -> None:
     assert out.returncode == 1
     failed = [line for line in out.stdout.splitlines() if " | FAILED: " in line]
     assert failed == [
-        "apptainer on PATH | FAILED: neither apptainer nor singularity is on PATH | "
-        "install Apptainer >= 1.0 (apptainer.org/docs/admin) or `module load apptainer`",
         "GPUs on this host (nvidia-smi) | FAILED: no GPU visible: nvidia-smi exited 127: nvidia-smi: command not "
         "found | run on a GPU node with the NVIDIA driver",
+        "apptainer on PATH | FAILED: neither apptainer nor singularity is on PATH | "
+        "install Apptainer >= 1.0 (apptainer.org/docs/admin) or `module load apptainer`",
         "image containers/sif/sdbench-analysis.sif built | FAILED: no such file | "
         "bash containers/build.sh sdbench-analysis",
         "image containers/sif/sdbench-vllm-0.11.1.sif built | FAILED: no such file | "

@@ -865,11 +865,27 @@ def config_check(site: Site) -> Result:
     try:
         site.config = load_config(site.root / site.config_path)
         site.plan = Plan(site.config)
-    except Exception as exc:  # a bad config: every error names its key
+    except (ValueError, OSError) as exc:  # a bad config (ConfigError): every error names its key
         from sdbench.cli import one_line
 
         return failed(check, one_line(str(exc)), "fix the named key (docs/configuration.md)")
     return ok(f"{check} ({len(site.plan.cells)} cells)")
+
+
+def cuda_images(site: Site) -> list[str]:
+    """Names of the images of the grid's CUDA engines."""
+    engines = site.config["engines"] if site.config else {}
+    return sorted({Path(engines[c.engine]["container"]).stem for c in site.plan.cells
+                   if engines[c.engine].get("device") == "cuda" and engines[c.engine].get("container")})
+
+
+def host_gpu_checks(site: Site) -> list[Result]:
+    """With CUDA engines in the grid: GPUs and a driver every engine image accepts, on this host
+    (says what is missing before any image is built; the same inside each image follows)."""
+    if site.config is None or not any(site.config["engines"][c.engine].get("device") == "cuda"
+                                      for c in site.plan.cells):
+        return []
+    return [driver_check("GPUs on this host (nvidia-smi)", [], cuda_images(site))]
 
 
 def apptainer_checks(site: Site) -> list[Result]:
@@ -884,11 +900,7 @@ def apptainer_checks(site: Site) -> list[Result]:
     if site.config is None:
         return results
     specs = {image.name: image for image in load_images(site.root / IMAGES).images}
-    cuda_engines = {e for e, v in site.config["engines"].items() if v.get("device") == "cuda"}
-    gpu_images = sorted({Path(site.config["engines"][c.engine]["container"]).stem for c in site.plan.cells
-                         if c.engine in cuda_engines and site.config["engines"][c.engine].get("container")})
-    if gpu_images:  # the host's view first: says what is missing even before any image is built
-        results.append(driver_check("GPUs on this host (nvidia-smi)", [], gpu_images))
+    gpu_images = cuda_images(site)
     for container in images_needed(site.root, site.config, site.plan.cells):
         name = Path(container).stem
         built = image_built(site.root, container, specs)
@@ -987,6 +999,7 @@ def run_checks(site: Site) -> list[Result]:
     results += pinned_packages(site.root / LOCK)
     results += snakemake_plugins(site.profile)
     results.append(config_check(site))
+    results += host_gpu_checks(site)
     results += apptainer_checks(site)
     results += hub_checks(site)
     results += slurm_checks(site)
