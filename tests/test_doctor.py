@@ -532,6 +532,7 @@ def test_a_partition_shorter_than_the_plan_is_flagged(slurm_cluster, tmp_path: P
         lines = [r.line() for r in doctor.slurm_checks(site)]
     finally:
         slurm_cluster.run("scontrol", "delete", "PartitionName=short", check=False)
+    print("\n".join(lines))  # shown with -s
     runtime = max(scheduling.group_runtime_minutes(site.config, cs) for cs in site.plan.groups.values())
     assert lines[0] == "slurm: sinfo answers | ok"
     assert "slurm partition short exists (run_engine, trace_group, breakdown_group, serve_group) | ok" in lines
