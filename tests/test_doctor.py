@@ -374,6 +374,11 @@ def test_hub_checks_skip_offline_or_unreachable(tmp_path: Path) -> None:
         "disk for hub downloads | skipped: --offline",
     ]
     site.offline = False
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        assert doctor.hub_checks(site)[1].line() == "disk for hub downloads | skipped: HF_HUB_OFFLINE is set"
     endpoint = _closed_port()
     line = doctor.hub_checks(site, endpoint)[0].line()
     assert line.startswith(f"hub access (3 repositories: {names}) | skipped: hub unreachable ({endpoint}/api/models")

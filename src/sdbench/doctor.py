@@ -513,6 +513,9 @@ def hub_access(repo: HubRepo, token: str | None, endpoint: str | None = None) ->
                       f"check {repo.key}'s hf_id in the config; for a private repo {login}")
     except HfHubHTTPError as exc:
         return failed(check, f"the hub refused: {str(exc).splitlines()[0]}", login)
+    except Exception as exc:  # the network between the hub and here (a remote call's boundary)
+        return failed(check, f"no answer: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}",
+                      "check the network or proxy to the hub (HF_ENDPOINT, HTTPS_PROXY)")
     return ok(check)
 
 
@@ -923,14 +926,19 @@ def hub_checks(site: Site, endpoint: str | None = None) -> list[Result]:
     repos = hub_repos(site.config, site.plan)
     if not repos:
         return [ok("hub: the config downloads no hub repository")]
-    unique = list(dict.fromkeys((r.kind, r.repo_id, r.revision) for r in repos))
-    why = "--offline" if site.offline else hub_reachable(endpoint)
+    from huggingface_hub import constants, get_token
+
+    if site.offline:
+        why = "--offline"
+    elif constants.HF_HUB_OFFLINE:  # huggingface_hub would refuse every request
+        why = "HF_HUB_OFFLINE is set"
+    else:
+        unreachable = hub_reachable(endpoint)
+        why = f"hub unreachable ({unreachable})" if unreachable else ""
     if why:
-        why = why if site.offline else f"hub unreachable ({why})"
-        names = ", ".join(f"{r[1]}@{r[2]}" for r in unique)
-        return [skipped(f"hub access ({len(unique)} repositories: {names})", why),
+        unique = list(dict.fromkeys(f"{r.repo_id}@{r.revision}" for r in repos))
+        return [skipped(f"hub access ({len(unique)} repositories: {', '.join(unique)})", why),
                 skipped("disk for hub downloads", why)]
-    from huggingface_hub import get_token
 
     token = get_token()
     first: dict[tuple[str, str, str], HubRepo] = {}
@@ -945,7 +953,11 @@ def hub_checks(site: Site, endpoint: str | None = None) -> list[Result]:
         if access[key].failed or (download_dir(site.root, repo) / "sdbench-source.json").is_file():
             continue  # no access (said above), or downloaded already
         if key not in files:
-            files[key] = repo_files(repo, token, endpoint)
+            try:
+                files[key] = repo_files(repo, token, endpoint)
+            except Exception as exc:  # the remote call's boundary: no size, no disk verdict
+                return results + [skipped("disk for hub downloads",
+                                          f"no file list of {repo}: {type(exc).__name__}: {str(exc).splitlines()[0]}")]
         if repo.kind == "model":
             select = model_selection()
         else:
