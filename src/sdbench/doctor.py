@@ -65,16 +65,17 @@ COMMAND_TIMEOUT = 60.0
 # Image -> (CUDA major version of its base image, minimum NVIDIA driver, where they come from).
 # The driver minimum is NVIDIA's for CUDA minor-version compatibility, "CUDA Toolkit 11.x, 12.x
 # and 13.x Driver Version Ranges" (docs.nvidia.com/deploy/cuda-compatibility/
-# minor-version-compatibility.html, Table 1): CUDA 12.x needs >= 525, CUDA 13.x >= 580.
+# minor-version-compatibility.html, Table 1): CUDA 12.x needs >= 525, CUDA 13.x >= 580. Only the
+# major version decides it; the CUDA minor of the 0.10/0.11 images was not read at their tags.
 IMAGE_CUDA: dict[str, tuple[int, str, str]] = {
     "sdbench-vllm-0.10.1.1": (
-        12, "525", "vllm/vllm-openai:v0.10.1.1 builds on nvidia/cuda 12.8 (vLLM docker/Dockerfile, CUDA_VERSION=12.8.1)"
+        12, "525", "vllm/vllm-openai builds on nvidia/cuda:${CUDA_VERSION} (vLLM docker/Dockerfile; 12.8.1 in the 0.9/0.10 line)"
     ),
     "sdbench-vllm-0.11.1": (
-        12, "525", "vllm/vllm-openai:v0.11.1 builds on nvidia/cuda 12.x (vLLM docker/Dockerfile, CUDA_VERSION)"
+        12, "525", "vllm/vllm-openai v0.11.1 ships torch 2.9 built for CUDA 12.x (CUDA 13 images came later)"
     ),
     "sdbench-vllm-0.26.0": (
-        13, "580", "vllm/vllm-openai:v0.26.0 ships torch 2.11 for CUDA 13 (containers/images.yaml)"
+        13, "580", "vllm/vllm-openai v0.26.0 ships torch 2.11 for CUDA 13 (containers/images.yaml)"
     ),
 }  # fmt: skip
 
