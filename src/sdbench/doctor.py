@@ -66,16 +66,16 @@ COMMAND_TIMEOUT = 60.0
 # The driver minimum is NVIDIA's for CUDA minor-version compatibility, "CUDA Toolkit 11.x, 12.x
 # and 13.x Driver Version Ranges" (docs.nvidia.com/deploy/cuda-compatibility/
 # minor-version-compatibility.html, Table 1): CUDA 12.x needs >= 525, CUDA 13.x >= 580. Only the
-# major version decides it; the CUDA minor of the 0.10/0.11 images was not read at their tags.
+# major version decides it. The images' own Dockerfiles could not be read at their tags here.
 IMAGE_CUDA: dict[str, tuple[int, str, str]] = {
     "sdbench-vllm-0.10.1.1": (
-        12, "525", "vllm/vllm-openai builds on nvidia/cuda:${CUDA_VERSION} (vLLM docker/Dockerfile; 12.8.1 in the 0.9/0.10 line)"
+        12, "525", "vllm 0.10.1.1 pins torch==2.7.1 (PyPI metadata), built for CUDA <= 12.8; vLLM's Dockerfile: 12.8.1"
     ),
     "sdbench-vllm-0.11.1": (
-        12, "525", "vllm/vllm-openai v0.11.1 ships torch 2.9 built for CUDA 12.x (CUDA 13 images came later)"
+        12, "525", "vllm 0.11.1 pins torch==2.9.0 (PyPI metadata); the plain v0.11.1 image tag is a CUDA 12 build"
     ),
     "sdbench-vllm-0.26.0": (
-        13, "580", "vllm/vllm-openai v0.26.0 ships torch 2.11 for CUDA 13 (containers/images.yaml)"
+        13, "580", "vllm 0.26.0 pins torch==2.11.0 (PyPI metadata); its image is CUDA 13 (containers/images.yaml)"
     ),
 }  # fmt: skip
 
