@@ -142,6 +142,15 @@ def _add_containers(subparsers: argparse._SubParsersAction) -> None:
         q.set_defaults(func=lazy(module, f"_cmd_{name}"))
 
 
+def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench doctor`` (:mod:`sdbench.doctor`)."""
+    p = subparsers.add_parser("doctor", help="check this site before a run: venv, Snakemake, Apptainer, hub, SLURM")
+    p.add_argument("--config", help="config file (default: the profile's configfile, else config/config.yaml)")
+    p.add_argument("--profile", metavar="PROFILE_DIR", help="Snakemake profile directory, e.g. profiles/slurm")
+    p.add_argument("--offline", action="store_true", help="skip the checks that need the Hugging Face hub")
+    p.set_defaults(func=lazy("sdbench.doctor", "_cmd_doctor"))
+
+
 # Every command: name -> the function adding its parser. `sdbench --help` lists TOOLS first (what
 # a user runs by hand, in this order), then the pipeline's own steps (what the rules run).
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
@@ -186,10 +195,11 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "check-model": models_cli.add_check_model,
     "engines": engine_cli.add_engines,
     "compare": _add_compare,
+    "doctor": _add_doctor,
 }
 # What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
 TOOLS = (
-    "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
+    "doctor", "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
     "figure-index", "fetch", "download-model", "check-model", "costmodel", "datasets",
 )  # fmt: skip
 # The stages' command modules (each has register(subparsers) adding all its commands).
