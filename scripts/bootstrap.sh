@@ -52,7 +52,7 @@ fi
 # although snakemake-executor-plugin-slurm 2.8.0 declares >=2.4.5: the plugin uses
 # numpy only for its optional efficiency report.
 stamp=.venv/.sdbench-lock.sha256
-want="$(sha256sum requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
+want="$(sha256sum requirements/lock.txt requirements/test.txt pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # uv installs the lock (exact pins, --no-deps) in a fraction of pip's time (parallel
     # downloads and bytecode compilation). Bytecode is compiled at install, as pip does:
@@ -77,6 +77,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "${uv[@]}" "${links[@]}" setuptools==78.1.1
     grep -vE '^torch==' requirements/lock.txt > .venv/.sdbench-lock-rest.txt
     "${uv[@]}" "${links[@]}" --compile-bytecode -r .venv/.sdbench-lock-rest.txt
+    # Test-only pins (no image installs them).
+    "${uv[@]}" "${links[@]}" -r requirements/test.txt
     "${uv[@]}" --no-build-isolation -e .
     echo "$want" > "$stamp"
 fi
