@@ -93,6 +93,8 @@ def test_model_snapshot_takes_one_weight_format_and_no_original() -> None:
     assert select_model_files(eagle) == (["config.json", "pytorch_model.bin", "training_args.bin.json"], "bin")
     assert select_model_files(["config.json", "model.pt", "original/x.pth"]) == (["config.json", "model.pt"], "pt")
     assert select_model_files(["tokenizer.json", "README.md"]) == (["tokenizer.json"], "none")
+    mistral = ["config.json", "consolidated.safetensors", "model-00001-of-00001.safetensors", "params.json"]
+    assert select_model_files(mistral)[0] == ["config.json", "model-00001-of-00001.safetensors", "params.json"]
 
 
 @pytest.mark.parametrize("key", sorted(PAPER_DATASETS))

@@ -149,6 +149,11 @@ def select_model_files(files: Iterable[str]) -> tuple[list[str], str]:
     fmt, suffix, index = next(
         (w for w in WEIGHT_FORMATS if any(f.endswith(w[1]) for f in kept)), ("none", None, None)
     )
+    # Mistral-style repositories ship the original checkpoint as consolidated*.safetensors beside
+    # the Hugging Face shards: the shards are what vLLM loads.
+    consolidated = [f for f in kept if f.rsplit("/", 1)[-1].startswith("consolidated")]
+    if suffix is not None and any(f.endswith(suffix) for f in set(kept) - set(consolidated)):
+        kept = [f for f in kept if f not in consolidated]
     other_weights = tuple(s for w in WEIGHT_FORMATS for s in w[1:] if w[0] != fmt)
     taken = [
         f
