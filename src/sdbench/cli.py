@@ -174,6 +174,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "forced-acceptance": analysis_cli.add_forced_acceptance,
     "plot-throughput": analysis_cli.add_plot_throughput,
     "download-model": models_cli.add_download_model,
+    "download-dataset": models_cli.add_download_dataset,
     "memory-table": analysis_cli.add_memory_table,
     "cost": analysis_cli.add_cost,
     "latency": analysis_cli.add_latency,

@@ -158,7 +158,9 @@ def load_hf_dataset(entry: dict[str, Any]) -> Any:
     the hub repository (its README.md ``configs`` and data files), which ``load_dataset``
     reads like the hub repository, so ``hf_config``, ``split`` and ``data_files`` select
     the same files. ``revision`` is passed either way; for a local copy ``load_dataset``
-    cannot check it (the copy is whatever revision was downloaded).
+    cannot check it (the copy is whatever revision was downloaded). In the workflow every hub
+    entry has one: the copy ``download_dataset`` made (:func:`sdbench.models.hub.download_dataset`,
+    its commit in ``sdbench-source.json``), read offline.
     """
     import datasets  # only needed on machines that prepare the paper's datasets
 
