@@ -22,7 +22,7 @@ import yaml
 from sdbench import doctor, scheduling
 from sdbench.config import load_config
 from sdbench.containers import load_images, render_all
-from sdbench.workflow.plan import Plan
+from sdbench.workflow.plan import NETWORK_RULES, Plan
 from support.doubles.hub_server import Repo, hub_server
 
 REPO = Path(__file__).resolve().parents[1]
@@ -417,7 +417,7 @@ def test_job_asks_follow_the_plan_and_the_profile() -> None:
     longest = max(scheduling.group_runtime_minutes(config, cs) for cs in plan.groups.values())
     last = max(scheduling.group_runtime_minutes(config, cs, 3) for cs in plan.groups.values())
     assert asks["run_engine"] == doctor.JobAsk("run_engine", "gpu", longest, last, 3, 1, "h100")
-    assert asks["download_model"] == doctor.JobAsk("download_model", "cpu", 240, 240, 3)
+    assert not set(asks) & set(NETWORK_RULES)  # local rules: never sent to SLURM
     assert asks["every other job"] == doctor.JobAsk("every other job", "cpu", 60, 60, 3)
 
 

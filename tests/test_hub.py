@@ -105,8 +105,8 @@ def test_dataset_copy_takes_the_files_the_entry_reads(key: str, tmp_path: Path) 
     expected = {
         # 3.0.0 (both of its splits: load_dataset resolves them all) and one file of the card's
         # first config (load_dataset infers the file format from it).
-        "cnn": ["1.0.0/test-00000-of-00001.parquet", "3.0.0/test-00000-of-00001.parquet",
-                "3.0.0/train-00000-of-00001.parquet", "README.md"],
+        "cnn": ["1.0.0/train-00000-of-00001.parquet", "3.0.0/test-00000-of-00001.parquet",
+                "3.0.0/train-00000-of-00002.parquet", "3.0.0/train-00001-of-00002.parquet", "README.md"],
         "sharegpt": ["ShareGPT_V3_unfiltered_cleaned_split.json"],  # data_files names it
         "instructcoder": ["train.json", "valid.json"],  # no configs: splits come from the file names
         "gsm8k": ["README.md", "main/test-00000-of-00001.parquet", "main/train-00000-of-00001.parquet"],

@@ -152,10 +152,10 @@ def python_version(pyproject: Path, version: Sequence[int] = sys.version_info) -
 
 def lock_stamp(root: Path) -> str:
     """What scripts/bootstrap.sh writes into .venv/.sdbench-lock.sha256 for this checkout:
-    ``sha256sum requirements/lock.txt pyproject.toml | sha256sum``."""
+    ``sha256sum requirements/lock.txt requirements/test.txt pyproject.toml | sha256sum``."""
     lines = "".join(
         f"{hashlib.sha256((root / name).read_bytes()).hexdigest()}  {name}\n"
-        for name in (str(LOCK), "pyproject.toml")
+        for name in (str(LOCK), "requirements/test.txt", "pyproject.toml")
     )
     return hashlib.sha256(lines.encode()).hexdigest()
 
@@ -171,7 +171,7 @@ def project_venv(root: Path, prefix: str = sys.prefix, base_prefix: str = sys.ba
         return failed(check, f"no {stamp} (not made by scripts/bootstrap.sh)", fix)
     if stamp.read_text().strip() != lock_stamp(root):
         return failed(check,
-                      f"{stamp} differs from this checkout's {LOCK} + pyproject.toml (changed since the bootstrap)",
+                      f"{stamp} differs from this checkout's {LOCK} + requirements/test.txt + pyproject.toml (changed since the bootstrap)",
                       "bash scripts/bootstrap.sh (installs the current lock)")
     return ok(check)
 
@@ -774,8 +774,11 @@ def job_asks(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) -
         gpus = max(g for _, g in jobs)
         asks.append(JobAsk(rule, str(res.get("slurm_partition", "")), first, last, attempts, gpus,
                            res.get("gpu_model") if gpus else None))
+    from sdbench.workflow.plan import NETWORK_RULES
+
     for rule, res in sorted(per_rule.items()):
-        if rule in ENGINE_RULES or "runtime" not in res:
+        # Network rules are local rules: they run on the submitting host, never through sbatch.
+        if rule in ENGINE_RULES or rule in NETWORK_RULES or "runtime" not in res:
             continue
         minutes, _ = _runtime_of(rule, None)
         asks.append(JobAsk(rule, str({**defaults, **res}.get("slurm_partition", "")), minutes, minutes, attempts))
