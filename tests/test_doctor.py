@@ -10,6 +10,7 @@ Test doubles only for what cannot exist here: ``apptainer`` (tests/support/doubl
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -64,8 +65,10 @@ def test_python_version() -> None:
 
 
 def test_lock_stamp_is_what_bootstrap_writes(tmp_path: Path) -> None:
-    """The same bytes as `sha256sum requirements/lock.txt pyproject.toml | sha256sum`."""
-    out = subprocess.run("sha256sum requirements/lock.txt pyproject.toml | sha256sum", shell=True, cwd=REPO,
+    """The same files, and bytes, as the bootstrap's `sha256sum ... | sha256sum`."""
+    files = re.search(r'want="\$\(sha256sum ([^|]+) \|', (REPO / "scripts" / "bootstrap.sh").read_text())
+    assert files is not None and tuple(files.group(1).split()) == doctor.STAMP_FILES
+    out = subprocess.run(f"sha256sum {files.group(1)} | sha256sum", shell=True, cwd=REPO,
                          capture_output=True, text=True, check=True)
     assert doctor.lock_stamp(REPO) == out.stdout.split()[0]
 
@@ -73,8 +76,8 @@ def test_lock_stamp_is_what_bootstrap_writes(tmp_path: Path) -> None:
 def _checkout(tmp_path: Path) -> Path:
     root = tmp_path / "checkout"
     (root / "requirements").mkdir(parents=True)
-    shutil.copy(REPO / "requirements" / "lock.txt", root / "requirements" / "lock.txt")
-    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    for name in doctor.STAMP_FILES:
+        shutil.copy(REPO / name, root / name)
     return root
 
 

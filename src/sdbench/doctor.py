@@ -53,6 +53,8 @@ OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 ENGINE_RULES = ("run_engine", "trace_group", "breakdown_group", "serve_group")
 LOCK = Path("requirements/lock.txt")
 STAMP = Path(".venv/.sdbench-lock.sha256")
+# The files scripts/bootstrap.sh hashes into STAMP, in its order.
+STAMP_FILES = (str(LOCK), "requirements/test.txt", "pyproject.toml")
 SIF_DIR = Path("containers/sif")
 IMAGES = Path("containers/images.yaml")
 HUB_DIR = Path("resources/hub")
@@ -155,7 +157,7 @@ def lock_stamp(root: Path) -> str:
     ``sha256sum requirements/lock.txt requirements/test.txt pyproject.toml | sha256sum``."""
     lines = "".join(
         f"{hashlib.sha256((root / name).read_bytes()).hexdigest()}  {name}\n"
-        for name in (str(LOCK), "requirements/test.txt", "pyproject.toml")
+        for name in STAMP_FILES
     )
     return hashlib.sha256(lines.encode()).hexdigest()
 
