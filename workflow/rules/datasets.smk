@@ -33,6 +33,7 @@ rule prepare_dataset:
         ),
         entry=lambda w: quoted(PLAN.dataset_entry(w.dataset)),
         chat=lambda w: quoted(PLAN.chat_template_kwargs(w.model)),
+        context=lambda w: PLAN.context_arg(w.model),
         seed=config["seed"],
         matched=lambda w, input: (
             f"--matched {shlex.quote(input.matched)}"
@@ -41,7 +42,7 @@ rule prepare_dataset:
         ),
     shell:
         "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
-        "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} "
+        "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} {params.context} "
         "--chat-template-kwargs {params.chat} --output {output} > {log} 2>&1"
 
 

@@ -210,6 +210,12 @@ class Plan:
     def chat_template_kwargs(self, model: str) -> dict[str, Any]:
         return self.config["models"][model].get("chat_template_kwargs", {})
 
+    def context_arg(self, model: str) -> str:
+        """``--max-model-len N`` when the model entry caps its context (the engine's max_model_len;
+        prompts that do not fit are dropped at prepare time), else "" (the model's config.json)."""
+        cap = self.config["models"][model].get("max_model_len")
+        return f"--max-model-len {int(cap)}" if cap is not None else ""
+
     def memory_model_names(self) -> dict[str, str]:
         """Model key -> what ``sdbench memory`` loads: the repo id, or the built model's directory."""
         return {
