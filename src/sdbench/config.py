@@ -234,4 +234,3 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if config is None:
         raise ConfigError(f"{path}: the config file is empty (expected a YAML mapping with grid, models, ...)")
     return validate_config(config, source=str(path))
-
