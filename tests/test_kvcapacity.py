@@ -45,7 +45,10 @@ def test_speed_bench_32k_at_batch_64_is_refused_one_line_per_cell(tmp_path: Path
     line = short[("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-32k", "none", 64)]
     assert "needs 2,359,296 KV tokens (batch 64 x (32768 prompt + 4096 max_tokens + 0)), capacity 450,907" in line
     assert ("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-1k", "none", 64) not in short
-    proc = subprocess.run([SDBENCH, "check-config", str(_paper(tmp_path))], capture_output=True, text=True, cwd=ROOT)
+    # config/paper.yaml ships with the check off (its comment says why); refuse lists the cells.
+    assert config["kv_capacity"] == "off"
+    proc = subprocess.run([SDBENCH, "check-config", str(_paper(tmp_path, kv_capacity="refuse"))],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == len(short) + 1 and lines[-1].startswith("error: ")
