@@ -465,7 +465,7 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> Any:
     drawn.bar(ax1, x - w / 2, static, w, label="analytical weights", color="#4c72b0", series="analytical_static_gib",
               at=labels)  # fmt: skip
     drawn.bar(ax1, x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452",
-              series="measured_weights_gib", at=labels, note=["" if np.isfinite(m) else "n/a" for m in weights])  # fmt: skip
+              series="measured_weights_gib", at=labels, note=[None if np.isfinite(m) else "n/a" for m in weights])  # fmt: skip
     if np.isfinite(peak).any():
         ax1.plot(x, peak, "k_", markersize=22, mew=2, linestyle="none", label="peak memory")
         drawn.add(ax1, "point", "peak_memory_gib", labels, peak, label="peak memory")
