@@ -15,6 +15,7 @@ and records the same values), and :func:`save_png` writes it beside the PNG as `
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,9 @@ def subplots(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
 def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs: Any) -> Any:
     """Write ``fig`` to ``path`` as PNG at ``dpi`` atomically, then close it (also on error).
 
-    A figure with a :class:`DrawnTable` gets it written first, atomically, to :func:`drawn_path`
-    of ``path``; returns that table as a DataFrame (None for a figure without one).
+    A figure with a :class:`DrawnTable` gets it written too, to :func:`drawn_path` of ``path``
+    (renamed into place after the PNG: a failed save leaves neither); returns that table as a
+    DataFrame (None for a figure without one).
 
     ``savefig_kwargs`` go to ``Figure.savefig`` (e.g. ``bbox_inches="tight"``). A figure wider
     than :data:`MAX_WIDTH_PX` at ``dpi`` is saved at the dpi that fits (every figure a reader opens
@@ -53,11 +55,11 @@ def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs:
     drawn = getattr(fig, _DRAWN_ATTR, None)
     try:
         frame = None if drawn is None else drawn.frame()
-        if frame is not None:
-            with atomic_path(drawn_path(path)) as tmp:
-                frame.to_csv(tmp, index=False)
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None}, **savefig_kwargs)
+        with contextlib.ExitStack() as stack:
+            if frame is not None:  # renamed into place only after the PNG is: both or neither
+                frame.to_csv(stack.enter_context(atomic_path(drawn_path(path))), index=False)
+            with atomic_path(path) as tmp:
+                fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None}, **savefig_kwargs)
     finally:
         pyplot().close(fig)
     return frame
@@ -370,7 +372,8 @@ def panel_grid(n: int, panel_w: float, panel_h: float, dpi: int, rows_per_panel:
     :data:`MAX_WIDTH_PX` wide and no wider than :data:`MAX_ASPECT`:1; unused axes are hidden.
 
     Returns ``(figure, axes)`` with ``axes[r][c]`` of shape (rows x rows_per_panel, columns);
-    panel ``i`` is column ``i % ncols``, rows ``(i // ncols) * rows_per_panel`` onwards.
+    panel ``i`` is column ``i % ncols``, rows ``(i // ncols) * rows_per_panel`` onwards. The
+    figure has its (empty) :class:`DrawnTable`: a grid that draws nothing says so beside its PNG.
     """
     import math
 
@@ -388,6 +391,7 @@ def panel_grid(n: int, panel_w: float, panel_h: float, dpi: int, rows_per_panel:
     for i in range(n, nrows * ncols):
         for r in range(rows_per_panel):
             axes[(i // ncols) * rows_per_panel + r, i % ncols].set_visible(False)
+    drawn_table(fig)
     return fig, axes
 
 
