@@ -89,25 +89,16 @@ def drawn_table(fig: Any) -> DrawnTable:
 
 
 def _scalar(v: Any) -> Any:
-    """A plain Python value (numpy scalars unwrapped; NA/NaN as None)."""
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        try:
-            v = v.item()
-        except (ValueError, TypeError):
-            pass
-    if v is None or (isinstance(v, float) and v != v):
-        return None
-    try:
-        import pandas as pd
+    """A plain Python value: a numpy scalar unwrapped, NaN/NA as None."""
+    import pandas as pd
 
-        if v is pd.NA or v is pd.NaT:
-            return None
-    except ImportError:  # pragma: no cover
-        pass
-    return v
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    return None if v is None or (not isinstance(v, (str, bytes)) and pd.isna(v)) else v
 
 
 def _seq(v: Any, n: int) -> list[Any]:
+    """``v`` as ``n`` plain values: a scalar repeated, a sequence checked to hold ``n``."""
     if v is None or isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
         return [_scalar(v)] * n
     values = [_scalar(x) for x in (v.tolist() if hasattr(v, "tolist") else list(v))]
