@@ -232,7 +232,7 @@ def test_fig05_draws_decile_means_with_their_interval_bands(tmp_path: Path) -> N
         same(line["y"], d["mean"])
         same(band["lo"], d["ci95_low"])
         same(band["hi"], d["ci95_high"])
-        assert set(line["note"]) == {int(d["n_requests"].max())}
+        assert set(line["note"]) == {f"n={int(d['n_requests'].max())}"}  # the annotation
 
 
 @covers("fig06_request_acceptance")

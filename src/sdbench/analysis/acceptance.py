@@ -235,7 +235,7 @@ def plot_position_deciles(deciles: pd.DataFrame, dataset: str):
             n = int(d["n_requests"].max()) if len(d) else 0
             drawn = drawn_table(fig)
             drawn.plot(ax, d["interval"] + 1, d["mean"], color=styles[method].color, marker=styles[method].marker,
-                       series=method, label=styles[method].label, note=n)  # fmt: skip
+                       series=method, label=styles[method].label, note=f"n={n}" if n else None)  # fmt: skip
             drawn.fill_between(ax, d["interval"] + 1, d["ci95_low"], d["ci95_high"], alpha=0.2,
                                color=styles[method].color, series=method, label=styles[method].label)  # fmt: skip
             if n:
