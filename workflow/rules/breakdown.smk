@@ -57,6 +57,7 @@ rule fig03_runtime_breakdown:
         PLAN.breakdown_steps(),
     output:
         figure=paper_report("fig03_runtime_breakdown"),
+        drawn=drawn_table("fig03_runtime_breakdown"),
         table=P.table("breakdown"),
     log:
         "logs/fig03_runtime_breakdown.log",

@@ -48,6 +48,7 @@ rule ext11_latency_throughput:
         table=P.SERVER_TABLE,
         markdown=paper_report("ext11_latency_throughput", ".md"),
         figure=paper_report("ext11_latency_throughput", ".png"),
+        drawn=drawn_table("ext11_latency_throughput"),
     log:
         "logs/ext11_latency_throughput.log",
     params:

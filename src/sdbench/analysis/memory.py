@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdbench.models.spec import DTYPE_BYTES, ModelSpec, load_model_spec
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import drawn_table, save_png, subplots
 
 # "none" = no speculative decoding; "mtp" = the target's own multi-token-prediction layers.
 METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "medusa")
@@ -424,12 +424,13 @@ def _short(name: Any) -> str:
     return "" if _is_missing(name) else str(name).rstrip("/").split("/")[-1]
 
 
-def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
+def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> Any:
     """Analytical vs measured memory per cell, written atomically to ``out_png``.
 
     Left: weights, analytical ``analytical_static_gib`` next to ``measured_weights_gib`` (bars) and
     ``peak_memory_gib`` (marker). Right: ``analytical_per_token_kib``, annotated with the KV-cache
     capacity in tokens that ``measured_kv_cache_gib`` implies. Measured columns may be absent or NaN.
+    Returns the drawn table (x the cell's tick label; a missing measured weight is drawn as 0, note n/a).
     """
     import numpy as np
 
@@ -460,10 +461,14 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
     fig, (ax1, ax2) = subplots(2 if stacked else 1, 1 if stacked else 2,
                                figsize=(wide, 9.0) if stacked else (2 * wide, 5.0))  # fmt: skip
     w = 0.38
-    ax1.bar(x - w / 2, static, w, label="analytical weights", color="#4c72b0")
-    ax1.bar(x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452")
+    drawn = drawn_table(fig)
+    drawn.bar(ax1, x - w / 2, static, w, label="analytical weights", color="#4c72b0", series="analytical_static_gib",
+              at=labels)  # fmt: skip
+    drawn.bar(ax1, x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452",
+              series="measured_weights_gib", at=labels, note=[None if np.isfinite(m) else "n/a" for m in weights])  # fmt: skip
     if np.isfinite(peak).any():
         ax1.plot(x, peak, "k_", markersize=22, mew=2, linestyle="none", label="peak memory")
+        drawn.add(ax1, "point", "peak_memory_gib", labels, peak, label="peak memory")
     for xi, m in zip(x, weights):
         if not np.isfinite(m):
             ax1.text(xi + w / 2, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
@@ -471,7 +476,9 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
     ax1.set_title("Static memory (weights)")
     ax1.legend(fontsize=8)
 
-    ax2.bar(x, per_tok, 0.6, color="#55a868")
+    notes = [f"{gib:.2f} GiB = {gib * 2**20 / kib:,.0f} tok" if np.isfinite(gib) and kib > 0 else None
+             for kib, gib in zip(per_tok, kv_gib)]  # fmt: skip
+    drawn.bar(ax2, x, per_tok, 0.6, color="#55a868", series="analytical_per_token_kib", at=labels, note=notes)
     for xi, kib, gib in zip(x, per_tok, kv_gib):
         if np.isfinite(gib) and kib > 0:
             ax2.text(xi, kib, f"{gib:.2f} GiB\n= {gib * 2**20 / kib:,.0f} tok", ha="center", va="bottom", fontsize=7)
@@ -483,7 +490,7 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
         ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right", rotation_mode="anchor")
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    save_png(fig, out_png, dpi=150)
+    return save_png(fig, out_png, dpi=150)
 
 
 # --------------------------------------------------------------------------------------------------
