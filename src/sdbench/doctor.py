@@ -180,17 +180,9 @@ def project_venv(root: Path, prefix: str = sys.prefix, base_prefix: str = sys.ba
 
 def read_lock(path: Path) -> dict[str, str]:
     """``requirements/lock.txt`` as canonical name -> pinned version."""
-    pins: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            pins[_canonical(name)] = version.strip()
-    return pins
+    from sdbench.containercheck import lock_versions
 
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+    return lock_versions(path)
 
 
 def _installed(name: str) -> str | None:
