@@ -39,6 +39,9 @@ def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench check-config`` (:mod:`sdbench.grid`)."""
     p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
     p.add_argument("config")
+    p.add_argument("--profile", default=None,
+                   help="also apply this Snakemake profile's config entries (a site's limits) and print how "
+                        "engine groups are split to fit")
     p.set_defaults(func=lazy("sdbench.grid", "_cmd_check"))
 
 

@@ -22,7 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sdbench import sweeps
+from sdbench import scheduling, sweeps
+from sdbench.config import ConfigError
 from sdbench.figureindex import BY_NAME, ITEMS, paper_path, published_scope
 from sdbench.grid import (
     Cell,
@@ -35,7 +36,6 @@ from sdbench.grid import (
     breakdown_groups,
     cells,
     drafter_of,
-    engine_group_of,
     engine_groups,
     models_used,
     resolve_breakdown_cell,
@@ -87,10 +87,39 @@ class Plan:
         self.built_models = sorted(k for k, m in models.items() if "build" in m)
         self.hub_models = sorted(k for k, m in models.items() if "hf_id" in m)
         self.heads = sorted(k for k, m in models.items() if "head" in m)
-        self.groups = engine_groups(config)
+        problems = scheduling.site_problems(config, self.cells)
+        if problems:
+            raise ConfigError("config: " + "; ".join(problems))
+        # Engine and breakdown groups, split where a site's runtime limit needs it.
+        unsplit = engine_groups(config)
+        self.groups, splits = scheduling.split_to_fit(config, unsplit, scheduling.group_estimate_minutes)
+        unsplit_breakdown = breakdown_groups(config)
+        self.breakdown_groups, breakdown_splits = scheduling.split_to_fit(
+            config, unsplit_breakdown, scheduling.one_engine_estimate_minutes
+        )
+        limits = scheduling.site_limits(config)
+        #: One line per split group (``sdbench check-config --profile``, the DAG's log).
+        self.site_notes = [s.describe(limits) for s in splits + breakdown_splits]
+        self._group_of = {c: g for g, cs in self.groups.items() for c in cs}
+        self._breakdown_group_of = {c: g for g, cs in self.breakdown_groups.items() for c in cs}
+        # A split group's engine keeps the unsplit group's max_num_seqs: the same engine arguments.
+        self._max_num_seqs = {
+            g: max(c.batch_size for c in everything[EngineGroup(g.engine, g.model, g.method, g.share.split(".")[0])])
+            for split, everything in ((self.groups, unsplit), (self.breakdown_groups, unsplit_breakdown))
+            for g in split
+            if g not in everything
+        }
         self.traces = trace_targets(config)
         self.trace_settings = config.get("traces", {})
         self.trace_groups = trace_groups(config)
+        if limits is not None and limits.budget is not None:  # one engine per traced method: not split
+            for group in self.trace_groups:
+                minutes = scheduling.one_engine_estimate_minutes(config, self.trace_cells(group))
+                if minutes > limits.budget:
+                    self.site_notes.append(
+                        f"site: trace group {group.engine}/{group.model}/{group.method} (estimated {minutes:,} min "
+                        f"> {limits.budget:,}) is not split: its job asks for the limit, {limits.max_runtime:,} min"
+                    )
         self.offline_tracers = self.trace_settings.get("offline", ["ngram"])
         self.baseline_cells = {(c.engine, c.model, c.dataset): c for c in baseline_cells(config)}
         self.published = config.get("published_traces", {})
@@ -99,7 +128,6 @@ class Plan:
         self.cost = config.get("cost", {})
         self.bleu = config.get("bleu")
         self.breakdown = breakdown_cells(config)
-        self.breakdown_groups = breakdown_groups(config)
         grid_datasets = {c.dataset for c in self.cells}
         self.random_pairs = {
             name: d["matched_to"]
@@ -213,16 +241,30 @@ class Plan:
         drafter = self.drafter_dir(method, model)
         return {**inputs, **({"drafter": drafter} if drafter else {})}
 
-    def _job_spec(self, specs: list[dict[str, Any]], cells_: list[Cell]) -> dict[str, Any]:
-        return {"cells": specs, "prompts": self.prompt_tables(cells_)}
+    def _job_spec(
+        self, specs: list[dict[str, Any]], cells_: list[Cell], group: EngineGroup | None = None
+    ) -> dict[str, Any]:
+        spec = {"cells": specs, "prompts": self.prompt_tables(cells_)}
+        if group in self._max_num_seqs:  # split: the unsplit group's engine arguments
+            spec["max_num_seqs"] = self._max_num_seqs[group]
+        return spec
+
+    @property
+    def shares(self) -> list[str]:
+        """Every ``share`` of an engine or breakdown group (the wildcard's values)."""
+        return sorted({g.share for g in [*self.groups, *self.breakdown_groups]})
 
     def group_spec(self, group: EngineGroup) -> dict[str, Any]:
         """Resolved cell specs of an engine group and their prompt tables (``sdbench run-group``)."""
         cells_ = self.groups[group]
-        return self._job_spec([resolve_cell(self.config, c) for c in cells_], cells_)
+        return self._job_spec([resolve_cell(self.config, c) for c in cells_], cells_, group)
 
     def group_dir_of_cell(self, cell: Cell) -> str:
-        return P.GROUP_DIR.format(**engine_group_of(self.config, cell).as_dict())
+        return P.GROUP_DIR.format(**self._group_of[cell].as_dict())
+
+    def group_checkpoint_dir(self, group: EngineGroup) -> str:
+        """Where an engine group keeps the cells it finished (kept when its job fails)."""
+        return P.GROUP_CHECKPOINT_DIR.format(**group.as_dict())
 
     def speed_bench_cells(self) -> list[Cell]:
         """SD cells on SPEED-Bench datasets (builder speed_bench): the per-category table's inputs."""
@@ -387,10 +429,10 @@ class Plan:
     # ------------------------------------------------------------------ breakdown
     def breakdown_group_spec(self, group: EngineGroup) -> dict[str, Any]:
         cells_ = self.breakdown_groups[group]
-        return self._job_spec([resolve_breakdown_cell(self.config, c) for c in cells_], cells_)
+        return self._job_spec([resolve_breakdown_cell(self.config, c) for c in cells_], cells_, group)
 
     def breakdown_group_dir_of_cell(self, cell: Cell) -> str:
-        return P.BREAKDOWN_GROUP_DIR.format(**engine_group_of(self.config, cell).as_dict())
+        return P.BREAKDOWN_GROUP_DIR.format(**self._breakdown_group_of[cell].as_dict())
 
     def breakdown_steps(self) -> list[str]:
         return [P.BREAKDOWN_STEPS.format(**asdict(c)) for c in self.breakdown]
