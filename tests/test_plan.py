@@ -151,12 +151,13 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
     # Every group over the budget fitted (one job each) but single cells beyond it, which ask for the limit.
     for cells_ in paper_at_site.groups.values():
         assert len(cells_) == 1 or scheduling.group_estimate_minutes(config, cells_) <= limits.budget
-    # The plan says which groups were split, one line each (43 engine groups, 15 trace groups).
+    # The plan says which groups were split, one line each, and which unsplit groups ask for the limit.
     splits = [n for n in paper_at_site.site_notes if n.startswith("site: engine group ")]
     assert len(splits) == 43
     assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 79,076 min > 2,304 = 80% of partition gpu's 2,880) " \
            "split into 24 jobs: all.cnn.bs1 (1,519), " in "\n".join(splits)  # fmt: skip
     assert sum(n.startswith("site: trace group ") for n in paper_at_site.site_notes) == 15
+    assert sum(n.startswith("site: server group ") for n in paper_at_site.site_notes) == 4
 
 
 def test_split_groups_keep_the_unsplit_engine_and_their_cells_paths(paper: Plan, paper_at_site: Plan) -> None:

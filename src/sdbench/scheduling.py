@@ -251,7 +251,13 @@ def site_problems(config: dict[str, Any], cells: list[Cell]) -> list[str]:
 
 
 def server_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1) -> int:
-    """Wall-time limit of a server group (sdbench.servermode) whose largest cell is ``cell``.
+    """Wall-time limit of a server group (sdbench.servermode) whose largest cell is ``cell``
+    (:func:`server_estimate_minutes`, times the attempt, within the site's limit)."""
+    return _capped(config, server_estimate_minutes(config, cell), attempt)
+
+
+def server_estimate_minutes(config: dict[str, Any], cell: Cell) -> int:
+    """First-attempt estimate of a server group whose largest cell is ``cell``, uncapped.
 
     Per dataset and concurrency level c: (warm-up + rounds x requests) requests of up to
     ``max_tokens`` steps each, c of them decoding together; plus the server's start-up
@@ -269,5 +275,4 @@ def server_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1)
         for c in section["concurrency"]:
             seconds += max(requests, c) * tokens / c * step_s * (1 + c / BATCH_KNEE)
     startup = max(STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]), float(section.get("startup_timeout_s", 0)) / 60)
-    first = max(MIN_MINUTES, math.ceil(SAFETY * (startup + seconds / 60)))
-    return _capped(config, first, attempt)
+    return max(MIN_MINUTES, math.ceil(SAFETY * (startup + seconds / 60)))

@@ -125,6 +125,15 @@ class Plan:
         self.published = config.get("published_traces", {})
         self.server = config.get("server", {})
         self.server_groups = server_groups(config)
+        if limits is not None and limits.budget is not None:  # one server per method: not split
+            for sgroup in self.server_groups:
+                minutes = scheduling.server_estimate_minutes(config, self.server_cell(sgroup))
+                if minutes > limits.budget:
+                    self.site_notes.append(
+                        f"site: server group {sgroup.engine}/{sgroup.model}/{sgroup.method} (estimated "
+                        f"{minutes:,} min > {limits.budget:,}) is not split: its job asks for the limit, "
+                        f"{limits.max_runtime:,} min"
+                    )
         self.cost = config.get("cost", {})
         self.bleu = config.get("bleu")
         self.breakdown = breakdown_cells(config)
