@@ -159,7 +159,8 @@ def test_busy_node_refuses_the_cell_under_the_cluster_profile(slurm_cluster, slu
     busy = int(out.stdout.strip())
     try:
         # The mode profiles/slurm-cpu sets (the CI overrides relax it to flag).
-        assert 'config: ["quiet_guard=refuse"]' in (REPO / "profiles" / "slurm-cpu" / "config.yaml").read_text()
+        profile = yaml.safe_load((REPO / "profiles" / "slurm-cpu" / "config.yaml").read_text())
+        assert "quiet_guard=refuse" in profile["config"]
         result = snakemake_slurm(
             slurm_cluster, workdir, cell, "--forcerun", "run_engine", "--config", "quiet_guard=refuse"
         )
