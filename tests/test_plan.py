@@ -118,7 +118,7 @@ def _with_profile(name: str, profile: str) -> dict:
     import yaml
 
     from sdbench.config import validate_config
-    from sdbench.grid import profile_config
+    from sdbench.workflow.plan import profile_config
 
     raw = yaml.safe_load((REPO / "config" / name).read_text())
     return validate_config({**raw, **profile_config(str(REPO / "profiles" / profile))}, source=name)
@@ -180,3 +180,14 @@ def test_the_cpu_profile_leaves_the_default_plan_alone(default: Plan) -> None:
     at_site = Plan(_with_profile("config.yaml", "slurm-cpu"))
     assert at_site.groups == default.groups and at_site.site_notes == []
     assert at_site.breakdown_groups == default.breakdown_groups
+
+
+def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
+    from sdbench.cli import main
+
+    assert main(["check-config", str(REPO / "config" / "paper.yaml"), "--profile", str(REPO / "profiles" / "slurm")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 786 engine groups")
+    assert sum(line.startswith("site: engine group ") for line in lines) == 43
+    assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
+    assert capsys.readouterr().out.endswith("valid; 107 cells on 26 engine groups\n")  # no site: no split

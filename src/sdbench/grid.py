@@ -271,44 +271,8 @@ def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
     return {g: sorted(cs, key=lambda c: (c.dataset, c.batch_size)) for g, cs in sorted(groups.items())}
 
 
-def profile_config(profile_dir: str) -> dict[str, Any]:
-    """The ``config:`` entries (``KEY=VALUE``, YAML values) a Snakemake profile passes."""
-    from pathlib import Path
-
-    import yaml
-
-    path = Path(profile_dir) / "config.yaml"
-    if not path.is_file():
-        raise ConfigError(f"--profile {profile_dir}: no config.yaml there")
-    entries = (yaml.safe_load(path.read_text()) or {}).get("config") or []
-    out: dict[str, Any] = {}
-    for entry in [entries] if isinstance(entries, str) else entries:
-        key, sep, value = str(entry).partition("=")
-        if not sep:
-            raise ConfigError(f"{path}: config entry {entry!r} is not KEY=VALUE")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
 def _cmd_check(args: Any) -> int:
     config = load_config(args.config)
-    profile = getattr(args, "profile", None)
-    if profile:
-        from pathlib import Path
-
-        import yaml
-
-        from sdbench.config import validate_config
-        from sdbench.workflow.plan import Plan
-
-        raw = yaml.safe_load(Path(args.config).read_text())  # valid: load_config checked it
-        config = validate_config({**raw, **profile_config(profile)}, source=f"{args.config} + {profile}")
-        plan = Plan(config)
-        grid = plan.cells
-        for line in plan.site_notes:
-            print(line)
-        print(f"{args.config} with {profile}: valid; {len(grid)} cells on {len(plan.groups)} engine groups")
-        return 0
     grid = cells(config)
     print(f"{args.config}: valid; {len(grid)} cells")
     return 0

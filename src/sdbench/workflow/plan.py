@@ -625,4 +625,41 @@ def cli_value(value: Any) -> str:
     return shlex.quote(str(value))
 
 
+def profile_config(profile_dir: str) -> dict[str, Any]:
+    """The ``config:`` entries (``KEY=VALUE``, YAML values) a Snakemake profile passes."""
+    import yaml
+
+    path = Path(profile_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--profile {profile_dir}: no config.yaml there")
+    entries = (yaml.safe_load(path.read_text()) or {}).get("config") or []
+    out: dict[str, Any] = {}
+    for entry in [entries] if isinstance(entries, str) else entries:
+        key, sep, value = str(entry).partition("=")
+        if not sep:
+            raise ConfigError(f"{path}: config entry {entry!r} is not KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _cmd_check_config(args: Any) -> int:
+    """``sdbench check-config FILE [--profile DIR]``: validate and count; with a profile, also apply
+    its config entries (a site's limits) and print how engine groups are split to fit."""
+    import yaml
+
+    from sdbench.config import load_config, validate_config
+    from sdbench.grid import _cmd_check
+
+    if not args.profile:
+        return _cmd_check(args)
+    load_config(args.config)  # errors name the file and key
+    raw = yaml.safe_load(Path(args.config).read_text())
+    config = validate_config({**raw, **profile_config(args.profile)}, source=f"{args.config} + {args.profile}")
+    plan = Plan(config)
+    for line in plan.site_notes:
+        print(line)
+    print(f"{args.config} with {args.profile}: valid; {len(plan.cells)} cells on {len(plan.groups)} engine groups")
+    return 0
+
+
 __all__ = ["BY_NAME", "OFFLINE_SUFFIX_METHOD", "Plan", "cli_value", "quoted", "spec_file"]
