@@ -96,6 +96,13 @@ def test_prepare_inputs_name_a_users_prompts_file(default: Plan) -> None:
     )
 
 
+def test_prepare_gets_the_engines_context_cap(default: Plan, paper: Plan) -> None:
+    """A model entry's max_model_len reaches prepare-dataset (prompts that do not fit are dropped
+    there); without one, the model's config.json decides."""
+    assert default.context_arg("tiny-target") == "--max-model-len 1024"
+    assert paper.context_arg("llama3.1-8b") == ""
+
+
 def test_spec_files_are_content_addressed(tmp_path: Path) -> None:
     a = spec_file({"x": 1, "y": [2]}, tmp_path)
     assert a == spec_file({"y": [2], "x": 1}, tmp_path)  # key order does not matter

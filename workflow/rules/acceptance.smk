@@ -82,6 +82,7 @@ rule trace_suffix_offline:
         "--num-speculative-tokens {params.k} {params.settings} > {log} 2>&1"
 
 
+# A local rule (common.smk): the download runs on the submitting host.
 rule fetch_published_traces:
     output:
         P.PUBLISHED_JSONL,

@@ -51,6 +51,10 @@ from sdbench.workflow import paths as P
 
 # Method label of the offline suffix rows (distinct from an in-engine `suffix` trace).
 OFFLINE_SUFFIX_METHOD = "suffix (offline)"
+# The rules that reach the network (hub models, tokenizers and drafters; hub dataset repositories;
+# the paper's published traces): local rules, run by the workflow process on the submitting host
+# (compute nodes of a cluster may have no internet). Every other rule is a job of its own.
+NETWORK_RULES = ("download_model", "download_dataset", "fetch_published_traces")
 SIM_PROPOSERS = ("ngram", "eagle", "combined")
 
 
@@ -87,6 +91,13 @@ class Plan:
         self.built_models = sorted(k for k, m in models.items() if "build" in m)
         self.hub_models = sorted(k for k, m in models.items() if "hf_id" in m)
         self.heads = sorted(k for k, m in models.items() if "head" in m)
+        # Hub datasets without a local copy of their own: downloaded by a local rule first (a
+        # temperature variant reads its base's prompt table).
+        self.hub_datasets = sorted(
+            k
+            for k, d in config["datasets"].items()
+            if d["source"] == "huggingface" and not d.get("local_path") and sweeps.prompt_dataset(config, k) == k
+        )
         problems = scheduling.site_problems(config, self.cells)
         if problems:
             raise ConfigError("config: " + "; ".join(problems))
@@ -208,13 +219,39 @@ class Plan:
             inputs["sample"] = P.SPEED_BENCH_SAMPLE
         if entry["source"] == "file":  # your prompts file: an edit reruns its prompt tables
             inputs["prompts_file"] = entry["path"]
+        if dataset in self.hub_datasets:
+            inputs["hub_copy"] = self.dataset_copy(dataset)
         return inputs
 
+    def dataset_copy(self, dataset: str) -> str:
+        """The local copy of a hub dataset's repository files (``download_dataset``)."""
+        return P.HUB_DATASET.format(key=dataset)
+
     def dataset_entry(self, dataset: str) -> dict[str, Any]:
-        return self.config["datasets"][dataset]
+        """A dataset's entry as ``prepare-dataset`` reads it: a hub dataset's ``local_path`` is the
+        copy ``download_dataset`` made, so the compute job needs no network."""
+        entry = self.config["datasets"][dataset]
+        if dataset in self.hub_datasets:
+            return {**entry, "local_path": self.dataset_copy(dataset)}
+        return entry
+
+    def download_entry(self, dataset: str) -> dict[str, Any]:
+        """What ``download-dataset`` needs of a hub dataset's entry (what selects its files)."""
+        entry = self.config["datasets"][dataset]
+        return {k: entry[k] for k in ("hf_id", "revision", "hf_config", "split", "data_files") if k in entry}
+
+    def network_rules(self) -> tuple[str, ...]:
+        """The rules that run locally on the submitting host (:data:`NETWORK_RULES`)."""
+        return NETWORK_RULES
 
     def chat_template_kwargs(self, model: str) -> dict[str, Any]:
         return self.config["models"][model].get("chat_template_kwargs", {})
+
+    def context_arg(self, model: str) -> str:
+        """``--max-model-len N`` when the model entry caps its context (the engine's max_model_len;
+        prompts that do not fit are dropped at prepare time), else "" (the model's config.json)."""
+        cap = self.config["models"][model].get("max_model_len")
+        return f"--max-model-len {int(cap)}" if cap is not None else ""
 
     def memory_model_names(self) -> dict[str, str]:
         """Model key -> what ``sdbench memory`` loads: the repo id, or the built model's directory."""
@@ -662,4 +699,4 @@ def _cmd_check_config(args: Any) -> int:
     return 0
 
 
-__all__ = ["BY_NAME", "OFFLINE_SUFFIX_METHOD", "Plan", "cli_value", "quoted", "spec_file"]
+__all__ = ["BY_NAME", "NETWORK_RULES", "OFFLINE_SUFFIX_METHOD", "Plan", "cli_value", "quoted", "spec_file"]
