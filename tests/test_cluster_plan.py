@@ -92,6 +92,7 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
             want = 4 if job.wildcards.model in MULTI_GPU_MODELS else 1
             assert gpus == want, job
             assert set_gres_string(job).strip() == f"--gpus={gpu_model}:{want}"
+            assert job.resources.get("nodes") == 1, job  # the plugin's sbatch --nodes=1: GPUs on one node
             assert job.resources.get("slurm_partition") == "gpu"
         else:
             assert gpus == 0, job

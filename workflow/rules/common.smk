@@ -91,6 +91,11 @@ def paper_report(name, suffix=None, subcategory=None):
     )
 
 
+def drawn_table(name):
+    """What figure-index item ``name``'s PNG drew, written beside it by save_png."""
+    return P.paper_path(name, ".csv")
+
+
 def spec_ref(spec):
     """An engine job's spec as its content-addressed file (the param changes with the spec)."""
     return spec_file(spec)

@@ -25,6 +25,8 @@ rule run_engine:
         cell_container
     threads: TIMED_THREADS
     resources:
+        # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
+        nodes=1,
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
         runtime=group_runtime,

@@ -650,7 +650,7 @@ class Plan:
             paper_path(item.name, suffix, **scope)
             for item in ITEMS
             for scope in self.item_scopes(item.name)
-            for suffix in item.suffixes
+            for suffix in item.files
         ]
         return outputs + self.offline_ngram_files() + self.offline_suffix_files()
 
