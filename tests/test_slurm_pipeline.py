@@ -159,7 +159,8 @@ def test_busy_node_refuses_the_cell_under_the_cluster_profile(slurm_cluster, slu
     busy = int(out.stdout.strip())
     try:
         # profiles/slurm-cpu flags (a shared node); refuse is for whole nodes, as here.
-        assert 'config: ["quiet_guard=flag"]' in (REPO / "profiles" / "slurm-cpu" / "config.yaml").read_text()
+        profile = yaml.safe_load((REPO / "profiles" / "slurm-cpu" / "config.yaml").read_text())
+        assert "quiet_guard=flag" in profile["config"]
         result = snakemake_slurm(
             slurm_cluster, workdir, cell, "--forcerun", "run_engine", "--config", "quiet_guard=refuse"
         )

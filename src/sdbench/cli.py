@@ -36,10 +36,13 @@ from sdbench.traces import cli as traces_cli
 
 
 def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench check-config`` (:mod:`sdbench.grid`)."""
+    """Add ``sdbench check-config`` (:mod:`sdbench.grid`; with a profile :mod:`sdbench.workflow.plan`)."""
     p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
     p.add_argument("config")
-    p.set_defaults(func=lazy("sdbench.grid", "_cmd_check"))
+    p.add_argument("--profile", default=None,
+                   help="also apply this Snakemake profile's config entries (a site's limits) and print how "
+                        "engine groups are split to fit")
+    p.set_defaults(func=lazy("sdbench.workflow.plan", "_cmd_check_config"))
 
 
 def _add_figure_index(subparsers: argparse._SubParsersAction) -> None:

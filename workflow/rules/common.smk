@@ -67,7 +67,7 @@ wildcard_constraints:
     dataset=_alternatives(config["datasets"]),
     method=_alternatives(config["methods"]),
     batch_size=r"\d+",
-    share=r"all|bs\d+",
+    share=_alternatives(PLAN.shares),
     built_model=_alternatives(PLAN.built_models),
     hub_model=_alternatives(PLAN.hub_models),
     hub_dataset=_alternatives(PLAN.hub_datasets),

@@ -26,6 +26,9 @@ SPEED_BENCH_SAMPLE = "results/datasets/speed-bench-sample"
 
 # Engine cells: one engine per group (GROUP_DIR), each cell's own tables (CELL_DIR).
 GROUP_DIR = "results/engines/{engine}/{model}/{method}/{share}"
+# Cells an engine group finished, kept when its job fails (Snakemake deletes GROUP_DIR then);
+# the group's next run re-uses those measured under the same spec (sdbench.engine.groups).
+GROUP_CHECKPOINT_DIR = "results/engine_checkpoints/{engine}/{model}/{method}/{share}"
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
 CELL_TABLE = CELL_DIR + "/{name}.parquet"
 
