@@ -41,6 +41,17 @@ def test_runtime_grows_with_output_length_batch_size_and_attempt() -> None:
     assert cell_runtime_minutes(CONFIG, Cell("cpu", "small", "tiny", "none", 1)) == MIN_MINUTES
 
 
+def test_expected_output_length_sizes_the_estimate_within_the_budget() -> None:
+    """(Startup 20 + (100 + 5 warm-up) requests x 512 steps x 0.05 s x (1 + 1/32) / 60) x 2, rounded up."""
+    typical = deepcopy(CONFIG)
+    typical["datasets"]["d"]["expected_output_tokens"] = 512
+    assert cell_runtime_minutes(typical, Cell("gpu", "small", "d", "none", 1)) == 133
+    typical["datasets"]["d"]["expected_output_tokens"] = 10**6  # never beyond max_tokens
+    assert cell_runtime_minutes(typical, Cell("gpu", "small", "d", "none", 1)) == cell_runtime_minutes(
+        CONFIG, Cell("gpu", "small", "d", "none", 1)
+    )
+
+
 def test_distinct_batches_need_fewer_steps() -> None:
     distinct = deepcopy(CONFIG)
     distinct["run"]["batch_mode"] = "distinct"

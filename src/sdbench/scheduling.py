@@ -107,7 +107,10 @@ def _cell_minutes(config: dict[str, Any], cell: Cell) -> int:
     requests = int(dataset["num_prompts"]) + int(run.get("warmup_requests", 1))
     if run.get("batch_mode", "replicate") == "distinct":
         requests = math.ceil(requests / cell.batch_size)
-    steps = requests * int(dataset["max_tokens"])
+    # Greedy copies of one prompt stop together: a call decodes its request's output length. The
+    # workload's mean length (a stated estimate) when the entry gives one, else the budget.
+    per_request = min(int(dataset["max_tokens"]), int(dataset.get("expected_output_tokens") or dataset["max_tokens"]))
+    steps = requests * per_request
     step_s = STEP_SECONDS.get(device, STEP_SECONDS["cuda"]) * (1 + cell.batch_size / BATCH_KNEE)
     minutes = STARTUP_MINUTES.get(device, STARTUP_MINUTES["cuda"]) + steps * step_s / 60
     return max(MIN_MINUTES, math.ceil(SAFETY * minutes))
@@ -116,8 +119,9 @@ def _cell_minutes(config: dict[str, Any], cell: Cell) -> int:
 def cell_runtime_minutes(config: dict[str, Any], cell: Cell, attempt: int = 1) -> int:
     """Wall-time limit of a cell's job in minutes, scaled by output length and batch size.
 
-    Steps = (warm-up + timed requests) x ``max_tokens`` (replicated batches decode
-    one step per output token for the whole batch); each step costs more at larger
+    Steps = (warm-up + timed requests) x the dataset's ``expected_output_tokens`` (else
+    ``max_tokens``; replicated batches decode one step per output token for the whole batch);
+    each step costs more at larger
     batch sizes. Retry ``attempt`` n gets n times the first limit (within the site's limit).
     """
     return _capped(config, _cell_minutes(config, cell), attempt)
