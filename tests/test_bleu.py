@@ -249,8 +249,8 @@ def test_measured_fig8_divides_by_the_no_sd_calls_of_the_same_process_and_trial(
     # Request b: 80 / 40 over 60 / 50.
     assert table.loc["[0.0,0.2)", "relative_speedup"] == pytest.approx(2.0 / 1.2, abs=1e-12)
     # Every trial of one arm crossed with every trial of the no-SD cell (another process) gives another number.
-    ng, base = calls[(calls.method == "ngram") & (calls.request_id == "a")], calls[(calls.method == "none") & (calls.request_id == "a")]
-    vs = calls[(calls.method == "eagle") & (calls.request_id == "a")]
+    a_calls = calls[calls.request_id == "a"]
+    ng, vs, base = (a_calls[a_calls.method == m] for m in ("ngram", "eagle", "none"))
     crossed = pd.Series([x / y for x in ng.tokens_per_s for y in base.tokens_per_s]).mean() / pd.Series(
         [x / y for x in vs.tokens_per_s for y in base.tokens_per_s]
     ).mean()

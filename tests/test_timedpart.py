@@ -103,7 +103,11 @@ def _first_precise_trial(tps_base: np.ndarray, tps_sd: np.ndarray, target: float
     for arm in (tps_base, tps_sd):
         calls.append(
             pd.DataFrame(
-                [{"call_index": c, "trial": t, "tokens_per_s": arm[t, c]} for t in range(arm.shape[0]) for c in range(arm.shape[1])]
+                [
+                    {"call_index": c, "trial": t, "tokens_per_s": arm[t, c]}
+                    for t in range(arm.shape[0])
+                    for c in range(arm.shape[1])
+                ]
             )
         )
     for n in range(repeats, tps_base.shape[0] + 1):
@@ -119,7 +123,10 @@ def test_target_half_width_stops_at_the_first_trial_whose_paired_interval_is_nar
     speed = rng.uniform(0.7, 1.3, size=(max_repeats, 1))
     base = 100.0 * speed * rng.uniform(0.95, 1.05, size=(max_repeats, calls_per_trial))
     sd = 180.0 * speed * rng.uniform(0.95, 1.05, size=(max_repeats, calls_per_trial))
-    arms = [FakeArm("none", [], tps=lambda t, c: float(base[t, c])), FakeArm("ngram", [], tps=lambda t, c: float(sd[t, c]))]
+    arms = [
+        FakeArm("none", [], tps=lambda t, c: float(base[t, c])),
+        FakeArm("ngram", [], tps=lambda t, c: float(sd[t, c])),
+    ]
     target = 0.035
     trials = run(arms, repeats=3, target_half_width=target, max_repeats=max_repeats)
     assert trials == _first_precise_trial(base, sd, target, cell_seed(arms[-1].spec), 3)

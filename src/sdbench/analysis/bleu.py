@@ -554,5 +554,6 @@ def _run_measured(args: argparse.Namespace) -> int:
     paired = read_paired_calls(args.calls, args.baseline_calls) if args.baseline_calls else None
     table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus, paired)
     write_parquet(table, args.output)
-    plot_heatmap(table, buckets, args.figure, title=measured_title(table, args.ngram, args.versus), versus_label=args.versus)
+    title = measured_title(table, args.ngram, args.versus)
+    plot_heatmap(table, buckets, args.figure, title=title, versus_label=args.versus)
     return 0
