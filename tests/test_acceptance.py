@@ -157,6 +157,8 @@ def test_cli_table4_and_figures(tmp_path):
             "fig5_position_deciles.parquet",
             "fig6_request_box.parquet",
             "fig10_difference_summary.parquet",
+            *(f"{name}.csv" for name in ("fig4_heatmap_toy", "fig5_position_deciles_toy", "fig6_request_means",
+                                         "fig10_difference_toy")),
         ]
     )
     assert all((figs / n).read_bytes()[:4] == b"\x89PNG" for n in names if n.endswith(".png"))

@@ -32,6 +32,8 @@ def planned_jobs(profile: Path, configfile: Path, workdir: Path, snakefile: Path
     from snakemake.api import SnakemakeApi
     from snakemake.settings.types import ConfigSettings, DAGSettings, OutputSettings, ResourceSettings
 
+    from snakemake.cli import parse_config
+
     settings = yaml.safe_load(profile.read_text())
     with SnakemakeApi(OutputSettings(dryrun=True)) as api:
         wf = api.workflow(
@@ -41,7 +43,8 @@ def planned_jobs(profile: Path, configfile: Path, workdir: Path, snakefile: Path
                 overwrite_resources=settings.get("set-resources", {}),
                 default_resources=settings.get("default-resources"),
             ),
-            config_settings=ConfigSettings(configfiles=[configfile]),
+            # The profile's config entries (the site's limits, quiet_guard), as `--profile` passes them.
+            config_settings=ConfigSettings(configfiles=[configfile], config=parse_config(settings.get("config", []))),
             snakefile=snakefile,
             workdir=workdir,
         )
@@ -89,6 +92,7 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
             want = 4 if job.wildcards.model in MULTI_GPU_MODELS else 1
             assert gpus == want, job
             assert set_gres_string(job).strip() == f"--gpus={gpu_model}:{want}"
+            assert job.resources.get("nodes") == 1, job  # the plugin's sbatch --nodes=1: GPUs on one node
             assert job.resources.get("slurm_partition") == "gpu"
         else:
             assert gpus == 0, job
@@ -106,31 +110,48 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     from sdbench.config import validate_config
     from sdbench.grid import engine_groups
     from sdbench.scheduling import group_runtime_minutes
+    from sdbench.workflow.plan import Plan
 
     validate_config(config, source="paper.yaml")
     small = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1))
     large = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 128))
-    # (100 prompts + 5 warm-up) x 8192 tokens x 0.05 s x (1 + b/32), + 20 min start-up, x2 safety.
-    assert (small, large) == (1519, 7208)
+    # (300 prompts + 5 warm-up) x 8192 tokens x 0.05 s x (1 + b/32), + 20 min start-up, x2 safety;
+    # 7 days at most without a site limit.
+    assert (small, large) == (4335, 10080)
     cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1)
     assert cell_runtime_minutes(config, cell, attempt=2) == 2 * cell_runtime_minutes(config, cell)
-    # An engine job asks for its group's time: every cell's, with one start-up.
-    groups = engine_groups(config)
+    # An engine job asks for its group's time: every cell's, with one start-up; groups are split
+    # until each fits the site's limit (profiles/slurm: 2,880 minutes), and no job asks for more.
+    site = {**config, **parse_profile_config()}
+    plan = Plan(validate_config(site, source="paper.yaml + profiles/slurm"))
     for job in (j for j in paper_jobs if j.rule.name == "run_engine"):
-        key = next(g for g in groups if g.as_dict() == dict(job.wildcards.items()))
-        assert job.resources["runtime"] == group_runtime_minutes(config, groups[key])
-        assert job.resources["runtime"] >= max(cell_runtime_minutes(config, c) for c in groups[key])
-    by_group = {str(j.wildcards): j.resources["runtime"] for j in paper_jobs if j.rule.name == "run_engine"}
-    assert max(by_group.values()) == 7 * 24 * 60  # the 70B groups hit the cap
+        key = next(g for g in plan.groups if g.as_dict() == dict(job.wildcards.items()))
+        assert job.resources["runtime"] == group_runtime_minutes(site, plan.groups[key])
+        assert job.resources["runtime"] >= min(2880, max(cell_runtime_minutes(config, c) for c in plan.groups[key]))
+    assert max(j.resources["runtime"] for j in paper_jobs if j.rule.name in ENGINE_RULES) == 2880
+    assert max(j.resources["runtime"] for j in paper_jobs) == 2880
+    # 43 engine groups without the limit; 786 jobs with it (no two of the paper's cells fit in one).
+    assert len(engine_groups(config)) == 43 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 786
+
+
+def parse_profile_config() -> dict:
+    from snakemake.cli import parse_config
+
+    return parse_config(yaml.safe_load(PROFILE.read_text())["config"])
 
 
 def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
-    """``snakemake -n --profile profiles/slurm --configfile config/paper.yaml`` plans the grid."""
+    """``snakemake -n --profile profiles/slurm --configfile config/paper.yaml`` plans the grid, split to
+    the profile's 2,880-minute limit: the log says which groups were split, and no job asks for more."""
     result = cli_dry_run("slurm", "paper.yaml", tmp_path)
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
     assert match and int(match.group(1)) == 786, result.stdout[-3000:]
     engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
-    assert engines and int(engines.group(1)) < 786 / 10  # one engine start per configuration
+    assert engines and int(engines.group(1)) == 786  # 43 engine groups, split to fit
+    log = result.stdout + result.stderr
+    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 43
+    asks = [int(m) for m in re.findall(r"\bruntime=(\d+)", log)]
+    assert asks and max(asks) == 2880
 
 
 def _params_by_job(jobs: list) -> dict:
@@ -140,7 +161,7 @@ def _params_by_job(jobs: list) -> dict:
 def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path: Path) -> None:
     """Re-plan the paper grid from a copy of the workflow whose 0.11.1 image definition gained
     one label: the jobs whose params change (what Snakemake reruns) are exactly that engine's
-    engine jobs, and no other job of the 1,179."""
+    engine jobs, and no other job of the 1,928."""
     import shutil
 
     copy = tmp_path / "repo"
@@ -156,14 +177,14 @@ def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path:
     config = validate_config(yaml.safe_load((REPO / "config" / "paper.yaml").read_text()), source="paper.yaml")
     before = _params_by_job(paper_jobs)
     after = _params_by_job(planned_jobs(PROFILE, copy / "config" / "paper.yaml", tmp_path / "plan", copy / "Snakefile"))
-    assert before.keys() == after.keys() and len(before) == 1179
+    assert before.keys() == after.keys() and len(before) == 1928
     rerun = {key for key in before if before[key] != after[key]}
     expected = {
         (j.rule.name, str(j.wildcards))
         for j in paper_jobs
         if j.rule.name in ENGINE_RULES and j.wildcards.engine == "vllm-0.11.1"
     }
-    assert rerun == expected and len(rerun) == 24, sorted(rerun)
+    assert rerun == expected and len(rerun) == 253, sorted(rerun)
     assert config["engines"]["vllm-0.11.1"]["container"].endswith("sdbench-vllm-0.11.1.sif")
 
 

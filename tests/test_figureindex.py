@@ -33,6 +33,10 @@ def test_every_item_has_its_rule_function_and_caption(item) -> None:
     assert callable(getattr(importlib.import_module(f"sdbench.{module}"), function))
     assert (REPO / "workflow" / "report" / f"{item.name}.rst").is_file()
     assert item.path().startswith(f"{PAPER_DIR}/{item.name}")
+    # A figure's rule declares its drawn table (save_png writes it beside the PNG).
+    assert (".csv" in item.files) == (".png" in item.suffixes)
+    if ".png" in item.suffixes:
+        assert f'drawn_table("{item.name}")' in RULES[item.rule_name].read_text()
 
 
 def test_paths_and_scopes() -> None:
@@ -40,8 +44,11 @@ def test_paths_and_scopes() -> None:
         "results/paper/fig09_fixed_vs_oracle/published/exact.png"
     )
     assert paper_path("ext03_compat_vs_exact", ".md") == "results/paper/ext03_compat_vs_exact.md"
+    assert paper_path("ext03_compat_vs_exact", ".csv") == "results/paper/ext03_compat_vs_exact.csv"  # drawn table
     with pytest.raises(KeyError, match="ext03_compat_vs_exact writes"):
-        paper_path("ext03_compat_vs_exact", ".csv")
+        paper_path("ext03_compat_vs_exact", ".parquet")
+    with pytest.raises(KeyError, match="tab01_generation_length writes"):
+        paper_path("tab01_generation_length", ".csv")  # a Markdown table is its own table
     assert published_scope("published/gsm8k") == "gsm8k" and published_scope("published") == ""
     assert published_scope("vllm-cpu/tiny-target/code-edit") is None
 

@@ -88,12 +88,33 @@ def test_tree_methods_select_tree_attention() -> None:
     }
 
 
-def test_0_11_1_keeps_the_engine_core_out_of_process_for_sd() -> None:
-    # 0.11.1's in-process client never calls post_step: SD would silently not draft.
-    ngram = {"method": "ngram", "num_speculative_tokens": 3}
-    assert engine_env(GPU_0_11, ngram)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
-    assert engine_env(GPU_0_11, {"method": "none"})["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert engine_env(GPU_0_10, ngram)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+@pytest.mark.parametrize(
+    ("engine", "layout"),
+    [
+        (GPU_0_10, "inprocess"),
+        (GPU_0_11, "multiprocess"),  # 0.11.1's in-process client never drafts: both arms out of process
+        ({"vllm_version": "0.26.0", "device": "cuda", "patches": []}, "inprocess"),
+        ({"vllm_version": "0.32.0", "device": "cpu", "patches": []}, "inprocess"),
+    ],
+)
+def test_both_arms_of_a_speedup_get_one_process_layout(engine: dict, layout: str) -> None:
+    from sdbench.engine.versions import engine_layout, layout_of_env
+
+    arms = [{"method": "none"}, {"method": "ngram", "num_speculative_tokens": 3},
+            {"method": "eagle3", "num_speculative_tokens": 3}]  # fmt: skip
+    envs = [engine_env(engine, arm) for arm in arms]
+    assert {e["VLLM_ENABLE_V1_MULTIPROCESSING"] for e in envs} == {"0" if layout == "inprocess" else "1"}
+    assert {layout_of_env(e) for e in envs} == {engine_layout(engine)} == {layout}
+
+
+def test_a_method_env_that_changes_the_layout_is_refused() -> None:
+    from sdbench.errors import ConfigError
+
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}}
+    with pytest.raises(ConfigError, match="one process layout"):
+        engine_env(GPU_0_10, ngram)
+    with pytest.raises(ConfigError, match="never drafts"):
+        engine_env({**GPU_0_11, "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}, {"method": "ngram"})
 
 
 def test_unknown_version_is_named() -> None:

@@ -46,11 +46,15 @@ def test_a_few_exact_outputs(default: Plan, paper: Plan) -> None:
     assert "results/paper/fig04_acceptance_heatmap/vllm-cpu/tiny-target/code-edit.png" in out
     assert "results/paper/ext04_adaptive_policies/published.md" in out
     assert "results/traces/vllm-cpu/tiny-target/code-edit/offline_suffix.parquet" in out
-    assert len(out) == len(set(out)) == 95
+    assert len(out) == len(set(out)) == 156  # 95 + the 61 figures' drawn tables
+    pngs = [p for p in out if p.endswith(".png")]
+    assert [p for p in out if p.startswith("results/paper/") and p.endswith(".csv")] == [
+        p.removesuffix(".png") + ".csv" for p in pngs
+    ]  # every figure's drawn table beside it, and only theirs
     assert "results/paper/ext15_simulator_at_forced.md" in out
     assert default.sim_cost_model() == P.FORCED_COST_MODEL and paper.sim_cost_model() == P.MEASURED_COST_MODEL
     assert "results/paper/fig03_runtime_breakdown.png" not in paper.final_outputs()  # no breakdown section
-    assert len(paper.final_outputs()) == 199
+    assert len(paper.final_outputs()) == 344  # 199 + 145 drawn tables
 
 
 def test_every_index_item_has_a_scope_rule(default: Plan) -> None:
@@ -96,6 +100,13 @@ def test_prepare_inputs_name_a_users_prompts_file(default: Plan) -> None:
     )
 
 
+def test_prepare_gets_the_engines_context_cap(default: Plan, paper: Plan) -> None:
+    """A model entry's max_model_len reaches prepare-dataset (prompts that do not fit are dropped
+    there); without one, the model's config.json decides."""
+    assert default.context_arg("tiny-target") == "--max-model-len 1024"
+    assert paper.context_arg("llama3.1-8b") == ""
+
+
 def test_spec_files_are_content_addressed(tmp_path: Path) -> None:
     a = spec_file({"x": 1, "y": [2]}, tmp_path)
     assert a == spec_file({"y": [2], "x": 1}, tmp_path)  # key order does not matter
@@ -110,3 +121,84 @@ def test_paths_are_formatted_in_one_place() -> None:
     assert P.table("verdict") == "results/tables/verdict.parquet"
     smk = "".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
     assert '"results/' not in smk and "'results/" not in smk  # every output path comes from sdbench.workflow.paths
+
+
+# ------------------------------------------------------------------ a site's runtime limit
+def _with_profile(name: str, profile: str) -> dict:
+    """A config with the site limits a profile passes (its `config:` entries), as Snakemake merges them."""
+    import yaml
+
+    from sdbench.config import validate_config
+    from sdbench.workflow.plan import profile_config
+
+    raw = yaml.safe_load((REPO / "config" / name).read_text())
+    return validate_config({**raw, **profile_config(str(REPO / "profiles" / profile))}, source=name)
+
+
+@pytest.fixture(scope="module")
+def paper_at_site() -> Plan:
+    return Plan(_with_profile("paper.yaml", "slurm"))
+
+
+def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Plan, paper_at_site: Plan) -> None:
+    from sdbench import scheduling
+
+    config = paper_at_site.config
+    limits = scheduling.site_limits(config)
+    assert (limits.partition, limits.max_runtime, limits.gpus_per_node, limits.budget) == ("gpu", 2880, 8, 2304)
+    # The same cells; 43 engine groups before the split, one job per cell after it (each cell's
+    # estimate is over the budget: every job asks for the limit).
+    assert paper_at_site.cells == paper.cells
+    assert (len(paper.groups), len(paper_at_site.groups)) == (43, 786)
+    assert sorted(c for cs in paper_at_site.groups.values() for c in cs) == sorted(paper.cells)
+    asks = [
+        *(scheduling.group_runtime_minutes(config, cs, a) for cs in paper_at_site.groups.values() for a in (1, 2, 3)),
+        *(scheduling.one_engine_runtime_minutes(config, paper_at_site.trace_cells(g), a)
+          for g in paper_at_site.trace_groups for a in (1, 2, 3)),
+        *(scheduling.server_runtime_minutes(config, paper_at_site.server_cell(g), a)
+          for g in paper_at_site.server_groups for a in (1, 2, 3)),
+    ]  # fmt: skip
+    assert max(asks) == 2880
+    # Every group over the budget fitted (one job each) but single cells beyond it, which ask for the limit.
+    for cells_ in paper_at_site.groups.values():
+        assert len(cells_) == 1 or scheduling.group_estimate_minutes(config, cells_) <= limits.budget
+    # The plan says which groups were split, one line each, and which unsplit groups ask for the limit.
+    splits = [n for n in paper_at_site.site_notes if n.startswith("site: engine group ")]
+    assert len(splits) == 43
+    assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 342,501 min > 2,304 = 80% of partition gpu's 2,880) " \
+           "split into 24 jobs: all.cnn.bs1 (7,151*), " in "\n".join(splits)  # fmt: skip
+    assert sum(n.startswith("site: trace group ") for n in paper_at_site.site_notes) == 15
+    assert sum(n.startswith("site: server group ") for n in paper_at_site.site_notes) == 4
+
+
+def test_split_groups_keep_the_unsplit_engine_and_their_cells_paths(paper: Plan, paper_at_site: Plan) -> None:
+    cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "eagle3-k3", 8)
+    assert paper.group_dir_of_cell(cell) == "results/engines/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all"
+    assert paper_at_site.group_dir_of_cell(cell) == "results/engines/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all.gsm8k.bs8"
+    group = EngineGroup("vllm-0.10.1.1", "llama3.1-8b", "eagle3-k3", "all.gsm8k.bs8")
+    spec = paper_at_site.group_spec(group)
+    # max_num_seqs of the unsplit group (its largest batch size): the same engine arguments.
+    assert spec["max_num_seqs"] == 128 and [s["cell"]["batch_size"] for s in spec["cells"]] == [8]
+    whole = EngineGroup("vllm-0.10.1.1", "llama3.1-8b", "eagle3-k3", "all")
+    assert "max_num_seqs" not in paper.group_spec(whole)  # unsplit specs (and digests) as before
+    assert "all.gsm8k.bs8" in paper_at_site.shares and paper.shares == ["all"]
+    assert paper_at_site.group_checkpoint_dir(group) == (
+        "results/engine_checkpoints/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all.gsm8k.bs8"
+    )
+
+
+def test_the_cpu_profile_leaves_the_default_plan_alone(default: Plan) -> None:
+    at_site = Plan(_with_profile("config.yaml", "slurm-cpu"))
+    assert at_site.groups == default.groups and at_site.site_notes == []
+    assert at_site.breakdown_groups == default.breakdown_groups
+
+
+def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
+    from sdbench.cli import main
+
+    assert main(["check-config", str(REPO / "config" / "paper.yaml"), "--profile", str(REPO / "profiles" / "slurm")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 786 engine groups")
+    assert sum(line.startswith("site: engine group ") for line in lines) == 43
+    assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
+    assert capsys.readouterr().out.endswith("valid; 107 cells on 26 engine groups\n")  # no site: no split

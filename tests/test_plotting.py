@@ -49,3 +49,41 @@ def test_adaptive_policies_wrap_into_a_grid_with_one_legend(tmp_path: Path) -> N
     figure_adaptive(pd.DataFrame(rows), out)
     w, h = Image.open(out).size
     assert w <= 3000 and w / h <= 4.0
+
+
+def test_drawn_table_records_what_is_drawn_and_is_written_beside_the_png(tmp_path: Path) -> None:
+    from sdbench.plotting import DRAWN_COLUMNS, drawn_path, drawn_table
+
+    fig, (a1, a2) = subplots(1, 2, figsize=(4, 2))
+    drawn = drawn_table(fig)
+    assert drawn_table(fig) is drawn  # one per figure
+    drawn.errorbar(a1, [1, 2, 4], [1.0, float("nan"), 3.0], yerr=[[0.1, 0.1, 0.5], [0.2, 0.2, 1.0]], series="m",
+                   label="M")  # fmt: skip
+    drawn.errorbar(a1, [1], [2.0], xerr=0.5, series="s", mark="point")  # symmetric, on x
+    drawn.bar(a2, [0, 1], [5.0, 6.0], series="b", at=["x", "y"], yerr=1.0)
+    drawn.axhline(a2, 1.0, series="ref")
+    a1.set(title="left\npanel", xlabel="batch size", ylabel="speedup")
+    frame = save_png(fig, tmp_path / "f.png", dpi=50)
+    assert list(frame.columns) == list(DRAWN_COLUMNS)
+    line = frame[frame["series"] == "m"]
+    assert line["x"].tolist() == [1, 4]  # the NaN point is not drawn, not recorded
+    assert line["lo"].tolist() == [0.9, 2.5] and line["hi"].tolist() == [1.2, 4.0]
+    assert set(line["panel"]) == {"left / panel"} and set(line["ylabel"]) == {"speedup"}
+    point = frame[frame["series"] == "s"].iloc[0]
+    assert (point["x_lo"], point["x_hi"], point["mark"]) == (0.5, 1.5, "point") and pd.isna(point["lo"])
+    bars = frame[frame["series"] == "b"]
+    assert bars["x"].tolist() == ["x", "y"] and bars["lo"].tolist() == [4.0, 5.0] and set(bars["panel"]) == {""}
+    assert frame[frame["mark"] == "reference"]["y"].tolist() == [1.0]
+    disk = pd.read_csv(drawn_path(tmp_path / "f.png"))
+    assert disk["y"].tolist() == frame["y"].tolist() and len(disk) == 6
+
+
+def test_only_a_figure_with_a_drawn_table_gets_one_and_a_failed_save_leaves_neither(tmp_path: Path) -> None:
+    from sdbench.plotting import drawn_table
+
+    assert save_png(_figure(), tmp_path / "plain.png", dpi=50) is None  # drew without recording: no table
+    fig = _figure()
+    drawn_table(fig).add(fig.axes[0], "line", "s", [1], [1.0])
+    with pytest.raises(TypeError):
+        save_png(fig, tmp_path / "bad.png", dpi=80, no_such_option=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.png"]

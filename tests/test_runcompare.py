@@ -109,6 +109,8 @@ def test_a_cell_lowered_by_20_percent_is_flagged_and_fails_the_gate(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "| e / m / d | ngram | 4 |" in done.stdout and "speed -20%, throughput -20%, ▼ regressed" in done.stdout
     assert "regressed (B lower by > 10% with disjoint intervals): 1" in done.stdout
+    drawn = pd.read_csv(png.with_suffix(".csv"))  # what the figure drew: the regressed cell ringed on both panels
+    assert drawn.loc[drawn["mark"] == "ring", "series"].tolist() == ["ngram", "ngram"]
     # Throughput alone lowered (the machine ran slower, the paired speedup held): only a throughput gate fails.
     c = a.copy()
     for col in ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"):

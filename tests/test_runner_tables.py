@@ -250,3 +250,34 @@ def test_paired_speedup_replaces_the_independent_one() -> None:
     text = speedup_markdown(table)
     assert "| ngram    | 1.40 [1.35," in text and "none" not in text.split("\n", 1)[1]
     assert text.startswith("### e / m / d (independent, paired)")
+
+
+def test_preemptions_are_read_and_differenced() -> None:
+    labels = {"model_name": "m", "engine": "0"}
+    before = read_counters([*_metrics(1, 3, 1, [1]), Counter("vllm:num_preemptions", labels, 2)])
+    after = read_counters([*_metrics(2, 6, 2, [2]), Counter("vllm:num_preemptions", labels, 7)])
+    assert (after - before).num_preemptions == 5
+
+
+def test_a_speedup_whose_arms_ran_in_different_layouts_is_refused() -> None:
+    base = _summary("none", 4, 300.0).assign(engine_layout="inprocess")
+    sd = _summary("ngram", 4, 330.0).assign(engine_layout="multiprocess")
+    with pytest.raises(ValueError, match=r"^cell e/m/d/ngram/bs4: its speedup divides a multiprocess engine by a inprocess"):
+        join_cells([base, sd], baseline="none")
+    table = join_cells([base, sd.assign(engine_layout="inprocess")], baseline="none")
+    assert set(table["engine_layout"]) == {"inprocess"}
+
+
+def test_preempted_cells_and_the_speedups_over_them_are_flagged() -> None:
+    table = join_cells(
+        [_summary("none", 1, 100.0), _summary("ngram", 1, 150.0).assign(num_preemptions=0),
+         _summary("none", 4, 300.0).assign(num_preemptions=3), _summary("ngram", 4, 330.0),
+         _summary("none", 8, 300.0), _summary("ngram", 8, 330.0).assign(paired_baseline_num_preemptions=1,
+                                                                       paired_speedup=1.1, paired_speedup_ci_low=1.0,
+                                                                       paired_speedup_ci_high=1.2)],
+        baseline="none",
+    )  # fmt: skip
+    flagged = table.set_index(["method", "batch_size"])["preempted"]
+    assert not flagged[("ngram", 1)] and not flagged[("none", 1)]
+    assert flagged[("none", 4)] and flagged[("ngram", 4)]  # the no-SD cell its speedup divides by
+    assert flagged[("ngram", 8)] and not flagged[("none", 8)]  # its paired no-SD arm

@@ -91,7 +91,8 @@ def test_plot_breakdown_writes_png_atomically(tmp_path):
     out = tmp_path / "fig" / "fig3.png"
     bd.plot_breakdown(bd.breakdown_table(steps), out, title="synthetic")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [p.name for p in out.parent.iterdir()] == ["fig3.png"]  # no temp file left behind
+    # No temp file left behind; the drawn table beside the PNG.
+    assert sorted(p.name for p in out.parent.iterdir()) == ["fig3.csv", "fig3.png"]
     with pytest.raises(ValueError, match="lacks column"):
         bd.plot_breakdown(pd.DataFrame({"method": ["x"]}), tmp_path / "bad.png")
     assert not (tmp_path / "bad.png").exists()

@@ -10,6 +10,7 @@ call logs its order, advances the arm's timed seconds by a given duration (the c
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,9 @@ class FakeArm:
     ) -> None:
         self.name, self.log, self.num_calls = name, log, num_calls
         self.duration, self.tps = duration, tps
-        self.spec: dict[str, Any] = {"seed": 0, "cell": {"method": name, "batch_size": 1}}
+        cell = {"engine": "vllm-cpu", "model": "tiny", "dataset": "code-edit", "method": name, "batch_size": 1}
+        self.spec: dict[str, Any] = {"seed": 0, "cell": cell}
+        self.engine = SimpleNamespace(layout="inprocess")  # both arms' engines in one layout
         self.timed_s = 0.0
         self.call_rows: list[dict[str, Any]] = []
 

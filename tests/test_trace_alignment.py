@@ -31,18 +31,11 @@ ENGINE_RUN = textwrap.dedent("""
 
 
     def main():
-        import torch
-        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
         sys.path.insert(0, sys.argv[2])
-        from support.datasets_tokenizers import save_llama3_like
+        from support.datasets_tokenizers import save_tiny_llama
 
         out = Path(sys.argv[1])
-        tok = AutoTokenizer.from_pretrained(save_llama3_like(out))
-        torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
-        LlamaForCausalLM(cfg).save_pretrained(out)
+        save_tiny_llama(out, max_position_embeddings=1024)
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
         from sdbench.engine.acceptancetrace import read_trace_dir

@@ -36,10 +36,13 @@ from sdbench.traces import cli as traces_cli
 
 
 def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench check-config`` (:mod:`sdbench.grid`)."""
+    """Add ``sdbench check-config`` (:mod:`sdbench.grid`; with a profile :mod:`sdbench.workflow.plan`)."""
     p = subparsers.add_parser("check-config", help="validate a config file and count its cells")
     p.add_argument("config")
-    p.set_defaults(func=lazy("sdbench.grid", "_cmd_check"))
+    p.add_argument("--profile", default=None,
+                   help="also apply this Snakemake profile's config entries (a site's limits) and print how "
+                        "engine groups are split to fit")
+    p.set_defaults(func=lazy("sdbench.workflow.plan", "_cmd_check_config"))
 
 
 def _add_figure_index(subparsers: argparse._SubParsersAction) -> None:
@@ -142,6 +145,15 @@ def _add_containers(subparsers: argparse._SubParsersAction) -> None:
         q.set_defaults(func=lazy(module, f"_cmd_{name}"))
 
 
+def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench doctor`` (:mod:`sdbench.doctor`)."""
+    p = subparsers.add_parser("doctor", help="check this site before a run: venv, Snakemake, Apptainer, hub, SLURM")
+    p.add_argument("--config", help="config file (default: the profile's configfile, else config/config.yaml)")
+    p.add_argument("--profile", metavar="PROFILE_DIR", help="Snakemake profile directory, e.g. profiles/slurm")
+    p.add_argument("--offline", action="store_true", help="skip the checks that need the Hugging Face hub")
+    p.set_defaults(func=lazy("sdbench.doctor", "_cmd_doctor"))
+
+
 # Every command: name -> the function adding its parser. `sdbench --help` lists TOOLS first (what
 # a user runs by hand, in this order), then the pipeline's own steps (what the rules run).
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
@@ -153,6 +165,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "figure-index": _add_figure_index,
     "prepare-dataset": datasets_cli.add_prepare_dataset,
     "speed-bench-sample": datasets_cli.add_speed_bench_sample,
+    "datasets": datasets_cli.add_datasets,
     "run-cell": engine_cli.add_run_cell,
     "run-group": engine_cli.add_run_group,
     "cell-tables": engine_cli.add_cell_tables,
@@ -164,6 +177,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "forced-acceptance": analysis_cli.add_forced_acceptance,
     "plot-throughput": analysis_cli.add_plot_throughput,
     "download-model": models_cli.add_download_model,
+    "download-dataset": models_cli.add_download_dataset,
     "memory-table": analysis_cli.add_memory_table,
     "cost": analysis_cli.add_cost,
     "latency": analysis_cli.add_latency,
@@ -185,11 +199,12 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "check-model": models_cli.add_check_model,
     "engines": engine_cli.add_engines,
     "compare": _add_compare,
+    "doctor": _add_doctor,
 }
 # What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
 TOOLS = (
-    "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
-    "figure-index", "fetch", "download-model", "check-model", "costmodel",
+    "doctor", "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
+    "figure-index", "fetch", "download-model", "check-model", "costmodel", "datasets",
 )  # fmt: skip
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)

@@ -74,7 +74,7 @@ def parse_definition(path: str | Path) -> ParsedDefinition:
     )
 
 
-def _lock_versions(path: Path) -> dict[str, str]:
+def lock_versions(path: Path) -> dict[str, str]:
     """Canonical name -> version of a pip-freeze style file."""
     versions = {}
     for line in path.read_text().splitlines():
@@ -90,7 +90,7 @@ def _check_pins(images: ImagesFile, root: Path) -> list[str]:
     lock_path = root / "requirements" / "lock.txt"
     if not lock_path.is_file():
         return []
-    lock = _lock_versions(lock_path)
+    lock = lock_versions(lock_path)
     problems = []
 
     def compare(source: str, name: str, version: str) -> None:
@@ -107,7 +107,7 @@ def _check_pins(images: ImagesFile, root: Path) -> list[str]:
             if not req.is_file():
                 problems.append(f"{images.path}: image {image.name!r}: key 'requirements': {req} does not exist")
             elif req != lock_path:
-                for name, version in _lock_versions(req).items():
+                for name, version in lock_versions(req).items():
                     compare(str(req), name, version)
     return problems
 

@@ -11,7 +11,9 @@ drawn once per scope hold a ``{wildcard}`` directory level:
   figures, ``published`` or ``<engine>/<model>`` for the adaptive-policy report.
 
 Data tables (parquet, documented in ``docs/schema.md``) stay beside their stage under
-``results/<stage>/``; only what a reader looks at is here. Standard library only: the Snakefile
+``results/<stage>/``; only what a reader looks at is here, and beside each PNG its drawn table
+(``<name>.csv``: one row per mark the figure drew, :mod:`sdbench.plotting`). A Markdown table is
+its own table. Standard library only: the Snakefile
 reads it while it builds the DAG, and ``sdbench figure-index`` prints the README's table.
 """
 
@@ -21,6 +23,8 @@ import argparse
 from dataclasses import dataclass
 
 PAPER_DIR = "results/paper"
+# Beside every PNG: the table of what it drew (sdbench.plotting.DRAWN_SUFFIX; standard library only here).
+DRAWN_SUFFIX = ".csv"
 # A scope starting with this names the paper authors' traces, not an engine of the grid.
 PUBLISHED_SCOPE = "published"
 
@@ -42,11 +46,16 @@ class Item:
     def rule_name(self) -> str:
         return self.rule or self.name
 
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file type written: :attr:`suffixes` and, for a figure, its drawn table."""
+        return self.suffixes + ((DRAWN_SUFFIX,) if ".png" in self.suffixes else ())
+
     def path(self, suffix: str | None = None) -> str:
         """Output path template (Snakemake wildcards in braces) of one of the item's files."""
         suffix = suffix or self.suffixes[0]
-        if suffix not in self.suffixes:
-            raise KeyError(f"{self.name} writes {self.suffixes}, not {suffix!r}")
+        if suffix not in self.files:
+            raise KeyError(f"{self.name} writes {self.files}, not {suffix!r}")
         stem = f"{PAPER_DIR}/{self.name}/{self.scope}" if self.scope else f"{PAPER_DIR}/{self.name}"
         return stem + suffix
 
@@ -142,14 +151,15 @@ def published_scope(scope: str) -> str | None:
 def markdown_index() -> str:
     """The README's figure index table."""
     rows = [
-        "| item | paper | what | rule | output | function |",
-        "|---|---|---|---|---|---|",
+        "| item | paper | what | rule | output | drawn table | function |",
+        "|---|---|---|---|---|---|---|",
     ]
     for item in ITEMS:
         outputs = ", ".join(f"`{item.path(s)}`" for s in item.suffixes)
+        drawn = f"`{item.path(DRAWN_SUFFIX)}`" if DRAWN_SUFFIX in item.files else "the `.md` is the table"
         rows.append(
             f"| `{item.name}` | {item.paper or 'ours'} | {item.what} | `{item.rule_name}` "
-            f"| {outputs} | `{item.function}` |"
+            f"| {outputs} | {drawn} | `{item.function}` |"
         )
     return "\n".join(rows) + "\n"
 

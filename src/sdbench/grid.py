@@ -56,7 +56,12 @@ def cells(config: dict[str, Any]) -> list[Cell]:
                         out.add(Cell(block["engine"], model, dataset, method, int(bs)))
     if problems:
         raise ConfigError("config: invalid grid:\n  " + "\n  ".join(problems))
-    return sorted(out)
+    trimmed: set[tuple[str, str, str, str, int]] = set()
+    if config.get("kv_capacity") == "trim":  # cells whose batch cannot fit the KV cache
+        from sdbench.analysis.memory import trimmed_cells
+
+        trimmed = trimmed_cells(config)
+    return sorted(c for c in out if (c.engine, c.model, c.dataset, c.method, c.batch_size) not in trimmed)
 
 
 def cells_frame(config: dict[str, Any]) -> pd.DataFrame:
@@ -273,6 +278,18 @@ def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
 
 def _cmd_check(args: Any) -> int:
     config = load_config(args.config)
+    import sys
+
+    from sdbench.analysis.memory import check_kv_capacity
+
+    mode = config.get("kv_capacity", "refuse")
+    short = check_kv_capacity(config)
+    for line in short:  # one line per cell
+        print(f"{args.config}: kv_capacity {mode}: {line}", file=sys.stderr if mode == "refuse" else sys.stdout)
+    if short and mode == "refuse":
+        print(f"error: {args.config}: {len(short)} cell(s) cannot fit the KV cache (kv_capacity: refuse; "
+              "kv_capacity: trim drops them)", file=sys.stderr)
+        return 1
     grid = cells(config)
     print(f"{args.config}: valid; {len(grid)} cells")
     return 0

@@ -93,9 +93,41 @@ def watch_workflow(poll: float = POLL_SECONDS) -> threading.Thread | None:
     return thread
 
 
+# What a job's container sees of the host's environment: the profiles start containers with
+# --cleanenv (a host's OMP_NUM_THREADS, PYTHONPATH or LD_LIBRARY_PATH must not reach a pinned
+# image), and Apptainer passes APPTAINERENV_<NAME> into the container as <NAME> even then.
+# Thread pools and compile caches are then set by the engine job itself
+# (sdbench.engine.hardware.job_env), from its own allocation.
+CONTAINER_ENV_ALLOW = (
+    ENV_WORKFLOW_PID,
+    "SDBENCH_QUIET_GUARD",
+    # The job and its devices: the quiet guard judges the job (sdbench.engine.quietguard), the
+    # engine sees the GPUs SLURM gave the job.
+    "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_JOB_GPUS",
+    "CUDA_VISIBLE_DEVICES",
+    # Node-local scratch (compile caches go there) and the model / dataset caches and hub access.
+    "TMPDIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN",
+    "SDBENCH_DATA_DIR", "SOURCE_DATE_EPOCH",
+)  # fmt: skip
+CONTAINER_ENV_PREFIX = "APPTAINERENV_"
+
+
+def container_env(environ: dict[str, str] | None = None) -> dict[str, str | None]:
+    """``APPTAINERENV_*`` for every allowed variable this process has; ``None`` (unset) for those it
+    lacks, so that a value exported by an outer process (the workflow that submitted a SLURM
+    job, whose environment the job inherits) does not stand in for the job's own."""
+    environ = os.environ if environ is None else environ
+    return {
+        CONTAINER_ENV_PREFIX + name: environ.get(name) for name in CONTAINER_ENV_ALLOW
+    }
+
+
 def export_workflow_env(quiet_guard: str) -> None:
-    """Called by the workflow (common.smk): its jobs inherit its pid and the guard mode."""
+    """Called by the workflow (common.smk): its jobs inherit its pid, the guard mode and, for
+    their containers, the allow-listed environment (:func:`container_env`)."""
     from sdbench.engine.quietguard import ENV_MODE
+    from sdbench.engine.versions import apply_env
 
     os.environ[ENV_WORKFLOW_PID] = str(os.getpid())
     os.environ[ENV_MODE] = quiet_guard
+    apply_env(container_env())

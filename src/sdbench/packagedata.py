@@ -2,13 +2,14 @@
 
 sdbench ships small data files that the code reads at run time:
 
-========================  =========================================  ==========================
-kind                      shipped in                                 overridable
-========================  =========================================  ==========================
-``cost_models``           ``sdbench/data/cost_models/<name>.yaml``   yes
-``models``                ``sdbench/data/models/<org>--<name>.yaml`` yes
-``schemas``               ``sdbench/schemas/<name>.yaml``            no
-========================  =========================================  ==========================
+========================  =============================================  ===========
+kind                      shipped in                                     overridable
+========================  =============================================  ===========
+``cost_models``           ``sdbench/data/cost_models/<name>.yaml``       yes
+``models``                ``sdbench/data/models/<org>--<name>.yaml``     yes
+``chat_templates``        ``sdbench/data/chat_templates/<name>.jinja``   no
+``schemas``               ``sdbench/schemas/<name>.yaml``                no
+========================  =============================================  ===========
 
 Reading them through ``importlib.resources`` (never through the working directory or a path
 relative to a source checkout) makes an installed wheel (``pip install --no-deps /opt/sdbench``
@@ -36,6 +37,7 @@ DATA_DIR_ENV = "SDBENCH_DATA_DIR"
 KINDS: dict[str, str] = {
     "cost_models": "data/cost_models",
     "models": "data/models",
+    "chat_templates": "data/chat_templates",
     "schemas": "schemas",
 }
 # Kinds that SDBENCH_DATA_DIR/<kind>/ may add to or shadow.

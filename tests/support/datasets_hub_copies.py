@@ -10,6 +10,7 @@ the files the paper's entries select are written, plus one decoy file per reposi
 Layouts, and what they are based on:
 
 * abisee/cnn_dailymail: parquet per config directory, ``3.0.0/{train,validation,test}-0000N-of-0000M.parquet``
+  (the train split in several files)
   (the repository's "Convert dataset to Parquet" commit 96df5e6) with README ``configs`` named
   ``1.0.0``/``2.0.0``/``3.0.0``; columns ``article``, ``highlights``, ``id`` (string; a SHA-1
   hex digest of the story URL), from the card's ``dataset_info``.
@@ -75,7 +76,7 @@ def _story_id(url: str) -> str:
 
 # --- abisee/cnn_dailymail --------------------------------------------------------------
 
-CNN_TEST: list[Row] = [
+CNN_ROWS: list[Row] = [
     {
         "article": "LONDON, England (CNN) -- A council has approved plans for a cycle bridge over the river. "
         "Work is due to start next spring and will take about a year, officials said.",
@@ -101,19 +102,24 @@ CNN_TEST: list[Row] = [
         "id": _story_id("http://www.dailymail.co.uk/news/article-2/library"),
     },
 ]
+CNN_TRAIN_FILES = ("train-00000-of-00002.parquet", "train-00001-of-00002.parquet")
 # Decoys: the other split of 3.0.0, and 1.0.0 (which has the same columns).
 CNN_DECOY = {"article": "DECOY story that must not be read.", "highlights": "DECOY .", "id": _story_id("decoy")}
 
 
 def write_cnn(root: Path, drop: str | None = None) -> Path:
-    """abisee/cnn_dailymail with configs 1.0.0 and 3.0.0 (test split rows: :data:`CNN_TEST`)."""
-    _parquet(root / "3.0.0" / "test-00000-of-00001.parquet", _drop(CNN_TEST, drop))
-    _parquet(root / "3.0.0" / "train-00000-of-00001.parquet", _drop([CNN_DECOY], drop))
-    _parquet(root / "1.0.0" / "test-00000-of-00001.parquet", _drop([CNN_DECOY], drop))
+    """abisee/cnn_dailymail with configs 1.0.0 and 3.0.0: the rows of :data:`CNN_ROWS` in the
+    train split of 3.0.0 (the paper's), split over two data files (:data:`CNN_TRAIN_FILES`), so
+    that the shard order of the authors' streaming shuffle is exercised."""
+    rows = _drop(CNN_ROWS, drop)
+    for i, name in enumerate(CNN_TRAIN_FILES):
+        _parquet(root / "3.0.0" / name, rows[2 * i : 2 * i + 2])
+    _parquet(root / "3.0.0" / "test-00000-of-00001.parquet", _drop([CNN_DECOY], drop))
+    _parquet(root / "1.0.0" / "train-00000-of-00001.parquet", _drop([CNN_DECOY], drop))
     _readme(
         root,
         [
-            {"config_name": "1.0.0", "data_files": [{"split": "test", "path": "1.0.0/test-*"}]},
+            {"config_name": "1.0.0", "data_files": [{"split": "train", "path": "1.0.0/train-*"}]},
             {
                 "config_name": "3.0.0",
                 "data_files": [
@@ -211,7 +217,7 @@ def write_instructcoder(root: Path, drop: str | None = None) -> Path:
 
 # --- openai/gsm8k --------------------------------------------------------------------------
 
-GSM8K_TEST: list[Row] = [
+GSM8K_ROWS: list[Row] = [
     {
         "question": "A baker makes 24 muffins and sells half of them in the morning. How many are left?",
         "answer": "She sells 24/2 = <<24/2=12>>12 muffins.\nSo 24 - 12 = <<24-12=12>>12 are left.\n#### 12",
@@ -233,10 +239,10 @@ GSM8K_DECOY = {"question": "DECOY question?", "answer": "#### 0"}
 
 
 def write_gsm8k(root: Path, drop: str | None = None) -> Path:
-    """openai/gsm8k with configs main (test rows: :data:`GSM8K_TEST`) and socratic."""
-    _parquet(root / "main" / "test-00000-of-00001.parquet", _drop(GSM8K_TEST, drop))
-    _parquet(root / "main" / "train-00000-of-00001.parquet", _drop([GSM8K_DECOY], drop))
-    _parquet(root / "socratic" / "test-00000-of-00001.parquet", _drop([GSM8K_DECOY], drop))
+    """openai/gsm8k with configs main (train rows, the paper's split: :data:`GSM8K_ROWS`) and socratic."""
+    _parquet(root / "main" / "train-00000-of-00001.parquet", _drop(GSM8K_ROWS, drop))
+    _parquet(root / "main" / "test-00000-of-00001.parquet", _drop([GSM8K_DECOY], drop))
+    _parquet(root / "socratic" / "train-00000-of-00001.parquet", _drop([GSM8K_DECOY], drop))
     _readme(
         root,
         [
@@ -247,7 +253,7 @@ def write_gsm8k(root: Path, drop: str | None = None) -> Path:
                     {"split": "test", "path": "main/test-*"},
                 ],
             },
-            {"config_name": "socratic", "data_files": [{"split": "test", "path": "socratic/test-*"}]},
+            {"config_name": "socratic", "data_files": [{"split": "train", "path": "socratic/train-*"}]},
         ],
     )
     return root

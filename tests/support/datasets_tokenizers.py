@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -93,3 +94,18 @@ def save_llama3_like(out: Path, *, with_template: bool = True) -> Path:
     )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token="<|eot_id|>")
     return _save_with_template(fast, out, LLAMA3_TEMPLATE if with_template else None)
+
+
+def save_tiny_llama(out: Path, max_position_embeddings: int) -> Any:
+    """A random two-layer Llama (seed 0) with the Llama-3-like tokenizer, saved at ``out``, for
+    tests that start the real vLLM engine on it; returns the tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(save_llama3_like(out))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return tok

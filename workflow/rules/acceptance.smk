@@ -17,6 +17,8 @@ rule trace_group:
         cell_container
     threads: TIMED_THREADS
     resources:
+        # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
+        nodes=1,
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
         runtime=trace_group_runtime,
@@ -82,6 +84,7 @@ rule trace_suffix_offline:
         "--num-speculative-tokens {params.k} {params.settings} > {log} 2>&1"
 
 
+# A local rule (common.smk): the download runs on the submitting host.
 rule fetch_published_traces:
     output:
         P.PUBLISHED_JSONL,
@@ -133,7 +136,8 @@ rule fig04_acceptance_heatmap:
     input:
         acceptance_traces,
     output:
-        paper_report("fig04_acceptance_heatmap"),
+        figure=paper_report("fig04_acceptance_heatmap"),
+        drawn=drawn_table("fig04_acceptance_heatmap"),
     log:
         "logs/fig04_acceptance_heatmap/{scope}.log",
     params:
@@ -141,7 +145,7 @@ rule fig04_acceptance_heatmap:
         labels=acceptance_labels,
     shell:
         "sdbench acceptance figure heatmap --traces {input} {params.labels} "
-        "--output {output} > {log} 2>&1"
+        "--output {output.figure} > {log} 2>&1"
 
 
 rule fig05_position_deciles:
@@ -149,6 +153,7 @@ rule fig05_position_deciles:
         acceptance_traces,
     output:
         figure=paper_report("fig05_position_deciles"),
+        drawn=drawn_table("fig05_position_deciles"),
         data=P.ACCEPTANCE_DECILES,
     log:
         "logs/fig05_position_deciles/{scope}.log",
@@ -165,6 +170,7 @@ rule fig06_request_acceptance:
         acceptance_traces,
     output:
         figure=paper_report("fig06_request_acceptance"),
+        drawn=drawn_table("fig06_request_acceptance"),
         data=P.ACCEPTANCE_BOXES,
     log:
         "logs/fig06_request_acceptance/{source}.log",
@@ -181,6 +187,7 @@ rule fig10_ngram_minus_eagle:
         acceptance_traces,
     output:
         figure=paper_report("fig10_ngram_minus_eagle"),
+        drawn=drawn_table("fig10_ngram_minus_eagle"),
         data=P.ACCEPTANCE_DIFFERENCE,
     log:
         "logs/fig10_ngram_minus_eagle/{scope}.log",

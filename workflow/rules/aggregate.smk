@@ -34,6 +34,7 @@ rule ext00_verdict:
         table=P.table("verdict"),
         markdown=paper_report("ext00_verdict", ".md"),
         figure=paper_report("ext00_verdict", ".png"),
+        drawn=drawn_table("ext00_verdict"),
     log:
         "logs/ext00_verdict.log",
     params:
@@ -51,26 +52,28 @@ rule fig01_end_to_end:
     input:
         cells=P.CELLS_TABLE,
     output:
-        paper_report("fig01_end_to_end"),
+        figure=paper_report("fig01_end_to_end"),
+        drawn=drawn_table("fig01_end_to_end"),
     log:
         "logs/fig01_end_to_end.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
     shell:
-        "sdbench plot-throughput --cells {input.cells} --output {output} > {log} 2>&1"
+        "sdbench plot-throughput --cells {input.cells} --output {output.figure} > {log} 2>&1"
 
 
 rule ext02_acceptance_per_position:
     input:
         cells=P.CELLS_TABLE,
     output:
-        paper_report("ext02_acceptance_per_position"),
+        figure=paper_report("ext02_acceptance_per_position"),
+        drawn=drawn_table("ext02_acceptance_per_position"),
     log:
         "logs/ext02_acceptance_per_position.log",
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
     shell:
-        "sdbench plot-throughput --cells {input.cells} --acceptance {output} > {log} 2>&1"
+        "sdbench plot-throughput --cells {input.cells} --acceptance {output.figure} > {log} 2>&1"
 
 
 rule tab02_memory:
@@ -81,6 +84,7 @@ rule tab02_memory:
         table=P.table("memory"),
         markdown=paper_report("tab02_memory", ".md"),
         figure=paper_report("tab02_memory", ".png"),
+        drawn=drawn_table("tab02_memory"),
     log:
         "logs/tab02_memory.log",
     params:
@@ -99,6 +103,7 @@ rule ext07_cost:
         table=P.table("cost"),
         markdown=paper_report("ext07_cost", ".md"),
         figure=paper_report("ext07_cost", ".png"),
+        drawn=drawn_table("ext07_cost"),
     log:
         "logs/ext07_cost.log",
     params:
@@ -121,6 +126,7 @@ rule ext08_proposal_length:
         table=P.table("proposal_length"),
         markdown=paper_report("ext08_proposal_length", ".md"),
         figure=paper_report("ext08_proposal_length", ".png"),
+        drawn=drawn_table("ext08_proposal_length"),
     log:
         "logs/ext08_proposal_length.log",
     params:
@@ -141,6 +147,7 @@ rule ext09_random_inputs:
         table=P.table("random_inputs"),
         markdown=paper_report("ext09_random_inputs", ".md"),
         figure=paper_report("ext09_random_inputs", ".png"),
+        drawn=drawn_table("ext09_random_inputs"),
     log:
         "logs/ext09_random_inputs.log",
     params:
@@ -160,6 +167,7 @@ rule ext10_temperature:
         recommendation=P.table("temperature_recommendation"),
         markdown=paper_report("ext10_temperature", ".md"),
         figure=paper_report("ext10_temperature", ".png"),
+        drawn=drawn_table("ext10_temperature"),
     log:
         "logs/ext10_temperature.log",
     params:
@@ -181,6 +189,7 @@ rule ext12_speed_bench_categories:
         table=P.table("category_acceptance"),
         markdown=paper_report("ext12_speed_bench_categories", ".md"),
         figure=paper_report("ext12_speed_bench_categories", ".png"),
+        drawn=drawn_table("ext12_speed_bench_categories"),
     log:
         "logs/ext12_speed_bench_categories.log",
     params:

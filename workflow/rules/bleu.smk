@@ -26,6 +26,7 @@ rule fig08_bleu_measured:
     output:
         table=P.BLEU_MEASURED,
         figure=paper_report("fig08_bleu_measured"),
+        drawn=drawn_table("fig08_bleu_measured"),
     log:
         "logs/fig08_bleu_measured/{engine}/{model}/{dataset}.log",
     params:
@@ -61,6 +62,7 @@ rule fig08_bleu_simulated:
     output:
         table=P.BLEU_SIMULATED,
         figure=paper_report("fig08_bleu_simulated"),
+        drawn=drawn_table("fig08_bleu_simulated"),
     log:
         "logs/fig08_bleu_simulated/{published}/{ngram_policy}.log",
     params:

@@ -17,6 +17,8 @@ rule breakdown_group:
         cell_container
     threads: TIMED_THREADS
     resources:
+        # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
+        nodes=1,
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
         runtime=breakdown_group_runtime,
@@ -55,6 +57,7 @@ rule fig03_runtime_breakdown:
         PLAN.breakdown_steps(),
     output:
         figure=paper_report("fig03_runtime_breakdown"),
+        drawn=drawn_table("fig03_runtime_breakdown"),
         table=P.table("breakdown"),
     log:
         "logs/fig03_runtime_breakdown.log",

@@ -15,6 +15,7 @@ from sdbench.containers import image_identity
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
 from sdbench.grid import Cell, EngineGroup, TraceGroup, TraceTarget
 from sdbench.lifeline import export_workflow_env
+from sdbench.models.hub import export_hub_token
 from sdbench.servermode import ServerGroup
 from sdbench.workflow import paths as P
 from sdbench.workflow.plan import Plan, quoted, spec_file
@@ -32,6 +33,20 @@ validate_config(config, source="config")
 # a param, so neither reruns anything.
 export_workflow_env(config["quiet_guard"])
 PLAN = Plan(config)
+# The rules that reach the network run here, on the submitting host (compute nodes may have no
+# internet): PLAN.network_rules(), checked by tests/test_hub.py. They reach the hub with this
+# host's token: HF_TOKEN, else huggingface_hub's token file (hidden from jobs in an image whose
+# home is the working directory), handed to them through this process's environment.
+if PLAN.hub_models or PLAN.hub_datasets:
+    export_hub_token()
+
+
+localrules:
+    download_model,
+    download_dataset,
+    fetch_published_traces,
+
+
 CELLS = PLAN.cells
 TRACE_SETTINGS = PLAN.trace_settings
 BLEU = PLAN.bleu or {}
@@ -52,9 +67,10 @@ wildcard_constraints:
     dataset=_alternatives(config["datasets"]),
     method=_alternatives(config["methods"]),
     batch_size=r"\d+",
-    share=r"all|bs\d+",
+    share=_alternatives(PLAN.shares),
     built_model=_alternatives(PLAN.built_models),
     hub_model=_alternatives(PLAN.hub_models),
+    hub_dataset=_alternatives(PLAN.hub_datasets),
     head=_alternatives(PLAN.heads),
     published="gsm8k|instructcoder|sharegpt|cnn",
     mode="compat|exact",
@@ -73,6 +89,11 @@ def paper_report(name, suffix=None, subcategory=None):
         category=item.section,
         subcategory=subcategory or item.paper or "Beyond the paper",
     )
+
+
+def drawn_table(name):
+    """What figure-index item ``name``'s PNG drew, written beside it by save_png."""
+    return P.paper_path(name, ".csv")
 
 
 def spec_ref(spec):

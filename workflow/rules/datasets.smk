@@ -1,6 +1,21 @@
 # Prompt sets, tokenized with each target model's tokenizer (and chat template).
 
 
+# The files of a hub dataset's repository its entry selects, at its revision: a local rule
+# (common.smk) on the submitting host; prepare_dataset reads the copy offline (its local_path).
+rule download_dataset:
+    output:
+        directory(P.HUB_DATASET_RULE),
+    log:
+        "logs/download_dataset/{hub_dataset}.log",
+    params:
+        code=code_digest("sdbench.models.cli", "sdbench.models.hub"),
+        entry=lambda w: quoted(PLAN.download_entry(w.hub_dataset)),
+    shell:
+        "sdbench download-dataset --name {wildcards.hub_dataset} --entry {params.entry} "
+        "--output {output} > {log} 2>&1"
+
+
 rule prepare_dataset:
     input:
         unpack(lambda w: PLAN.prepare_inputs(w.model, w.dataset)),
@@ -18,6 +33,7 @@ rule prepare_dataset:
         ),
         entry=lambda w: quoted(PLAN.dataset_entry(w.dataset)),
         chat=lambda w: quoted(PLAN.chat_template_kwargs(w.model)),
+        context=lambda w: PLAN.context_arg(w.model),
         seed=config["seed"],
         matched=lambda w, input: (
             f"--matched {shlex.quote(input.matched)}"
@@ -26,7 +42,7 @@ rule prepare_dataset:
         ),
     shell:
         "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
-        "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} "
+        "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} {params.context} "
         "--chat-template-kwargs {params.chat} --output {output} > {log} 2>&1"
 
 

@@ -11,8 +11,10 @@ rule ext13_forced_acceptance:
         gap_table=P.table("sd_gap"),
         markdown=paper_report("ext13_forced_acceptance", ".md"),
         figure=paper_report("ext13_forced_acceptance", ".png"),
+        drawn=drawn_table("ext13_forced_acceptance"),
         gap_markdown=paper_report("ext14_sd_gap", ".md"),
         gap_figure=paper_report("ext14_sd_gap", ".png"),
+        gap_drawn=drawn_table("ext14_sd_gap"),
     log:
         "logs/ext13_forced_acceptance.log",
     params:
@@ -35,6 +37,7 @@ rule ext15_simulator_at_forced:
         table=P.FORCED_CHECK,
         markdown=paper_report("ext15_simulator_at_forced", ".md"),
         figure=paper_report("ext15_simulator_at_forced", ".png"),
+        drawn=drawn_table("ext15_simulator_at_forced"),
     log:
         "logs/ext15_simulator_at_forced.log",
     params:

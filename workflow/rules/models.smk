@@ -57,6 +57,7 @@ rule build_head:
         "--output {output} --seed {params.seed} --threads {threads} {params.args} > {log} 2>&1"
 
 
+# A local rule (common.smk): runs on the submitting host, online whatever the image exports.
 rule download_model:
     output:
         directory(P.HUB_MODEL_RULE),

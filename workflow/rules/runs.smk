@@ -1,6 +1,14 @@
 # Engine cells: one engine per engine x model x method (sdbench.grid.EngineGroup),
 # measuring every dataset x batch size of the grid on it; each cell then gets its
-# own tables under results/runs/ (CELL_DIR).
+# own tables under results/runs/ (CELL_DIR). A site's runtime limit (config `site`, which
+# the SLURM profiles pass) splits groups by dataset, then batch size (sdbench.scheduling);
+# each split is logged once, when the DAG is built. A group keeps each finished cell in
+# its checkpoint directory, which a failed job leaves for the group's next run.
+from snakemake.logging import logger
+
+if workflow.is_main_process:
+    for _note in PLAN.site_notes:
+        logger.info(_note)
 
 
 rule run_engine:
@@ -17,6 +25,8 @@ rule run_engine:
         cell_container
     threads: TIMED_THREADS
     resources:
+        # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
+        nodes=1,
         gpu=cell_gpus,
         mem_mb=cell_mem_mb,
         runtime=group_runtime,
@@ -25,9 +35,10 @@ rule run_engine:
         image=cell_image,
         spec=group_spec,
         drafter=drafter_arg,
+        checkpoints=lambda w: PLAN.group_checkpoint_dir(_group(w)),
     shell:
         "sdbench run-group --spec @{params.spec} --model-dir {input.model} {params.drafter} "
-        "--output-dir {output} > {log} 2>&1"
+        "--checkpoint-dir {params.checkpoints} --output-dir {output} > {log} 2>&1"
 
 
 rule run_cell:

@@ -17,6 +17,8 @@ rule serve_group:
         cell_container
     threads: TIMED_THREADS
     resources:
+        # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
+        nodes=1,
         gpu=lambda w: scheduling.cell_gpus(config, PLAN.server_cell(_server_group(w))),
         mem_mb=lambda w: scheduling.cell_mem_mb(
             config, PLAN.server_cell(_server_group(w))
@@ -46,6 +48,7 @@ rule ext11_latency_throughput:
         table=P.SERVER_TABLE,
         markdown=paper_report("ext11_latency_throughput", ".md"),
         figure=paper_report("ext11_latency_throughput", ".png"),
+        drawn=drawn_table("ext11_latency_throughput"),
     log:
         "logs/ext11_latency_throughput.log",
     params:

@@ -28,6 +28,7 @@ rule ext03_compat_vs_exact:
         table=P.SIM_COMPAT_VS_EXACT,
         markdown=paper_report("ext03_compat_vs_exact", ".md"),
         figure=paper_report("ext03_compat_vs_exact", ".png"),
+        drawn=drawn_table("ext03_compat_vs_exact"),
     log:
         "logs/ext03_compat_vs_exact.log",
     params:
@@ -135,26 +136,28 @@ rule fig09_fixed_vs_oracle:
     input:
         lambda w: PLAN.sim_figure_inputs(w.scope),
     output:
-        paper_report("fig09_fixed_vs_oracle"),
+        figure=paper_report("fig09_fixed_vs_oracle"),
+        drawn=drawn_table("fig09_fixed_vs_oracle"),
     log:
         "logs/fig09_fixed_vs_oracle/{scope}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
-        "sdbench simulate figures --results {input} --fixed-vs-oracle {output} > {log} 2>&1"
+        "sdbench simulate figures --results {input} --fixed-vs-oracle {output.figure} > {log} 2>&1"
 
 
 rule fig11_oracle_combine:
     input:
         lambda w: PLAN.sim_figure_inputs(w.scope),
     output:
-        paper_report("fig11_oracle_combine"),
+        figure=paper_report("fig11_oracle_combine"),
+        drawn=drawn_table("fig11_oracle_combine"),
     log:
         "logs/fig11_oracle_combine/{scope}.log",
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
-        "sdbench simulate figures --results {input} --combining {output} > {log} 2>&1"
+        "sdbench simulate figures --results {input} --combining {output.figure} > {log} 2>&1"
 
 
 rule ext04_adaptive_policies:
@@ -164,6 +167,7 @@ rule ext04_adaptive_policies:
         table=P.SIM_ADAPTIVE,
         markdown=paper_report("ext04_adaptive_policies", ".md"),
         figure=paper_report("ext04_adaptive_policies", ".png"),
+        drawn=drawn_table("ext04_adaptive_policies"),
     log:
         "logs/ext04_adaptive_policies/{scope}.log",
     params:

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.io import write_parquet, write_text
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import drawn_path, drawn_table, save_png, subplots
 from sdbench.traces.published import dataset_name
 from sdbench.traces.table import read_trace_table
 
@@ -195,7 +195,12 @@ def markdown_table(df: pd.DataFrame, digits: int = 2) -> str:
 
 
 def plot_heatmaps(traces: pd.DataFrame, dataset: str, max_position: int | None = 512):
-    """Fig. 4 for one dataset: one heatmap panel per method, wrapped into a grid."""
+    """Fig. 4 for one dataset: one heatmap panel per method, wrapped into a grid.
+
+    Returns the figure; its drawn table (:func:`sdbench.plotting.drawn_table`, written and returned
+    by ``save_png``) has a ``cell`` per drawn (request, position): series the request id, x the
+    position, y ``acc_len``, the panel's title naming the method. The same for Fig. 5, 6 and 10.
+    """
     from sdbench.plotting import method_style, panel_axes, panel_grid
 
     sub = traces[traces["dataset"] == dataset]
@@ -204,8 +209,10 @@ def plot_heatmaps(traces: pd.DataFrame, dataset: str, max_position: int | None =
     im = None
     for i, method in enumerate(methods):
         ax = panel_axes(axes, i)
-        mat, _ = heatmap_matrix(sub[sub["method"] == method], max_position)
-        im = ax.imshow(mat, aspect="auto", interpolation="nearest", cmap="Blues", vmin=1, vmax=MAX_ACC_LEN)
+        mat, requests = heatmap_matrix(sub[sub["method"] == method], max_position)
+        im = drawn_table(fig).imshow(ax, mat, rows=requests, cols=range(mat.shape[1]), series_name="request",
+                                     aspect="auto", interpolation="nearest", cmap="Blues", vmin=1,
+                                     vmax=MAX_ACC_LEN)  # fmt: skip
         ax.set_title(f"{dataset}, {method_style(method).label}", fontsize=9, color=method_style(method).color)
         ax.set(xlabel="output position", ylabel="request (by output length)")
     fig.colorbar(im, ax=[a for a in axes.ravel() if a.get_visible()], label="generated tokens per step (acc_len)")
@@ -226,8 +233,11 @@ def plot_position_deciles(deciles: pd.DataFrame, dataset: str):
         for method in methods:
             d = sub[(sub["length_class"] == cls) & (sub["method"] == method)]
             n = int(d["n_requests"].max()) if len(d) else 0
-            ax.plot(d["interval"] + 1, d["mean"], color=styles[method].color, marker=styles[method].marker)
-            ax.fill_between(d["interval"] + 1, d["ci95_low"], d["ci95_high"], alpha=0.2, color=styles[method].color)
+            drawn = drawn_table(fig)
+            drawn.plot(ax, d["interval"] + 1, d["mean"], color=styles[method].color, marker=styles[method].marker,
+                       series=method, label=styles[method].label, note=f"n={n}" if n else None)  # fmt: skip
+            drawn.fill_between(ax, d["interval"] + 1, d["ci95_low"], d["ci95_high"], alpha=0.2,
+                               color=styles[method].color, series=method, label=styles[method].label)  # fmt: skip
             if n:
                 ax.annotate(f"n={n}", (d["interval"].iloc[-1] + 1, d["mean"].iloc[-1]), fontsize=6,
                             color=styles[method].color, xytext=(3, 0), textcoords="offset points")  # fmt: skip
@@ -252,7 +262,7 @@ def plot_request_boxes(box: pd.DataFrame):
             {"label": method_style(m).label, "med": p50, "q1": p25, "q3": p75, "whislo": p5, "whishi": p95, "fliers": []}
             for m, p5, p25, p50, p75, p95 in zip(d["method"], d["p5"], d["p25"], d["p50"], d["p75"], d["p95"])
         ]
-        boxes = ax.bxp(stats, showfliers=False, patch_artist=True)
+        boxes = drawn_table(fig).bxp(ax, stats, showfliers=False, patch_artist=True, series=d["method"])
         for patch, m in zip(boxes["boxes"], d["method"]):
             patch.set_facecolor(method_style(m).color)
             patch.set_alpha(0.45)
@@ -265,10 +275,11 @@ def plot_request_boxes(box: pd.DataFrame):
 
 def plot_difference(diff: pd.DataFrame, dataset: str, max_position: int | None = 512):
     """Fig. 10 for one dataset: (request x position) map of n-gram minus EAGLE ``acc_len``."""
-    mat, _ = _request_matrix(diff[diff["dataset"] == dataset], "diff", max_position)
+    mat, requests = _request_matrix(diff[diff["dataset"] == dataset], "diff", max_position)
     fig, ax = subplots(figsize=(7, 4.5))
     lim = MAX_ACC_LEN - 1
-    im = ax.imshow(mat, aspect="auto", interpolation="nearest", cmap="RdBu", vmin=-lim, vmax=lim)
+    im = drawn_table(fig).imshow(ax, mat, rows=requests, cols=range(mat.shape[1]), series_name="request",
+                                 aspect="auto", interpolation="nearest", cmap="RdBu", vmin=-lim, vmax=lim)  # fmt: skip
     ax.set(title=f"{dataset}: n-gram minus EAGLE", xlabel="output position", ylabel="request")
     fig.colorbar(im, ax=ax, label="acc_len difference (blue: n-gram longer)")
     return fig
@@ -285,7 +296,8 @@ def write_figures(
     per_class: int | None = 50,
     seed: int = 0,
 ) -> list[Path]:
-    """Write Fig. 4, 5, 6 and 10 PNGs plus the parquet data behind Fig. 5, 6 and 10 to ``outdir``."""
+    """Write Fig. 4, 5, 6 and 10 PNGs (each with its drawn table beside it) plus the parquet data
+    behind Fig. 5, 6 and 10 to ``outdir``."""
     outdir = Path(outdir)
     written: list[Path] = []
 
@@ -307,7 +319,7 @@ def write_figures(
         save_png(plot_position_deciles(deciles, dataset), out(f"fig5_position_deciles_{slug}.png"), dpi=120)
         if (diff["dataset"] == dataset).any():
             save_png(plot_difference(diff, dataset, max_position), out(f"fig10_difference_{slug}.png"), dpi=120)
-    return written
+    return written + [drawn_path(p) for p in written if p.suffix == ".png"]
 
 
 FIGURES = ("heatmap", "deciles", "requests", "difference")
@@ -321,9 +333,10 @@ def write_figure(
     max_position: int | None = 512,
     per_class: int | None = 50,
     seed: int = 0,
-) -> None:
+) -> pd.DataFrame:
     """Write one figure of the index (Fig. 4 ``heatmap``, 5 ``deciles``, 6 ``requests``, 10
-    ``difference``) and, for Fig. 5, 6 and 10, the table behind it to ``data``.
+    ``difference``) and, for Fig. 5, 6 and 10, the table behind it to ``data``; returns the drawn
+    table (also written beside ``output``).
 
     Fig. 4, 5 and 10 are drawn for one dataset: ``traces`` must hold exactly one.
     """
@@ -348,7 +361,7 @@ def write_figure(
         raise ValueError(f"unknown acceptance figure {kind!r}; expected one of {FIGURES}")
     if data is not None and table is not None:
         write_parquet(table, data)
-    save_png(figure, output, dpi=120)
+    return save_png(figure, output, dpi=120)
 
 
 # ----------------------------------------------------------------------------- CLI

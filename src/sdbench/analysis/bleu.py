@@ -35,7 +35,7 @@ import pandas as pd
 from sacrebleu.metrics import BLEU
 
 from sdbench.io import write_parquet
-from sdbench.plotting import pyplot, save_png
+from sdbench.plotting import drawn_table, pyplot, save_png
 
 DEFAULT_ORDER = 4
 MAX_ORDER = 10
@@ -199,12 +199,14 @@ def plot_heatmap(
     out_png: str | os.PathLike[str],
     title: str | None = None,
     versus_label: str = "EAGLE",
-) -> None:
+) -> pd.DataFrame:
     """Fig. 8-style heatmap of n-gram's speedup relative to EAGLE, by BLEU bucket and batch size.
 
     ``speedups`` has ``bucket``, ``batch_size`` and ``relative_speedup`` (n-gram speedup / EAGLE
     speedup); cells show ``(relative_speedup - 1)`` in percent, blue where n-gram wins, red where it
     loses. ``buckets`` (the ``bleu buckets`` product) supplies n per bucket and the BLEU order.
+    Returns the drawn table: a ``cell`` per drawn (batch size: series, bucket: x), y the percent
+    shown.
     """
     plt = pyplot()
     import matplotlib
@@ -242,7 +244,9 @@ def plot_heatmap(
 
     fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(batch_sizes) + 1.8))
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="#dddddd")
-    im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=TwoSlopeNorm(0.0, -span, span), aspect="auto")
+    drawn = drawn_table(fig)
+    im = drawn.imshow(ax, np.ma.masked_invalid(values), rows=batch_sizes, cols=list(BUCKET_LABELS),
+                      series_name="batch size", cmap=cmap, norm=TwoSlopeNorm(0.0, -span, span), aspect="auto")
     for (i, j), v in np.ndenumerate(values):
         if np.isfinite(v):
             ax.text(
@@ -264,7 +268,7 @@ def plot_heatmap(
         ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label=f"n-gram speedup relative to {versus_label} (%)")
     fig.tight_layout()
-    save_png(fig, out_png, dpi=150)
+    return save_png(fig, out_png, dpi=150)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pandas as pd
 
 from sdbench.engine.steptiming import STAGE_COLUMNS
 from sdbench.io import write_parquet
-from sdbench.plotting import method_style, save_png, subplots
+from sdbench.plotting import drawn_table, method_style, save_png, subplots
 
 # Stages of the breakdown, in plot order (bottom to top), with Fig. 3's labels.
 STAGES: tuple[str, ...] = ("propose", "verify", "sample", "other")
@@ -71,8 +71,10 @@ def _method_order(methods: Iterable[str]) -> list[str]:
     return [m for m in BASELINE_METHODS if m in unique] + [m for m in unique if m not in BASELINE_METHODS]
 
 
-def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: str | None = None) -> None:
+def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: str | None = None) -> pd.DataFrame:
     """Fig. 3 style: a stacked bar of stage fractions per method x batch size, written atomically.
+    Returns the drawn table: a ``bar`` per stage x method x batch size (series the stage, x
+    ``<method> bs<N>``, y its fraction, stacked in :data:`STAGES` order).
 
     ``table`` needs ``method``, ``batch_size`` and :data:`FRACTION_COLUMNS` (e.g. from
     :func:`breakdown_table`). Bars are grouped by method, one per batch size.
@@ -98,9 +100,12 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     fig, ax = subplots(figsize=(max(4.5, 1.3 + 0.6 * len(rows) + 0.35 * n_methods), 4.0))
     colors = {"propose": "#4c72b0", "verify": "#dd8452", "sample": "#55a868", "other": "#8c8c8c"}
     bottom = [0.0] * len(rows)
+    drawn = drawn_table(fig)
+    at = [f"{r.method} bs{r.batch_size}" for r in rows]
     for stage in STAGES:
         values = [float(getattr(r, f"{stage}_frac")) for r in rows]
-        ax.bar(positions, values, bottom=bottom, width=0.8, color=colors[stage], label=STAGE_LABELS[stage])
+        drawn.bar(ax, positions, values, bottom=bottom, width=0.8, color=colors[stage], label=STAGE_LABELS[stage],
+                  series=stage, at=at)  # fmt: skip
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(positions, ticks)
     ax.set_ylabel("fraction of execution time")
@@ -118,7 +123,7 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    save_png(fig, out_png, dpi=150)
+    return save_png(fig, out_png, dpi=150)
 
 
 def read_step_tables(paths: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:

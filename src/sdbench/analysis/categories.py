@@ -204,16 +204,18 @@ def category_acceptance_markdown(table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> None:
+def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Per-request mean acceptance length with its 95% interval: a group of bars per category,
-    one bar per method, a panel per engine / model / dataset / batch size."""
-    from sdbench.plotting import method_styles, panel_grid
+    one bar per method, a panel per engine / model / dataset / batch size. Returns the drawn
+    table (x the category as its tick reads)."""
+    from sdbench.plotting import drawn_table, method_styles, panel_grid
 
     panels = list(table.groupby(["engine", "model", "dataset", "batch_size"], sort=True))
     methods = sorted(table["method"].unique())
     styles = method_styles(table)
     width_per_panel = max(4.5, 0.5 * table["category"].nunique() * max(len(methods), 1) + 1.5)
     fig, axes = panel_grid(len(panels), width_per_panel, 3.8, 110)
+    drawn = drawn_table(fig)
     for ax, (keys, sub) in zip(axes.flat, panels):
         categories = sorted(sub["category"].unique())
         x = np.arange(len(categories))
@@ -228,16 +230,16 @@ def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> None:
                 np.clip(rows["request_mean_ci_high"].to_numpy(dtype=float) - y, 0, None).tolist(),
             ]
             offset = (i - (len(here) - 1) / 2) * width
-            ax.bar(x + offset, y, width=width, yerr=err, capsize=2, color=styles[method].color,
-                   label=styles[method].label)
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            drawn.bar(ax, x + offset, y, width=width, yerr=err, capsize=2, color=styles[method].color,
+                      label=styles[method].label, series=method, at=[c or "(none)" for c in categories])  # fmt: skip
+        drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="reference")
         ax.set_xticks(x, [c or "(none)" for c in categories], fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("acceptance length, per-request mean")
         ax.set_title(f"{keys[1]} / {keys[2]} / bs {keys[3]}\n{keys[0]}", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+    return save_png(fig, out_png, dpi=110)
 
 
 def _cmd_category_acceptance(args: argparse.Namespace) -> int:

@@ -116,15 +116,15 @@ def cost_markdown(table: pd.DataFrame, source: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_cost(table: pd.DataFrame, out_png: str | Path) -> None:
+def plot_cost(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Cost per 1M output tokens vs batch size, one line per method, a panel per engine x model x dataset."""
     from sdbench.plotting import method_lines
 
     currency = table["currency"].iloc[0] if len(table) else ""
-    method_lines(table, out_png, panel_keys=["engine", "model", "dataset"], x="batch_size",
-                 rows=[("cost_per_1m_tokens", "cost_per_1m_tokens_ci_low", "cost_per_1m_tokens_ci_high",
-                        f"{currency} per 1M output tokens")],
-                 xlabel="batch size (requests in flight)", xlog=2, ylog=True)  # fmt: skip
+    return method_lines(table, out_png, panel_keys=["engine", "model", "dataset"], x="batch_size",
+                        rows=[("cost_per_1m_tokens", "cost_per_1m_tokens_ci_low", "cost_per_1m_tokens_ci_high",
+                               f"{currency} per 1M output tokens")],
+                        xlabel="batch size (requests in flight)", xlog=2, ylog=True)  # fmt: skip
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:

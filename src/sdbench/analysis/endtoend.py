@@ -42,16 +42,20 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     dupes = cells.duplicated(SORT)
     if dupes.any():
         raise ValueError(f"duplicate cells in summaries: {cells.loc[dupes, SORT].to_dict('records')}")
-    for column, default in (("contaminated", False), ("tokens_per_s_boot", None)):
+    for column, default in (("contaminated", False), ("tokens_per_s_boot", None), ("engine_layout", ""),
+                            ("num_preemptions", 0), ("paired_baseline_num_preemptions", 0)):  # fmt: skip
         if column not in cells:
             cells[column] = [default] * len(cells)
-    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated"]
+    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated", "engine_layout",
+                    "num_preemptions"]  # fmt: skip
     base = cells.loc[cells["method"] == baseline, keep].rename(
         columns={
             "tokens_per_s": "baseline_tokens_per_s",
             "tokens_per_s_pooled": "_base_pooled",
             "tokens_per_s_boot": "_base_boot",
             "contaminated": "_base_contaminated",
+            "engine_layout": "_base_layout",
+            "num_preemptions": "_base_preemptions",
         }
     )
     out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
@@ -70,11 +74,32 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
             out.loc[paired, column] = out.loc[paired, f"paired_{column}"]
         out.loc[paired, "speedup_design"] = "paired"
     out.loc[out["method"] == baseline, "speedup_design"] = ""
+    check_layouts(out)
     out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
         False
     ).astype(bool)
-    out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "tokens_per_s_boot"])
+    # A speedup whose either arm had requests preempted (KV cache full) was timed at a smaller
+    # batch than its cell names for part of the run (docs/measurement.md).
+    own = out["num_preemptions"].fillna(0).astype(int) + out["paired_baseline_num_preemptions"].fillna(0).astype(int)
+    other = out["_base_preemptions"].where(out["speedup_design"] == "independent", 0).fillna(0).astype(int)
+    out["preempted"] = (own + other) > 0
+    out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "_base_layout", "_base_preemptions",
+                            "tokens_per_s_boot"])  # fmt: skip
     return out.sort_values(SORT, kind="stable").reset_index(drop=True)
+
+
+def check_layouts(cells: pd.DataFrame) -> None:
+    """Refuse a speedup over the separately measured no-SD cell whose engine ran in another
+    process layout (``engine_layout``; a paired cell's arms are checked when timed)."""
+    known = (cells["engine_layout"].fillna("") != "") & (cells["_base_layout"].fillna("") != "")
+    bad = cells[known & (cells["speedup_design"] == "independent") & (cells["engine_layout"] != cells["_base_layout"])]
+    if len(bad):
+        row = bad.iloc[0]
+        name = "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/bs{row['batch_size']}"
+        raise ValueError(
+            f"cell {name}: its speedup divides a {row['engine_layout']} engine by a {row['_base_layout']} no-SD "
+            f"engine; both arms must run in one process layout ({len(bad)} such cell(s))"
+        )
 
 
 def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
@@ -168,24 +193,27 @@ def grid_cells(cells: pd.DataFrame) -> pd.DataFrame:
     return cells[cells["sweep"].fillna("") == ""] if "sweep" in cells else cells
 
 
-def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
+def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Fig. 1/2: throughput (top) and speedup (bottom) vs batch size per method, a panel per
-    engine x model x dataset, wrapped into a grid; one legend for every method drawn."""
+    engine x model x dataset, wrapped into a grid; one legend for every method drawn. Returns
+    the drawn table (also written beside ``out_png``)."""
     from matplotlib.lines import Line2D
 
-    from sdbench.plotting import figure_legend, method_styles, panel_axes, panel_grid
+    from sdbench.plotting import drawn_table, figure_legend, method_styles, panel_axes, panel_grid
 
     cells = grid_cells(cells)
     panels = list(cells.groupby(["engine", "model", "dataset"], sort=True))
     styles = method_styles(cells)
     dpi = 110
     fig, axes = panel_grid(len(panels), 4.0, 3.3, dpi, rows_per_panel=2)
+    drawn = drawn_table(fig)
     metrics = (
         ("tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "output tokens / s"),
         ("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD"),
     )
-    flagged_any = False
+    flagged_any = preempted_any = False
     for i, (keys, sub) in enumerate(panels):
+        title = f"{keys[1]} / {keys[2]}\n{keys[0]}"
         for row, (y, lo, hi, ylabel) in enumerate(metrics):
             ax = panel_axes(axes, i, row, 2)
             for method, line in sub.groupby("method", sort=True):
@@ -194,33 +222,45 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> None:
                 if lo in line and line[lo].notna().any():  # 95% bootstrap interval
                     err = [(line[y] - line[lo]).clip(lower=0), (line[hi] - line[y]).clip(lower=0)]
                 style = styles[method]
-                ax.errorbar(line["batch_size"], line[y], yerr=err, capsize=3, color=style.color, marker=style.marker)
+                drawn.errorbar(ax, line["batch_size"], line[y], yerr=err, capsize=3, color=style.color,
+                               marker=style.marker, series=method, label=style.label, panel=title)  # fmt: skip
             flagged = sub[sub["contaminated"].astype(bool)] if "contaminated" in sub else sub.iloc[:0]
             if len(flagged):  # timed beside other work (docs: quiet machine)
                 flagged_any = True
-                ax.scatter(flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
-                           linewidths=1.5, zorder=5)  # fmt: skip
+                drawn.scatter(ax, flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
+                              linewidths=1.5, zorder=5, mark="ring", series=flagged["method"],
+                              note="timed on a busy machine", panel=title)  # fmt: skip
+            preempted = sub[sub["preempted"].astype(bool)] if "preempted" in sub else sub.iloc[:0]
+            if len(preempted):  # KV cache too small for the batch: part of it waited (docs/measurement.md)
+                preempted_any = True
+                drawn.scatter(ax, preempted["batch_size"], preempted[y], s=220, marker="s", facecolors="none",
+                              edgecolors="darkorange", linewidths=1.5, zorder=5, mark="preempted",
+                              series=preempted["method"], note="requests preempted (KV cache full)",
+                              panel=title)  # fmt: skip
             if row == 1:
-                ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+                drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD", panel=title)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size", fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
             ax.grid(alpha=0.3)
-        panel_axes(axes, i, 0, 2).set_title(f"{keys[1]} / {keys[2]}\n{keys[0]}", fontsize=9)
+        panel_axes(axes, i, 0, 2).set_title(title, fontsize=9)
     extra = []
     if flagged_any:
         extra.append(Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="red",
                             markersize=10, label="timed on a busy machine"))  # fmt: skip
+    if preempted_any:
+        extra.append(Line2D([], [], ls="none", marker="s", markerfacecolor="none", markeredgecolor="darkorange",
+                            markersize=11, label="requests preempted (KV cache full)"))  # fmt: skip
     figure_legend(fig, styles, extra)
-    save_png(fig, out_png, dpi=dpi)
+    return save_png(fig, out_png, dpi=dpi)
 
 
-def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> None:
+def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Acceptance rate by draft position (run-cell counters, mean over the batch sizes), one
-    panel per engine x model x dataset, one line per method."""
+    panel per engine x model x dataset, one line per method. Returns the drawn table."""
     import numpy as np
 
-    from sdbench.plotting import figure_legend, method_styles, panel_axes, panel_grid
+    from sdbench.plotting import drawn_table, figure_legend, method_styles, panel_axes, panel_grid
 
     cells = grid_cells(cells)
     sd = cells[cells["acceptance_rate_per_pos"].map(len) > 0]
@@ -228,20 +268,22 @@ def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> No
     styles = method_styles(sd)
     dpi = 110
     fig, axes = panel_grid(len(panels), 4.0, 3.2, dpi)
+    drawn = drawn_table(fig)
     for i, (keys, sub) in enumerate(panels):
         ax = panel_axes(axes, i)
         for method, rows in sub.groupby("method", sort=True):
             width = max(len(r) for r in rows["acceptance_rate_per_pos"])
             rates = np.nanmean([list(r) + [np.nan] * (width - len(r)) for r in rows["acceptance_rate_per_pos"]], axis=0)
             style = styles[method]
-            ax.plot(range(1, width + 1), rates, color=style.color, marker=style.marker)
+            drawn.plot(ax, range(1, width + 1), rates, color=style.color, marker=style.marker, series=method,
+                       label=style.label)  # fmt: skip
         ax.set_title(f"{keys[1]} / {keys[2]}\n{keys[0]}", fontsize=9)
         ax.set_xlabel("draft position", fontsize=8)
         ax.set_ylabel("acceptance rate", fontsize=8)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
     figure_legend(fig, styles)
-    save_png(fig, out_png, dpi=dpi)
+    return save_png(fig, out_png, dpi=dpi)
 
 
 def _cmd_aggregate(args: argparse.Namespace) -> int:

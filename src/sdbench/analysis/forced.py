@@ -187,34 +187,38 @@ def gap_markdown(gap: pd.DataFrame, labels: dict[str, str]) -> str:
 
 
 def plot_forced(forced: pd.DataFrame, gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str],
-                dpi: int = 110) -> None:  # fmt: skip
+                dpi: int = 110) -> pd.DataFrame:  # fmt: skip
     """Speedup against the measured accepted length per method (a panel each), a line per batch
-    size with 95% intervals; the method's own cell as a star; the ideal (speedup = τ) dotted."""
+    size with 95% intervals; the method's own cell as a star; the ideal (speedup = τ) dotted.
+    Returns the drawn table (series ``bs <N>``; the own cell a ``point``)."""
     from matplotlib.lines import Line2D
 
-    from sdbench.plotting import figure_legend, panel_axes, panel_grid, pyplot, save_png
+    from sdbench.plotting import drawn_table, figure_legend, panel_axes, panel_grid, pyplot, save_png
 
     panels = list(forced.groupby(["engine", "model", "dataset", "base_method"], sort=True))
     sizes = sorted(forced["batch_size"].unique())
     cmap = pyplot().get_cmap("viridis")
     colors = {b: cmap(0.1 + 0.8 * i / max(len(sizes) - 1, 1)) for i, b in enumerate(sizes)}
     fig, axes = panel_grid(len(panels), 3.8, 3.2, dpi)
+    drawn = drawn_table(fig)
     for i, (key, sub) in enumerate(panels):
         ax = panel_axes(axes, i)
         top = float(sub["num_speculative_tokens"].max() + 1)
-        ax.plot([1, top], [1, top], color="grey", lw=0.8, ls=":")
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        drawn.plot(ax, [1, top], [1, top], color="grey", lw=0.8, ls=":", mark="reference", series="ideal")
+        drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
         for b, line in sub.groupby("batch_size", sort=True):
             line = line.sort_values("mean_acceptance_length")
             err = [(line["speedup"] - line["speedup_ci_low"]).clip(lower=0),
                    (line["speedup_ci_high"] - line["speedup"]).clip(lower=0)]  # fmt: skip
-            ax.errorbar(line["mean_acceptance_length"], line["speedup"], yerr=err, color=colors[b], marker="o",
-                        capsize=3, lw=1.2)  # fmt: skip
+            drawn.errorbar(ax, line["mean_acceptance_length"], line["speedup"], yerr=err, color=colors[b], marker="o",
+                           capsize=3, lw=1.2, series=f"bs {b}", label=f"forced, batch size {b}",
+                           note=line["num_speculative_tokens"].map(lambda k: f"forced {k}"))  # fmt: skip
             real = gap[(gap[["engine", "model", "dataset", "base_method"]].apply(tuple, axis=1) == key)
                        & (gap["batch_size"] == b)] if len(gap) else gap  # fmt: skip
             for r in real.itertuples(index=False):
-                ax.errorbar([r.real_acceptance_length], [r.measured_speedup], color=colors[b], marker="*",
-                            markersize=12, ls="none", capsize=3,
+                drawn.errorbar(ax, [r.real_acceptance_length], [r.measured_speedup], color=colors[b], marker="*",
+                               markersize=12, ls="none", capsize=3, mark="point", series=f"bs {b}",
+                               label="the method's own cell",
                             yerr=[[max(r.measured_speedup - r.measured_ci_low, 0)],
                                   [max(r.measured_ci_high - r.measured_speedup, 0)]])  # fmt: skip
         ax.set_title(f"{labels.get(key[3], key[3])}\n{key[1]} / {key[2]}", fontsize=9)
@@ -225,15 +229,16 @@ def plot_forced(forced: pd.DataFrame, gap: pd.DataFrame, out_png: str | Path, la
     handles += [Line2D([], [], color="black", marker="*", markersize=10, ls="none", label="the method's own cell"),
                 Line2D([], [], color="grey", ls=":", label="ideal: speedup = τ")]  # fmt: skip
     figure_legend(fig, {}, extra=handles)
-    save_png(fig, out_png, dpi=dpi)
+    return save_png(fig, out_png, dpi=dpi)
 
 
-def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi: int = 110) -> None:
+def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi: int = 110) -> pd.DataFrame:
     """Fig. 9 style: per method (a panel each) and batch size, bars for the measured speedup, the
-    forced curve at the real τ, the ceiling (95% intervals) and the ideal k + 1."""
+    forced curve at the real τ, the ceiling (95% intervals) and the ideal k + 1. Returns the drawn
+    table (series the bar's column, x the batch size; a missing value drawn as 0)."""
     from matplotlib.patches import Patch
 
-    from sdbench.plotting import figure_legend, panel_axes, panel_grid, save_png
+    from sdbench.plotting import drawn_table, figure_legend, panel_axes, panel_grid, save_png
 
     bars = (("measured", "measured_speedup", "measured_ci_low", "measured_ci_high", "#4c72b0"),
             ("forced curve at the real τ", "at_real_speedup", "at_real_ci_low", "at_real_ci_high", "#55a868"),
@@ -246,19 +251,20 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
         ax = panel_axes(axes, i)
         sub = sub.sort_values("batch_size")
         xs = np.arange(len(sub))
-        for j, (_, y, lo, hi, color) in enumerate(bars):
+        for j, (label, y, lo, hi, color) in enumerate(bars):
             err = None
             if lo:
                 err = [(sub[y] - sub[lo]).clip(lower=0).fillna(0), (sub[hi] - sub[y]).clip(lower=0).fillna(0)]
-            ax.bar(xs + (j - 1.5) * width, sub[y].fillna(0), width, yerr=err, color=color, capsize=2)
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            drawn_table(fig).bar(ax, xs + (j - 1.5) * width, sub[y].fillna(0), width, yerr=err, color=color, capsize=2,
+                                 series=y, label=label, legend=False, at=sub["batch_size"])  # fmt: skip
+        drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
         ax.set_xticks(xs, [str(b) for b in sub["batch_size"]])
         ax.set_xlabel("batch size", fontsize=8)
         ax.set_ylabel("speedup over no SD", fontsize=8)
         ax.set_title(f"{labels.get(key[3], key[3])}\n{key[1]} / {key[2]}", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     figure_legend(fig, {}, extra=[Patch(color=color, label=label) for label, _, _, _, color in bars])
-    save_png(fig, out_png, dpi=dpi)
+    return save_png(fig, out_png, dpi=dpi)
 
 
 def _cmd_forced(args: argparse.Namespace) -> int:

@@ -99,10 +99,11 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> None:
+def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """TPOT p50 vs output tokens/s per device, one curve per method, points labelled by concurrency;
-    a panel per engine x model x dataset, wrapped into a grid."""
-    from sdbench.plotting import figure_legend, method_styles, panel_axes, panel_grid
+    a panel per engine x model x dataset, wrapped into a grid. Returns the drawn table (x_lo/x_hi
+    the min/max throughput per device, note the concurrency label)."""
+    from sdbench.plotting import drawn_table, figure_legend, method_styles, panel_axes, panel_grid
 
     panels = list(table.groupby(["engine", "model", "dataset"], sort=True))
     styles = method_styles(table)
@@ -117,7 +118,9 @@ def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> None:
                 (line["output_tokens_per_s_max"] / line["devices"] - x).clip(lower=0),
             ]
             style = styles[method]
-            ax.errorbar(x, line["tpot_p50_ms"], xerr=xerr, capsize=2, color=style.color, marker=style.marker)
+            drawn_table(fig).errorbar(ax, x, line["tpot_p50_ms"], xerr=xerr, capsize=2, color=style.color,
+                                      marker=style.marker, series=method, label=style.label,
+                                      note=line["concurrency"].astype(str))  # fmt: skip
             for xi, yi, c in zip(x, line["tpot_p50_ms"], line["concurrency"]):
                 ax.annotate(str(c), (xi, yi), textcoords="offset points", xytext=(3, 3), fontsize=7)
         ax.set_title(f"{keys[1]} / {keys[2]}\n{keys[0]}", fontsize=9)
@@ -125,7 +128,7 @@ def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> None:
         ax.set_ylabel("TPOT p50 (ms)")
         ax.grid(alpha=0.3)
     figure_legend(fig, styles, title="method (point labels: requests in flight)")
-    save_png(fig, out_png, dpi=110)
+    return save_png(fig, out_png, dpi=110)
 
 
 def _cmd_latency(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdbench.models.spec import DTYPE_BYTES, ModelSpec, load_model_spec
-from sdbench.plotting import save_png, subplots
+from sdbench.plotting import drawn_table, save_png, subplots
 
 # "none" = no speculative decoding; "mtp" = the target's own multi-token-prediction layers.
 METHODS = ("none", "ngram", "eagle", "eagle3", "draft_model", "mtp", "medusa")
@@ -424,12 +424,13 @@ def _short(name: Any) -> str:
     return "" if _is_missing(name) else str(name).rstrip("/").split("/")[-1]
 
 
-def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
+def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> Any:
     """Analytical vs measured memory per cell, written atomically to ``out_png``.
 
     Left: weights, analytical ``analytical_static_gib`` next to ``measured_weights_gib`` (bars) and
     ``peak_memory_gib`` (marker). Right: ``analytical_per_token_kib``, annotated with the KV-cache
     capacity in tokens that ``measured_kv_cache_gib`` implies. Measured columns may be absent or NaN.
+    Returns the drawn table (x the cell's tick label; a missing measured weight is drawn as 0, note n/a).
     """
     import numpy as np
 
@@ -460,10 +461,14 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
     fig, (ax1, ax2) = subplots(2 if stacked else 1, 1 if stacked else 2,
                                figsize=(wide, 9.0) if stacked else (2 * wide, 5.0))  # fmt: skip
     w = 0.38
-    ax1.bar(x - w / 2, static, w, label="analytical weights", color="#4c72b0")
-    ax1.bar(x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452")
+    drawn = drawn_table(fig)
+    drawn.bar(ax1, x - w / 2, static, w, label="analytical weights", color="#4c72b0", series="analytical_static_gib",
+              at=labels)  # fmt: skip
+    drawn.bar(ax1, x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452",
+              series="measured_weights_gib", at=labels, note=[None if np.isfinite(m) else "n/a" for m in weights])  # fmt: skip
     if np.isfinite(peak).any():
         ax1.plot(x, peak, "k_", markersize=22, mew=2, linestyle="none", label="peak memory")
+        drawn.add(ax1, "point", "peak_memory_gib", labels, peak, label="peak memory")
     for xi, m in zip(x, weights):
         if not np.isfinite(m):
             ax1.text(xi + w / 2, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
@@ -471,7 +476,9 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
     ax1.set_title("Static memory (weights)")
     ax1.legend(fontsize=8)
 
-    ax2.bar(x, per_tok, 0.6, color="#55a868")
+    notes = [f"{gib:.2f} GiB = {gib * 2**20 / kib:,.0f} tok" if np.isfinite(gib) and kib > 0 else None
+             for kib, gib in zip(per_tok, kv_gib)]  # fmt: skip
+    drawn.bar(ax2, x, per_tok, 0.6, color="#55a868", series="analytical_per_token_kib", at=labels, note=notes)
     for xi, kib, gib in zip(x, per_tok, kv_gib):
         if np.isfinite(gib) and kib > 0:
             ax2.text(xi, kib, f"{gib:.2f} GiB\n= {gib * 2**20 / kib:,.0f} tok", ha="center", va="bottom", fontsize=7)
@@ -483,7 +490,7 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> None:
         ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right", rotation_mode="anchor")
         ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    save_png(fig, out_png, dpi=150)
+    return save_png(fig, out_png, dpi=150)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -587,3 +594,175 @@ def memory_markdown(per_engine: Any) -> str:
             f"| {num(r.peak_memory_gib, '.2f')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# KV cache capacity (sdbench check-config, config key kv_capacity)
+
+# Device memory vLLM keeps outside weights and KV cache, per GPU: the profiled activation peak,
+# CUDA graphs and the NCCL / cuBLAS workspaces. A round figure on purpose: the check refuses
+# only batches clearly beyond the cache; the preemption counter catches the rest at run time.
+NON_KV_RESERVE_GIB = 2.0
+# vLLM's default share of a GPU the engine may use (EngineArgs.gpu_memory_utilization).
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class KVCapacity:
+    """KV cache capacity of one engine x target x drafter, as the memory model computes it."""
+
+    capacity_tokens: int
+    per_token_kib: float
+    kv_cache_gib: float
+    how: str  # where the KV budget came from, for the one-line refusal
+
+
+def kv_capacity(
+    report: Mapping[str, Any],
+    *,
+    kv_cache_memory_bytes: int | None = None,
+    device_memory_gib: float | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    tensor_parallel_size: int = 1,
+) -> KVCapacity | None:
+    """Tokens the KV cache of a cell's engine holds, or ``None`` when its memory is unknown.
+
+    ``report`` is :func:`memory_report`'s (its ``per_token_kib`` counts the drafter's KV too,
+    its ``static_gib`` target and drafter weights). The KV budget is the engine's explicit
+    ``kv_cache_memory_bytes`` per worker when set, else ``device_memory_gib`` x
+    ``gpu_memory_utilization`` minus :data:`NON_KV_RESERVE_GIB` per GPU, minus the weights;
+    tensor-parallel ranks each hold their share of every token's KV.
+    """
+    per_token = float(report["per_token_kib"]) * KIB
+    if per_token <= 0:
+        return None
+    tp = int(tensor_parallel_size)
+    if kv_cache_memory_bytes is not None:
+        budget = float(kv_cache_memory_bytes) * tp
+        how = f"kv_cache_memory_bytes {kv_cache_memory_bytes / GIB:.2f} GiB x {tp} worker(s)"
+    elif device_memory_gib is not None:
+        budget = tp * (device_memory_gib * gpu_memory_utilization - NON_KV_RESERVE_GIB) * GIB \
+            - float(report["static_gib"]) * GIB
+        how = (f"{tp} x {device_memory_gib:g} GiB x gpu_memory_utilization {gpu_memory_utilization:g} "
+               f"- {tp} x {NON_KV_RESERVE_GIB:g} GiB reserve - {float(report['static_gib']):.1f} GiB weights")
+    else:
+        return None
+    budget = max(budget, 0.0)
+    return KVCapacity(int(budget // per_token), per_token / KIB, budget / GIB, how)
+
+
+# --------------------------------------------------------------------------------------------------
+# KV capacity of a config's cells (sdbench check-config, config key kv_capacity)
+
+# vLLM method name -> the method names of sdbench.analysis.memory (suffix: no weights, no KV).
+_MEMORY_METHODS = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "suffix": "ngram"}
+
+
+def _prompt_tokens(dataset: dict[str, Any]) -> int | None:
+    """Longest prompt a dataset entry can have before its table exists: ``max_prompt_tokens``,
+    else a SPEED-Bench throughput tier's input length (``throughput_32k``: 32768), else unknown."""
+    import re
+
+    if dataset.get("max_prompt_tokens"):
+        return int(dataset["max_prompt_tokens"])
+    if dataset.get("builder") == "speed_bench":
+        where = f"{dataset.get('local_path') or ''} {dataset.get('hf_config') or ''}"
+        tier = re.search(r"throughput_(\d+)k", where)
+        if tier:
+            return int(tier.group(1)) * 1024
+    return None
+
+
+def _engine_kv(engine: dict[str, Any]) -> dict[str, Any]:
+    """The KV budget settings of an engine entry (sdbench.analysis.memory.kv_capacity)."""
+    kwargs = engine.get("llm_kwargs", {})
+    explicit = kwargs.get("kv_cache_memory_bytes")
+    cpu_space = (engine.get("env") or {}).get("VLLM_CPU_KVCACHE_SPACE")
+    if explicit is None and engine["device"] == "cpu" and cpu_space not in (None, ""):
+        explicit = int(cpu_space) * GIB  # the CPU build's GiB setting (vllm/platforms/cpu.py)
+    return {
+        "kv_cache_memory_bytes": None if explicit is None else int(explicit),
+        "device_memory_gib": engine.get("device_memory_gib") if engine["device"] == "cuda" else None,
+        "gpu_memory_utilization": float(kwargs.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)),
+    }
+
+
+def kv_capacity_shortfalls(config: dict[str, Any]) -> dict[tuple[str, str, str, str, int], str]:
+    """Cells of a validated config whose batch cannot fit the engine's KV cache -> why, one line each.
+
+    Needed: ``batch_size`` sequences of (longest prompt + ``max_tokens`` + k lookahead), each
+    capped at the model's ``max_model_len``; capacity: :func:`sdbench.analysis.memory.kv_capacity`
+    with the drafter's KV for SD cells. Cells whose capacity or model architecture is unknown
+    (a model built locally, a cuda engine without ``device_memory_gib``) are not judged.
+    """
+    import functools
+
+    from sdbench.config import DRAFTER_METHODS
+
+    @functools.lru_cache(maxsize=None)
+    def report(target: str, drafter: str | None, method: str, dtype: str | None) -> dict[str, Any] | None:
+        try:
+            return memory_report(target, drafter, method, dtype=dtype)
+        except (ValueError, FileNotFoundError):
+            return None  # no architecture config for a hub id or a model built by the workflow
+
+    out: dict[tuple[str, str, str, str, int], str] = {}
+    for block in config["grid"]:
+        engine = config["engines"][block["engine"]]
+        budget = _engine_kv(engine)
+        if budget["kv_cache_memory_bytes"] is None and budget["device_memory_gib"] is None:
+            continue
+        for model_key in block["models"]:
+            model = config["models"][model_key]
+            if not model.get("hf_id"):
+                continue
+            dtype = model.get("dtype") if model.get("dtype") not in (None, "auto") else None
+            for method_key in block["methods"]:
+                method = config["methods"][method_key]
+                name = _MEMORY_METHODS.get(method["method"], method["method"])
+                drafter = None
+                if method["method"] in DRAFTER_METHODS and name != "mtp":
+                    entry = config["models"].get(method["drafter"][model_key], {})
+                    if not entry.get("hf_id"):
+                        continue
+                    drafter = entry["hf_id"]
+                rep = report(model["hf_id"], drafter, name, dtype)
+                if rep is None:
+                    continue
+                cap = kv_capacity(rep, tensor_parallel_size=int(model.get("tensor_parallel_size", 1)), **budget)
+                if cap is None:
+                    continue
+                k = int(method.get("num_speculative_tokens", 0))
+                for dataset_key in block["datasets"]:
+                    dataset = config["datasets"][dataset_key]
+                    prompt = _prompt_tokens(dataset)
+                    per_seq = (prompt or 0) + int(dataset["max_tokens"]) + k
+                    if model.get("max_model_len"):
+                        per_seq = min(per_seq, int(model["max_model_len"]))
+                    for bs in block["batch_sizes"]:
+                        needed = int(bs) * per_seq
+                        if needed <= cap.capacity_tokens:
+                            continue
+                        prompt_text = f"{prompt} prompt" if prompt is not None else "prompt length unknown, counted as 0"
+                        out[(block["engine"], model_key, dataset_key, method_key, int(bs))] = (
+                            f"{block['engine']}/{model_key}/{dataset_key}/{method_key}/bs{bs}: needs {needed:,} KV "
+                            f"tokens (batch {bs} x ({prompt_text} + {dataset['max_tokens']} max_tokens + {k})), "
+                            f"capacity {cap.capacity_tokens:,} ({cap.kv_cache_gib:.1f} GiB at "
+                            f"{cap.per_token_kib:.0f} KiB/token: {cap.how})"
+                        )
+    return dict(sorted(out.items()))
+
+
+def trimmed_cells(config: dict[str, Any]) -> set[tuple[str, str, str, str, int]]:
+    """Cells ``kv_capacity: trim`` drops from the grid (empty under refuse / off)."""
+    if config.get("kv_capacity") != "trim":
+        return set()
+    return set(kv_capacity_shortfalls(config))
+
+
+def check_kv_capacity(config: dict[str, Any]) -> list[str]:
+    """The cells ``sdbench check-config`` refuses (``kv_capacity: refuse``) or trims (``trim``),
+    one line each; nothing under ``off``."""
+    if config.get("kv_capacity", "refuse") == "off":
+        return []
+    return list(kv_capacity_shortfalls(config).values())

@@ -82,7 +82,7 @@ def proposal_length_markdown(table: pd.DataFrame) -> str:
     return "\n".join(out)
 
 
-def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> None:
+def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Speedup (with 95% intervals) and accepted length vs k, one line per method, a panel per
     engine x model x dataset x batch size."""
     from sdbench.plotting import method_lines
@@ -90,10 +90,10 @@ def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> None:
     # One line per base method across k: its label names the family only (k = 0 drops "k=...").
     lines = table.assign(method=table["base_method"], k=table["num_speculative_tokens"], num_speculative_tokens=0,
                          batch=table["batch_size"].map(lambda b: f"bs {b}"))  # fmt: skip
-    method_lines(lines, out_png, panel_keys=["engine", "model", "dataset", "batch"], x="k",
-                 rows=[("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD"),
-                       ("mean_acceptance_length", None, None, "mean accepted length (tokens/step)")],
-                 xlabel="num_speculative_tokens (k)", hline={0: 1.0})  # fmt: skip
+    return method_lines(lines, out_png, panel_keys=["engine", "model", "dataset", "batch"], x="k",
+                        rows=[("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD"),
+                              ("mean_acceptance_length", None, None, "mean accepted length (tokens/step)")],
+                        xlabel="num_speculative_tokens (k)", hline={0: 1.0})  # fmt: skip
 
 
 def _cmd_proposal_length(args: argparse.Namespace) -> int:

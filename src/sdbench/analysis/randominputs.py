@@ -75,10 +75,11 @@ def random_vs_real_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> None:
+def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Speedup on real vs random prompts per SD method x batch size (bars with 95% intervals): a
-    panel per random dataset x engine x model, wrapped into a grid."""
-    from sdbench.plotting import method_style, panel_axes, panel_grid
+    panel per random dataset x engine x model, wrapped into a grid. Returns the drawn table
+    (series the method, x its tick label, note ``real`` or ``random``, label the prompts' dataset)."""
+    from sdbench.plotting import drawn_table, method_style, panel_axes, panel_grid
 
     sd = table[table["sd_method"] != "none"]
     panels = list(sd.groupby(["dataset_random", "engine", "model"], sort=True))
@@ -93,16 +94,18 @@ def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> None:
             y = sub[f"speedup_{side}"].to_numpy()
             err = [np.clip(y - sub[f"speedup_ci_low_{side}"], 0, None), np.clip(sub[f"speedup_ci_high_{side}"] - y, 0, None)]
             name = sub["dataset_real"].iloc[0] if side == "real" else rnd
-            ax.bar(x + offset, y, width=0.4, yerr=err, capsize=2, label=name, color=colors, hatch=hatch,
-                   alpha=0.9 if side == "real" else 0.5, edgecolor="black", linewidth=0.4)  # fmt: skip
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+            drawn_table(fig).bar(ax, x + offset, y, width=0.4, yerr=err, capsize=2, label=name, color=colors,
+                                 hatch=hatch, alpha=0.9 if side == "real" else 0.5, edgecolor="black", linewidth=0.4,
+                                 series=sub["method"], at=[lab.replace("\n", " ") for lab in labels],
+                                 note=side)  # fmt: skip
+        drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="reference")
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_ylabel("speedup over no SD")
         ax.set_title(f"{model} ({engine})", fontsize=9)
         ax.legend(fontsize=7, title="prompts (hatched: random)", title_fontsize=7)
         ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    save_png(fig, out_png, dpi=110)
+    return save_png(fig, out_png, dpi=110)
 
 
 def _cmd_random_inputs(args: argparse.Namespace) -> int:

@@ -231,12 +231,13 @@ def format_summary(s: dict[str, float | int | bool], threshold: float | None = N
     return "\n".join(lines)
 
 
-def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A", "B")) -> None:
+def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A", "B")) -> pd.DataFrame:
     """Speedup and throughput of B against A per cell (95% intervals both ways), y = x dashed;
-    regressed cells ringed in red."""
-    from sdbench.plotting import figure_legend, method_styles, save_png, subplots
+    regressed cells ringed in red. Returns the drawn table (x run A's value, y run B's)."""
+    from sdbench.plotting import drawn_table, figure_legend, method_styles, save_png, subplots
 
     fig, axes = subplots(1, 2, figsize=(11, 5.2), squeeze=False)
+    drawn = drawn_table(fig)
     styles = method_styles(table)
     for ax, (v, lo, hi), what in zip(axes[0], (SPEED, THROUGHPUT), ("speedup over no SD", "output tokens / s")):
         for method, sub in table.groupby("method", sort=True):
@@ -244,12 +245,13 @@ def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A"
             if sub.empty:
                 continue
             style = styles[method]
-            ax.errorbar(sub[f"{v}_a"], sub[f"{v}_b"],
-                        xerr=[(sub[f"{v}_a"] - sub[f"{lo}_a"]).clip(lower=0), (sub[f"{hi}_a"] - sub[f"{v}_a"]).clip(lower=0)],
-                        yerr=[(sub[f"{v}_b"] - sub[f"{lo}_b"]).clip(lower=0), (sub[f"{hi}_b"] - sub[f"{v}_b"]).clip(lower=0)],
-                        ls="none", capsize=2, color=style.color, marker=style.marker)  # fmt: skip
+            drawn.errorbar(ax, sub[f"{v}_a"], sub[f"{v}_b"], mark="point", series=method, label=style.label,
+                           xerr=[(sub[f"{v}_a"] - sub[f"{lo}_a"]).clip(lower=0), (sub[f"{hi}_a"] - sub[f"{v}_a"]).clip(lower=0)],
+                           yerr=[(sub[f"{v}_b"] - sub[f"{lo}_b"]).clip(lower=0), (sub[f"{hi}_b"] - sub[f"{v}_b"]).clip(lower=0)],
+                           ls="none", capsize=2, color=style.color, marker=style.marker)  # fmt: skip
             bad = sub[sub["regressed"]]
-            ax.scatter(bad[f"{v}_a"], bad[f"{v}_b"], s=160, facecolors="none", edgecolors="red", zorder=5)
+            drawn.scatter(ax, bad[f"{v}_a"], bad[f"{v}_b"], s=160, facecolors="none", edgecolors="red", zorder=5,
+                          mark="ring", series=method, note="regressed")  # fmt: skip
         finite = table[[f"{v}_a", f"{v}_b"]].stack().dropna()
         if len(finite):
             lo_v, hi_v = float(finite.min()) * 0.9, float(finite.max()) * 1.1
@@ -264,7 +266,7 @@ def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A"
     ring = Line2D([], [], ls="none", marker="o", markerfacecolor="none", markeredgecolor="red", markersize=10,
                   label="regressed")  # fmt: skip
     figure_legend(fig, styles, [ring])
-    save_png(fig, out_png, dpi=110)
+    return save_png(fig, out_png, dpi=110)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

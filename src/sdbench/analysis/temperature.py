@@ -133,16 +133,16 @@ def temperature_markdown(table: pd.DataFrame, recommendation: pd.DataFrame) -> s
     return "\n".join(out) + "\n"
 
 
-def plot_temperature(table: pd.DataFrame, out_png: str | Path) -> None:
+def plot_temperature(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
     """Accepted length and speedup (95% intervals, dashed line at 1) vs temperature, one line per
     method, a panel per engine / model / dataset / batch size."""
     from sdbench.plotting import method_lines
 
     lines = table.assign(dataset=table["base_dataset"], batch=table["batch_size"].map(lambda b: f"bs {b}"))
-    method_lines(lines, out_png, panel_keys=["engine", "model", "dataset", "batch"], x="temperature",
-                 rows=[("mean_acceptance_length", None, None, "mean accepted length (tokens/step)"),
-                       ("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD at the same T")],
-                 xlabel="sampling temperature", hline={1: 1.0})  # fmt: skip
+    return method_lines(lines, out_png, panel_keys=["engine", "model", "dataset", "batch"], x="temperature",
+                        rows=[("mean_acceptance_length", None, None, "mean accepted length (tokens/step)"),
+                              ("speedup", "speedup_ci_low", "speedup_ci_high", "speedup over no SD at the same T")],
+                        xlabel="sampling temperature", hline={1: 1.0})  # fmt: skip
 
 
 def _cmd_temperature(args: argparse.Namespace) -> int:

@@ -206,12 +206,13 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
     return "\n".join(out) + "\n"
 
 
-def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, str]) -> None:
+def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, str]) -> pd.DataFrame:
     """A panel per model x dataset x kind of load: methods x loads, each square colored by verdict
-    and labelled with its speedup; the accepted length beside each method."""
+    and labelled with its speedup; the accepted length beside each method. Returns the drawn
+    table: a ``square`` per point (y its speedup, note its verdict), a ``text`` per method (y τ)."""
     from matplotlib.patches import Patch, Rectangle
 
-    from sdbench.plotting import method_styles, panel_axes, panel_grid, save_png
+    from sdbench.plotting import drawn_table, method_styles, panel_axes, panel_grid, save_png
 
     colors = {PAYS: "#b7e4b0", BREAK_EVEN: "#e6e6e6", LOSES: "#f4b6b0", NO_INTERVAL: "#ffffff"}
     panels = list(points.groupby(["engine", "model", "dataset", "load_kind"], sort=True))
@@ -220,6 +221,7 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
     dpi = 110
     fig, axes = panel_grid(len(panels), 1.3 + 0.75 * n_loads + 1.1, 0.9 + 0.42 * n_methods, dpi)
     styles = method_styles(points)
+    drawn = drawn_table(fig)
     for i, ((engine, model, dataset, kind), sub) in enumerate(panels):
         ax = panel_axes(axes, i)
         methods = sorted(sub["method"].unique())
@@ -230,8 +232,11 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
                 x = loads.index(r.load)
                 ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"))
                 ax.text(x, y, f"{r.speedup:.2f}x", ha="center", va="center", fontsize=7)
+                drawn.add(ax, "square", method, r.load, r.speedup, label=labels.get(method, styles[method].label),
+                          note=r.verdict)  # fmt: skip
             acc = line["mean_acceptance_length"].mean()
             ax.text(len(loads) - 0.35, y, f"τ={acc:.2f}", ha="left", va="center", fontsize=7)
+            drawn.add(ax, "text", method, None, acc, label=labels.get(method, styles[method].label), note=f"τ={acc:.2f}")
         ax.set_xlim(-0.5, len(loads) + 0.6)
         ax.set_ylim(-0.5, len(methods) - 0.5)
         ax.set_xticks(range(len(loads)), [str(x) for x in loads], fontsize=7)
@@ -247,7 +252,7 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
     fig.legend(handles=legend, loc="lower center", ncol=3, fontsize=8, frameon=False,
                title="verdict (speedup's interval vs 1); τ = mean accepted length", title_fontsize=8)
     fig.tight_layout(rect=(0, 0.12 if fig.get_figheight() < 4 else 0.06, 1, 1))
-    save_png(fig, out_png, dpi=dpi)
+    return save_png(fig, out_png, dpi=dpi)
 
 
 def _cmd_verdict(args: argparse.Namespace) -> int:

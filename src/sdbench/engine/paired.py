@@ -80,4 +80,6 @@ def measure_paired(
     requests, calls, summary, _ = sd.tables(report)
     _, baseline_calls, _, _ = base.tables(report)
     summary = summary.assign(**paired_columns(calls, baseline_calls, cell_seed(spec)))
+    if "num_preemptions" in baseline_calls:
+        summary["paired_baseline_num_preemptions"] = int(baseline_calls["num_preemptions"].sum())
     return {"requests": requests, "calls": calls, "baseline_calls": baseline_calls, "summary": summary}

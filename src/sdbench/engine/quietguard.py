@@ -1,11 +1,22 @@
-"""Quiet-machine guard: what else ran on the node while a cell was being timed.
+"""Quiet-machine guard: what else ran beside a cell while it was being timed.
 
-A timed cell samples the node before and during its timed part: the load average
-(recorded), other processes holding more than a few percent of a CPU over the
-timed part, other vLLM engine processes, and on GPUs the devices' other processes
-and free memory. A cell whose samples exceed the limits is *contaminated*: with mode
-``flag`` it is kept and flagged in its tables, with ``refuse`` the cell fails (a
-cluster retries it later), ``disabled`` skips the checks.
+A timed cell samples its surroundings before and during its timed part: the load average
+(recorded), processes holding more than a few percent of a CPU over the timed part, other
+vLLM engine processes, and on GPUs the devices' other processes and free memory. A cell
+whose samples exceed the limits is *contaminated*: with mode ``flag`` it is kept and
+flagged in its tables, with ``refuse`` the cell fails (a cluster retries it later),
+``disabled`` skips the checks.
+
+What is judged depends on where the cell runs (:func:`job_scope`):
+
+- ``node`` (a workstation: no ``SLURM_JOB_ID``, this process in the root cgroup): every
+  process of the node.
+- ``job`` (a cluster job: ``SLURM_JOB_ID`` set, or a cgroup of its own): the job, not the
+  node. A process counts if it is in the job's own cgroup (``/proc/self/cgroup`` ->
+  ``cgroup.procs`` of that cgroup and its children), if it holds one of the job's GPUs
+  (``CUDA_VISIBLE_DEVICES``; NVML's processes on those devices), or if it is busy and was
+  seen running on one of the job's cores (``sched_getaffinity``; ``/proc/<pid>/stat``'s
+  last CPU). A neighbour job on other GPUs and other cores of the node is not contamination.
 
 Processes of the cell itself (this process, its children and its ancestors, i.e.
 the workflow that started it) never count.
@@ -19,6 +30,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 MODES = ("flag", "refuse", "disabled")
@@ -43,8 +55,8 @@ def _clock_ticks() -> int:
     return os.sysconf("SC_CLK_TCK")
 
 
-def _read_stat(pid: int) -> tuple[int, int, float] | None:
-    """(ppid, process group, cpu seconds) of a process, or None if it is gone."""
+def _read_stat(pid: int) -> tuple[int, int, float, int] | None:
+    """(ppid, process group, cpu seconds, CPU it last ran on) of a process, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
             raw = fh.read()
@@ -53,7 +65,7 @@ def _read_stat(pid: int) -> tuple[int, int, float] | None:
     fields = raw[raw.rfind(")") + 2 :].split()
     ppid, pgrp = int(fields[1]), int(fields[2])
     cpu = (int(fields[11]) + int(fields[12])) / _clock_ticks()
-    return ppid, pgrp, cpu
+    return ppid, pgrp, cpu, int(fields[36])  # stat field 39: processor
 
 
 def _cmdline(pid: int) -> str:
@@ -109,8 +121,116 @@ def allowed_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _gpu_snapshot() -> dict[str, Any]:
-    """Other compute processes and free memory per GPU (empty without nvidia-smi)."""
+# ---------------------------------------------------------------------------- the job's scope
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` or, hybrid, ``.../unified``)."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                if right.split()[:1] == ["cgroup2"]:
+                    return Path(left.split()[4])
+    except OSError:
+        pass
+    return None
+
+
+def own_cgroup(pid: int | str = "self") -> Path | None:
+    """The cgroup v2 directory of a process, or None (no v2 hierarchy, or the root cgroup)."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    mount = _cgroup2_mount()
+    if not rel or rel == "/" or mount is None:
+        return None
+    path = mount / rel.lstrip("/")
+    return path if path.is_dir() else None
+
+
+def cgroup_pids(cgroup: Path) -> set[int]:
+    """Processes of a cgroup and of every cgroup below it."""
+    pids: set[int] = set()
+    for procs in [cgroup / "cgroup.procs", *cgroup.rglob("*/cgroup.procs")]:
+        try:
+            pids |= {int(p) for p in procs.read_text().split()}
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def visible_gpus(env: dict[str, str] | None = None) -> list[str] | None:
+    """The job's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs); None if unset."""
+    raw = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return None
+    return [d.strip() for d in raw.split(",") if d.strip()]
+
+
+def nvml_gpu_processes(nvml: Any, devices: list[str] | None) -> tuple[set[int], float]:
+    """(pids of compute processes on ``devices``, lowest free MiB among them) through an NVML
+    module (pynvml); ``devices`` None: every device of the node."""
+    nvml.nvmlInit()
+    try:
+        pids: set[int] = set()
+        free: list[float] = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = nvml.nvmlDeviceGetUUID(handle)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+            if devices is not None and str(index) not in devices and uuid not in devices \
+                    and not any(d.startswith("GPU-") and uuid.startswith(d) for d in devices):
+                continue
+            pids |= {int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+            free.append(nvml.nvmlDeviceGetMemoryInfo(handle).free / 2**20)
+        return pids, min(free) if free else float("nan")
+    finally:
+        nvml.nvmlShutdown()
+
+
+@dataclass(frozen=True)
+class JobScope:
+    """What the guard judges: the whole node, or one cluster job (see the module docstring)."""
+
+    kind: str  # "node" or "job"
+    cgroup: Path | None = None
+    gpus: list[str] | None = None
+    cores: frozenset[int] = frozenset()
+
+
+def job_scope(env: dict[str, str] | None = None) -> JobScope:
+    """``job`` when this process runs in a SLURM job or a cgroup of its own, else ``node``."""
+    env = os.environ if env is None else env
+    cgroup = own_cgroup()
+    if not env.get("SLURM_JOB_ID") and cgroup is None:
+        return JobScope("node")
+    try:
+        cores = frozenset(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        cores = frozenset(range(os.cpu_count() or 1))
+    return JobScope("job", cgroup, visible_gpus(env), cores)
+
+
+def _gpu_snapshot(devices: list[str] | None = None, nvml: Any = None) -> dict[str, Any]:
+    """Compute processes and lowest free memory of the GPUs ``devices`` (None: all), through
+    an NVML module (``nvml``, else pynvml when it imports), else nvidia-smi (all devices);
+    empty without either."""
+    pynvml = nvml
+    if pynvml is None:
+        try:
+            import pynvml  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            pynvml = None
+    if pynvml is not None:
+        try:
+            pids, free = nvml_gpu_processes(pynvml, devices)
+            return {"gpu_pids": sorted(pids), "gpu_free_mib": free}
+        except Exception:  # noqa: BLE001 - no driver: fall back to nvidia-smi
+            pass
     if not shutil.which("nvidia-smi"):
         return {}
     try:
@@ -135,6 +255,7 @@ class GuardReport:
 
     mode: str
     cores: int
+    scope: str = "node"  # what was judged: the node, or the job (job_scope)
     load_max: float = 0.0
     busy: dict[str, float] = field(default_factory=dict)  # "pid cmd" -> mean CPU %
     engines: set[str] = field(default_factory=set)
@@ -157,42 +278,61 @@ class GuardReport:
             "guard_cores": self.cores,
             "guard_samples": self.samples,
             "guard_gpu_free_mib": self.gpu_free_mib,
+            "guard_scope": self.scope,
         }
 
 
 class QuietGuard:
-    """Samples the node in a background thread between :meth:`start` and :meth:`stop`."""
+    """Samples the cell's surroundings (:func:`job_scope`) in a background thread between
+    :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, mode: str = "flag", interval: float = SAMPLE_SECONDS) -> None:
+    def __init__(
+        self, mode: str = "flag", interval: float = SAMPLE_SECONDS, scope: JobScope | None = None, nvml: Any = None
+    ) -> None:
         if mode not in MODES:
             from sdbench.errors import ConfigError
 
             raise ConfigError(f"quiet guard mode {mode!r}: expected one of {', '.join(MODES)}")
-        self.report = GuardReport(mode=mode, cores=allowed_cores())
+        self.scope = scope or job_scope()
+        self._nvml = nvml  # an NVML module; None: pynvml if it imports
+        self.report = GuardReport(mode=mode, cores=allowed_cores(), scope=self.scope.kind)
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._started = 0.0
         self._first: dict[int, tuple[float, float, str]] = {}  # pid -> (time, cpu s, cmd) first seen
         self._last: dict[int, tuple[float, float]] = {}
+        self._on_my_cores: set[int] = set()  # (job scope) pids seen running on one of the job's cores
 
     def _sample(self) -> None:
         family = own_family()
         now = time.monotonic()
+        scope = self.scope
+        members = cgroup_pids(scope.cgroup) if scope.cgroup is not None else set()
+        gpu = _gpu_snapshot(scope.gpus if scope.kind == "job" else None, self._nvml)
+        gpu_pids = {p for p in gpu.get("gpu_pids", []) if p not in family}
         for pid in _all_pids():
             if pid in family:
                 continue
             st = _read_stat(pid)
             if st is None:
                 continue
-            cmd = _cmdline(pid)
-            if _is_engine(cmd):
-                self.report.engines.add(f"{pid} {cmd[:80]}")
+            if scope.kind == "job" and pid not in members and pid not in gpu_pids:
+                # Outside the job: only CPU contention on the job's own cores counts.
+                if st[3] not in scope.cores:
+                    if pid not in self._on_my_cores:
+                        continue
+                else:
+                    self._on_my_cores.add(pid)
+                cmd = _cmdline(pid)
+            else:
+                cmd = _cmdline(pid)
+                if _is_engine(cmd):
+                    self.report.engines.add(f"{pid} {cmd[:80]}")
             self._first.setdefault(pid, (now, st[2], cmd))
             self._last[pid] = (now, st[2])
         self.report.load_max = max(self.report.load_max, os.getloadavg()[0])
-        gpu = _gpu_snapshot()
-        self.report.gpu_others |= {p for p in gpu.get("gpu_pids", []) if p not in family}
+        self.report.gpu_others |= gpu_pids
         if "gpu_free_mib" in gpu:
             seen = self.report.gpu_free_mib
             self.report.gpu_free_mib = gpu["gpu_free_mib"] if seen != seen else min(seen, gpu["gpu_free_mib"])

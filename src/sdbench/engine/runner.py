@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.hardware import provenance
+from sdbench.engine.hardware import job_env, provenance
 from sdbench.engine.versions import apply_env, engine_env, engine_memory, quirks_for, speculative_config
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ SD_COUNTERS = {
     "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 SD_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# Requests the scheduler preempted (KV cache full: their blocks freed, recomputed later). A
+# timed call with preemptions ran a smaller batch than the cell names for part of its steps.
+PREEMPTIONS = "vllm:num_preemptions"
 # Keyword arguments build_llm_kwargs() may write (engine.llm_kwargs adds the config's own;
 # sdbench.engine.conformance checks those).
 LLM_KWARGS = (
@@ -61,6 +64,7 @@ class SDCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: tuple[int, ...] = ()
+    num_preemptions: int = 0
 
     def __sub__(self, other: SDCounters) -> SDCounters:
         width = max(len(self.accepted_per_pos), len(other.accepted_per_pos))
@@ -73,23 +77,27 @@ class SDCounters:
             self.num_draft_tokens - other.num_draft_tokens,
             self.num_accepted_tokens - other.num_accepted_tokens,
             tuple(int(x) for x in a - b),
+            self.num_preemptions - other.num_preemptions,
         )
 
 
 def read_counters(metrics: list[Any]) -> SDCounters:
-    """Extract SD counters from ``LLM.get_metrics()`` (Counter / Vector objects)."""
+    """Extract SD counters and preemptions from ``LLM.get_metrics()`` (Counter / Vector objects)."""
     totals = {field: 0 for field in SD_COUNTERS}
+    preemptions = 0
     per_pos = np.zeros(0, dtype=np.int64)
     for metric in metrics:
         for field, name in SD_COUNTERS.items():
             if metric.name == name:
                 totals[field] += int(metric.value)
+        if metric.name == PREEMPTIONS:
+            preemptions += int(metric.value)
         if metric.name == SD_PER_POS:
             values = np.asarray(metric.values, dtype=np.int64)
             if len(values) > len(per_pos):
                 per_pos = np.pad(per_pos, (0, len(values) - len(per_pos)))
             per_pos[: len(values)] += values
-    return SDCounters(**totals, accepted_per_pos=tuple(int(x) for x in per_pos))
+    return SDCounters(**totals, accepted_per_pos=tuple(int(x) for x in per_pos), num_preemptions=preemptions)
 
 
 def acceptance_stats(delta: SDCounters) -> dict[str, Any]:
@@ -200,6 +208,18 @@ class Engine:
     kwargs: dict[str, Any]
     startup_s: float
     shared_by: int = 1  # cells measured on this engine (engine groups)
+    layout: str = ""  # engine core in this process or not (engine_layout_of)
+
+
+def engine_layout_of(llm: Any, env: dict[str, str | None]) -> str:
+    """Where a started engine's core runs: ``inprocess`` (vLLM's in-process client) or
+    ``multiprocess``; from the client vLLM built, else from the environment it was given."""
+    from sdbench.engine.versions import layout_of_env
+
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if client is None:
+        return layout_of_env(env)
+    return "inprocess" if type(client).__name__ == "InprocClient" else "multiprocess"
 
 
 def start_engine(
@@ -214,7 +234,9 @@ def start_engine(
         from sdbench.engine.steptiming import ENV_STEP_TIMING_DIR
 
         os.environ[ENV_STEP_TIMING_DIR] = steps_dir
-    apply_env(engine_env(spec["engine"], spec["method"]))
+    apply_env(job_env(spec["engine"], int(spec["model"].get("tensor_parallel_size", 1))))
+    env = engine_env(spec["engine"], spec["method"])
+    apply_env(env)
 
     from vllm import LLM  # imported late: env vars must be set first
 
@@ -227,7 +249,7 @@ def start_engine(
     log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
     t_start = time.perf_counter()
     llm = LLM(**kwargs)
-    return Engine(llm, kwargs, time.perf_counter() - t_start)
+    return Engine(llm, kwargs, time.perf_counter() - t_start, layout=engine_layout_of(llm, env))
 
 
 def run_cell(
@@ -281,6 +303,7 @@ def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any
     """
     from sdbench.engine.quietguard import QuietGuard
 
+    check_layouts(arms)
     min_trials, min_seconds, max_trials, target = _trial_plan(run)
     seed = cell_seed(arms[-1].spec)
     guard = QuietGuard(guard_mode)
@@ -306,6 +329,16 @@ def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any
             break
     log.info("timed part: %d trial(s)", trial + 1)
     return guard.stop()  # raises Contaminated in refuse mode
+
+
+def check_layouts(arms: list[CellRun]) -> None:
+    """Refuse to time arms of one speedup whose engines run in different process layouts."""
+    layouts = {arm.engine.layout for arm in arms}
+    if len(layouts) > 1:
+        cell = arms[-1].spec["cell"]
+        name = "/".join(str(cell[k]) for k in ("engine", "model", "dataset", "method")) + f"/bs{cell['batch_size']}"
+        described = ", ".join(f"{arm.spec['cell']['method']}: {arm.engine.layout}" for arm in arms)
+        raise RuntimeError(f"cell {name}: the arms of its speedup run in different process layouts ({described})")
 
 
 class CellRun:
@@ -410,6 +443,7 @@ class CellRun:
                 "num_draft_tokens": delta.num_draft_tokens,
                 "num_accepted_tokens": delta.num_accepted_tokens,
                 "accepted_per_pos": list(delta.accepted_per_pos),
+                "num_preemptions": delta.num_preemptions,
             }
         )
         return duration
@@ -438,6 +472,7 @@ class CellRun:
         summary = summarise(keys, spec, calls, requests)
         summary = summary.assign(
             engine_shared_by=engine.shared_by,
+            engine_layout=engine.layout,
             outputs_stable=self.outputs_stable,
             **guard_report.columns(),
             drafter=spec.get("drafter") or "",
@@ -447,6 +482,7 @@ class CellRun:
             speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
             **provenance(),
             **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.paired when paired
+            paired_baseline_num_preemptions=0,
         )
         return requests, calls, summary, steps
 
@@ -503,6 +539,8 @@ def summarise(
         "num_drafts": total.num_drafts,
         "num_draft_tokens": total.num_draft_tokens,
         "num_accepted_tokens": total.num_accepted_tokens,
+        # Timed calls during which the scheduler preempted requests (the KV cache was full).
+        "num_preemptions": int(calls["num_preemptions"].sum()) if "num_preemptions" in calls else 0,
         **acc,
     }
     return pd.DataFrame([row])
@@ -561,6 +599,7 @@ def trace_group(
                 f"other engine arguments than {first['cell']['dataset']!r}"
             )
     os.environ[ENV_TRACE_DIR] = trace_dir
+    apply_env(job_env(first["engine"], int(first["model"].get("tensor_parallel_size", 1))))
     apply_env(engine_env(first["engine"], first["method"]))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -700,6 +739,11 @@ TOUCHPOINTS = tp.declare(
     tp.fields("llm.metric_counter", "vllm.v1.metrics.reader:Counter", ["name", "value"]),
     tp.fields("llm.metric_vector", "vllm.v1.metrics.reader:Vector", ["name", "values"]),
     tp.strings("llm.metric_names", "vllm.v1.spec_decode.metrics", [*SD_COUNTERS.values(), SD_PER_POS, "position"]),
+    tp.strings("llm.metric_preemptions", "vllm.v1.metrics.loggers", [PREEMPTIONS]),
+    # engine_layout_of: the in-process client's class name.
+    tp.defined("llm.inprocess_client", "vllm.v1.engine.core_client:InprocClient"),
+    tp.self_attributes("llm.engine_core_client", "vllm.v1.engine.llm_engine:LLMEngine", ["engine_core"]),
+    tp.self_attributes("llm.llm_engine", "vllm:LLM", ["llm_engine"]),
     tp.fields("llm.tokens_prompt", "vllm.inputs:TokensPrompt", ["prompt_token_ids"]),
     tp.fields("llm.request_output", "vllm.outputs:RequestOutput.__init__", ["request_id", "outputs"]),
     tp.fields("llm.completion_output", "vllm.outputs:CompletionOutput", ["token_ids", "text", "finish_reason"]),

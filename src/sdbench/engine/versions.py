@@ -200,21 +200,61 @@ def speculative_config(
     return spec
 
 
+LAYOUTS = ("inprocess", "multiprocess")
+_LAYOUT_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+def engine_layout(engine: dict[str, Any]) -> str:
+    """Process layout of every cell of ``engine``, SD or not: ``inprocess`` or ``multiprocess``.
+
+    One layout per engine, never per method: a speedup divides an SD arm by a no-SD arm, and
+    the multiprocess engine core overlaps output processing with the model step, which gains
+    more the larger the batch. The engine core runs in-process where the release lets SD
+    draft there (as in the authors' scripts: counters, peak memory and the trace hooks then
+    live in this process); on a release whose in-process client never drafts (0.11.1) both
+    arms run the multiprocess core. An engine's ``env`` may set the variable itself.
+    """
+    quirks = quirks_for(engine["vllm_version"])
+    default = "0" if quirks.inprocess_spec_decode else "1"
+    return layout_of_env({_LAYOUT_ENV: default, **engine.get("env", {})})
+
+
+def layout_of_env(env: dict[str, str | None]) -> str:
+    """The layout an environment selects (vLLM's V1 default, unset, is the multiprocess core)."""
+    value = env.get(_LAYOUT_ENV)
+    return "inprocess" if value is not None and str(value).strip().lower() in {"0", "false"} else "multiprocess"
+
+
 def engine_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str | None]:
     """Environment variables a cell needs: process layout, engine's, tree quirks, the method's.
 
-    The engine core runs in-process where the release allows it with SD (as in the
-    authors' scripts): counters, peak memory and the trace hooks then live in this process.
+    The layout (:func:`engine_layout`) depends on the engine only, so both arms of a
+    speedup run in one layout; a method ``env`` that changes it is refused.
     A ``None`` value unsets the variable (:func:`apply_env`).
     """
     quirks = quirks_for(engine["vllm_version"])
-    inprocess = method["method"] == "none" or quirks.inprocess_spec_decode
-    env: dict[str, str | None] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0" if inprocess else "1"}
+    layout = engine_layout(engine)
+    env: dict[str, str | None] = {_LAYOUT_ENV: "0" if layout == "inprocess" else "1"}
     env.update(quirks.env)
     env.update(engine.get("env", {}))
     if "speculative_token_tree" in method:
-        env.update(quirks_for(engine["vllm_version"]).tree_env)
+        env.update(quirks.tree_env)
     env.update(method.get("env", {}))
+    if layout_of_env(env) != layout:
+        from sdbench.errors import ConfigError
+
+        raise ConfigError(
+            f"method {method.get('method')!r} on vLLM {quirks.version}: its env sets {_LAYOUT_ENV}="
+            f"{env.get(_LAYOUT_ENV)!r}, a {layout_of_env(env)} engine core where the engine's other cells run "
+            f"{layout}: both arms of a speedup must run in one process layout (set it in the engine's env)"
+        )
+    if not quirks.inprocess_spec_decode and method["method"] != "none" and layout == "inprocess":
+        from sdbench.errors import ConfigError
+
+        raise ConfigError(
+            f"vLLM {quirks.version}: the engine's env runs the engine core in-process, where SD never "
+            f"drafts on this release (vLLM issue #27287): drop {_LAYOUT_ENV} from the engine's env"
+        )
     return env
 
 

@@ -1,5 +1,5 @@
-"""Commands of the models stage: ``sdbench download-model``, ``build-tokenizer``, ``train-model``
-and ``check-model``.
+"""Commands of the models stage: ``sdbench download-model``, ``download-dataset``,
+``build-tokenizer``, ``train-model`` and ``check-model``.
 
 Argument parsing only (argparse and the standard library, with the stdlib-only option table
 :mod:`sdbench.models.trainconfig` and roles of :mod:`sdbench.models.check`); each command's
@@ -23,6 +23,17 @@ def add_download_model(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--revision", default="main", help="commit sha (or branch/tag, resolved and recorded)")
     p.add_argument("--output", required=True, help="output directory")
     p.set_defaults(func=lazy("sdbench.models.hub", "_cmd_download"))
+
+
+def add_download_dataset(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench download-dataset``."""
+    p = subparsers.add_parser(
+        "download-dataset", help="copy the files of a Hugging Face dataset repository that an entry selects"
+    )
+    p.add_argument("--name", required=True, help="dataset key in the config")
+    p.add_argument("--entry", required=True, help="the dataset's config entry (JSON: hf_id, revision, hf_config, ...)")
+    p.add_argument("--output", required=True, help="output directory (the entry's local copy)")
+    p.set_defaults(func=lazy("sdbench.models.hub", "_cmd_download_dataset"))
 
 
 def add_build_tokenizer(subparsers: argparse._SubParsersAction) -> None:
@@ -125,5 +136,12 @@ def add_check_model(subparsers: argparse._SubParsersAction) -> None:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the models stage's commands."""
-    for add in (add_download_model, add_build_tokenizer, add_train_model, add_train_head, add_check_model):
+    for add in (
+        add_download_model,
+        add_download_dataset,
+        add_build_tokenizer,
+        add_train_model,
+        add_train_head,
+        add_check_model,
+    ):
         add(subparsers)

@@ -234,27 +234,28 @@ def _num(x: float, fmt: str) -> str:
     return "—" if math.isnan(x) else format(x, fmt)
 
 
-def plot_check(table: pd.DataFrame, out_png: str, dpi: int = 110) -> None:
-    """Predicted against measured speedup (95% interval), before and after the refit."""
-    from sdbench.plotting import save_png, subplots
+def plot_check(table: pd.DataFrame, out_png: str, dpi: int = 110) -> pd.DataFrame:
+    """Predicted against measured speedup (95% interval), before and after the refit. Returns the
+    drawn table (series the predicted column, x the measured speedup with its interval x_lo/x_hi)."""
+    from sdbench.plotting import drawn_table, save_png, subplots
 
     fig, ax = subplots(figsize=(5.0, 4.6))
     err = [(table["speedup"] - table["speedup_ci_low"]).clip(lower=0),
            (table["speedup_ci_high"] - table["speedup"]).clip(lower=0)]  # fmt: skip
     for col, color, label in (("predicted", "#c44e52", "step-timing fit"), ("predicted_refit", "#4c72b0",
                                                                              "refitted at the forced points")):  # fmt: skip
-        ax.errorbar(table["speedup"], table[col], xerr=err, ls="none", marker="o", color=color, capsize=2,
-                    label=label, alpha=0.8)  # fmt: skip
+        drawn_table(fig).errorbar(ax, table["speedup"], table[col], xerr=err, ls="none", marker="o", color=color,
+                                  capsize=2, label=label, alpha=0.8, series=col, mark="point")  # fmt: skip
     lo = float(min(table["speedup_ci_low"].min(), table["predicted"].min(), table["predicted_refit"].min())) * 0.95
     hi = float(max(table["speedup_ci_high"].max(), table["predicted"].max(), table["predicted_refit"].max())) * 1.05
-    ax.plot([lo, hi], [lo, hi], color="grey", lw=0.8, ls=":")
+    drawn_table(fig).plot(ax, [lo, hi], [lo, hi], color="grey", lw=0.8, ls=":", mark="reference", series="y = x")
     ax.set_xlabel("measured speedup (95% interval)")
     ax.set_ylabel("simulated speedup")
     ax.set_title("Simulator at the forced-acceptance points", fontsize=10)
     ax.legend(fontsize=8, frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    save_png(fig, out_png, dpi=dpi)
+    return save_png(fig, out_png, dpi=dpi)
 
 
 def prompt_lengths(paths: list[str], num_requests: int | None) -> dict[tuple[str, str], np.ndarray]:

