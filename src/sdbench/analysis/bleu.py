@@ -303,27 +303,124 @@ def _run_heatmap(args: argparse.Namespace) -> int:
     return 0
 
 
+# Columns that identify one timed call within a cell's process: the paired no-SD arm timed the
+# same call next to it (sdbench.engine.paired), in the same engine start and trial.
+_CELL_KEYS = ["engine", "model", "dataset", "batch_size"]
+_PAIR_KEYS = ["engine_start", "trial", "call_index", "request_id"]
+
+
+def _paired_arm(sd: pd.DataFrame, base: pd.DataFrame, method: str) -> pd.DataFrame:
+    """The no-SD calls paired with ``sd`` (one method's SD calls), aligned to ``sd``'s rows.
+
+    Raises ``ValueError`` unless every SD call has exactly one no-SD call of the same engine
+    start, trial and call and the no-SD arm timed no other call.
+    """
+    keys = _CELL_KEYS + [k for k in _PAIR_KEYS if k in sd or k in base]
+    missing = sorted({k for k in keys if k not in sd} | {k for k in keys if k not in base})
+    if missing:
+        raise ValueError(f"paired no-SD calls of {method}: column(s) {', '.join(missing)} missing in one arm")
+    if sd.duplicated(keys).any() or base.duplicated(keys).any():
+        raise ValueError(f"paired no-SD calls of {method}: more than one call per {', '.join(keys)}")
+    aligned = sd[keys].merge(base[keys + ["tokens_per_s"]], on=keys, how="left", validate="one_to_one")
+    if aligned["tokens_per_s"].isna().any() or len(base) != len(sd):
+        first = aligned.loc[aligned["tokens_per_s"].isna(), keys].head(1).to_dict("records")
+        raise ValueError(
+            f"paired no-SD calls of {method}: the two arms did not time the same calls "
+            f"({len(sd)} SD, {len(base)} no-SD calls; first unmatched: {first or 'none'})"
+        )
+    return aligned
+
+
 def measured_bucket_speedups(
-    calls: pd.DataFrame, buckets: pd.DataFrame, baseline: str, ngram: str, versus: str
+    calls: pd.DataFrame,
+    buckets: pd.DataFrame,
+    baseline: str,
+    ngram: str,
+    versus: str,
+    baseline_calls: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Fig. 8 from engine runs: n-gram's speedup relative to ``versus`` per BLEU bucket x batch size.
 
-    Uses replicate-mode calls (one prompt per call): per request, speedup = its call's
-    throughput with a method / without SD at the same batch size; per bucket, the ratio of
-    the mean n-gram speedup to the mean ``versus`` speedup.
+    Uses replicate-mode calls (one prompt per call). Per bucket and batch size, a method's
+    speedup is its throughput over the bucket's prompts divided by the no-SD throughput over
+    the same prompts, both as :func:`sdbench.analysis.stats.point_estimate` (mean over prompts
+    of each prompt's median over trials) -- so a bucket holding every prompt gives the cell's
+    own speedup. ``relative_speedup`` = n-gram speedup / ``versus`` speedup.
+
+    ``baseline_calls`` are the paired no-SD arms (``run.paired_baseline``,
+    sdbench.engine.paired): the calls of each SD cell's ``baseline_calls.parquet`` with a
+    ``paired_with`` column naming the SD method whose process timed them. Where both methods'
+    cells were paired (``design`` = ``paired``), each speedup divides by the no-SD calls timed
+    in its own process, call by call and trial by trial, so the process's speed cancels. Where
+    either was not (``design`` = ``independent``), both divide by the separately measured no-SD
+    cell (``baseline``): the relative speedup is then a ratio of two processes' throughputs.
+
+    Columns: ``bucket, batch_size, relative_speedup, n, ngram_speedup, versus_speedup, design``.
     """
-    keys = ["engine", "model", "dataset", "batch_size", "request_id"]
+    from sdbench.analysis.stats import point_estimate
+
     calls = calls[calls["request_id"] != "*"]
+    scopes = calls[["engine", "model", "dataset"]].drop_duplicates()
+    if len(scopes) > 1:
+        raise ValueError(f"measured BLEU speedups: one engine x model x dataset at a time, got {len(scopes)}")
     if calls.empty:
         raise ValueError("measured BLEU speedups need replicate-mode calls (one prompt per call)")
-    base = calls[calls["method"] == baseline][keys + ["tokens_per_s"]].rename(columns={"tokens_per_s": "base_tps"})
-    rows = calls[calls["method"].isin([ngram, versus])].merge(base, on=keys, how="inner")
-    rows = rows.assign(speedup=rows["tokens_per_s"] / rows["base_tps"])
-    rows = rows.merge(buckets[["request_id", "bucket"]], on="request_id", how="inner")
-    mean = rows.groupby(["bucket", "batch_size", "method"])["speedup"].mean().unstack("method")
-    counts = rows[rows["method"] == ngram].groupby(["bucket", "batch_size"]).size().rename("n")
-    out = pd.DataFrame({"relative_speedup": mean[ngram] / mean[versus]}).join(counts).reset_index()
-    return out.dropna(subset=["relative_speedup"]).sort_values(["bucket", "batch_size"]).reset_index(drop=True)
+    if baseline_calls is None:
+        baseline_calls = pd.DataFrame(columns=[*calls.columns, "paired_with"])
+    elif len(baseline_calls) and "paired_with" not in baseline_calls:
+        raise ValueError("paired no-SD calls need a paired_with column (the SD method whose process timed them)")
+    bucket_of_id = dict(zip(buckets["request_id"].astype(str), buckets["bucket"]))
+    rows = []
+    for batch_size, cell_calls in calls.groupby("batch_size", sort=True):
+        arms: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
+        paired = True
+        for method in (ngram, versus):
+            sd = cell_calls[cell_calls["method"] == method]
+            base = baseline_calls[
+                (baseline_calls["paired_with"] == method) & (baseline_calls["batch_size"] == batch_size)
+            ]
+            if sd.empty:
+                break
+            if base.empty:
+                paired = False
+            else:
+                base = sd.assign(tokens_per_s=_paired_arm(sd, base, method)["tokens_per_s"].to_numpy())
+            arms[method] = (sd, base)
+        if len(arms) < 2:
+            continue  # a batch size without both methods has no relative speedup
+        if not paired:
+            independent = cell_calls[cell_calls["method"] == baseline]
+            if independent.empty:
+                continue
+            arms = {m: (sd, independent) for m, (sd, _) in arms.items()}
+        speedups: dict[str, dict[str, float]] = {}
+        for method, (sd, base) in arms.items():
+            sd_b = sd.assign(bucket=sd["request_id"].astype(str).map(bucket_of_id)).dropna(subset=["bucket"])
+            base_b = base.assign(bucket=base["request_id"].astype(str).map(bucket_of_id)).dropna(subset=["bucket"])
+            speedups[method] = {
+                label: point_estimate(group) / point_estimate(base_b[base_b["bucket"] == label])
+                for label, group in sd_b.groupby("bucket")
+                if (base_b["bucket"] == label).any()
+            }
+        counts = (
+            arms[ngram][0].drop_duplicates("request_id")["request_id"].astype(str).map(bucket_of_id).value_counts()
+        )
+        for label in BUCKET_LABELS:
+            if label in speedups[ngram] and label in speedups[versus]:
+                ng, vs = speedups[ngram][label], speedups[versus][label]
+                rows.append(
+                    {
+                        "bucket": label,
+                        "batch_size": int(batch_size),
+                        "relative_speedup": ng / vs,
+                        "n": int(counts.get(label, 0)),
+                        "ngram_speedup": ng,
+                        "versus_speedup": vs,
+                        "design": "paired" if paired else "independent",
+                    }
+                )
+    columns = ["bucket", "batch_size", "relative_speedup", "n", "ngram_speedup", "versus_speedup", "design"]
+    return pd.DataFrame(rows, columns=columns).sort_values(["bucket", "batch_size"]).reset_index(drop=True)
 
 
 def simulated_bucket_speedups(
@@ -412,16 +509,55 @@ def _run_simulated(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_measured(args: argparse.Namespace) -> int:
-    from sdbench.io import write_parquet
+def read_paired_calls(calls_paths: Sequence[str], baseline_paths: Sequence[str]) -> pd.DataFrame:
+    """The cells' paired no-SD arms (``baseline_calls.parquet``, the i-th beside the i-th
+    ``calls.parquet`` in its cell's directory) with ``paired_with``, the method of the cell
+    that timed them.
 
+    An unpaired cell's ``baseline_calls.parquet`` has no rows and adds none.
+    """
     from sdbench.io import read_parquet
+
+    if len(baseline_paths) != len(calls_paths):
+        raise ValueError(
+            f"--baseline-calls: {len(baseline_paths)} file(s) for {len(calls_paths)} --calls file(s); "
+            "give each cell's baseline_calls.parquet in the order of --calls"
+        )
+    frames = []
+    for calls_path, base_path in zip(calls_paths, baseline_paths):
+        if Path(base_path).resolve().parent != Path(calls_path).resolve().parent:
+            raise ValueError(f"{base_path}: not the paired no-SD arm of {calls_path} (not in its cell's directory)")
+        base = read_parquet(base_path, what="baseline calls table")
+        if base.empty:
+            continue
+        cell = read_parquet(calls_path, what="calls table")
+        keys = ["engine", "model", "dataset", "batch_size"]
+        if cell.empty or not cell[keys].drop_duplicates().reset_index(drop=True).equals(
+            base[keys].drop_duplicates().reset_index(drop=True)
+        ):
+            raise ValueError(f"{base_path}: not the paired no-SD arm of {calls_path} (different cell keys)")
+        frames.append(base.assign(paired_with=cell["method"].iloc[0]))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def measured_title(table: pd.DataFrame, ngram: str, versus: str) -> str:
+    """Title of the measured Fig. 8: the design its speedups were divided by, and why if not paired."""
+    if len(table) and (table["design"] == "paired").all():
+        return f"{ngram} vs {versus} (measured; each over the no-SD calls paired in its process)"
+    return (
+        f"{ngram} vs {versus} (measured; NOT paired: no paired no-SD arm,\n"
+        "so each speedup divides throughputs of separate processes)"
+    )
+
+
+def _run_measured(args: argparse.Namespace) -> int:
+    from sdbench.io import read_parquet, write_parquet
 
     calls = pd.concat([read_parquet(p, what="calls table") for p in args.calls], ignore_index=True)
     buckets = read_parquet(args.buckets, what="buckets table")
-    table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus)
+    paired = read_paired_calls(args.calls, args.baseline_calls) if args.baseline_calls else None
+    table = measured_bucket_speedups(calls, buckets, args.baseline, args.ngram, args.versus, paired)
     write_parquet(table, args.output)
-    plot_heatmap(
-        table, buckets, args.figure, title=f"{args.ngram} vs {args.versus} (measured)", versus_label=args.versus
-    )
+    title = measured_title(table, args.ngram, args.versus)
+    plot_heatmap(table, buckets, args.figure, title=title, versus_label=args.versus)
     return 0

@@ -197,6 +197,12 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     m = sub.add_parser("measured", help="Fig. 8 from engine runs: per-bucket n-gram vs drafter speedup")
     m.add_argument("--calls", nargs="+", required=True, help="calls.parquet of the baseline, n-gram and versus cells")
     m.add_argument("--buckets", required=True, help="bleu buckets parquet of the same prompts")
+    m.add_argument(
+        "--baseline-calls",
+        nargs="+",
+        default=None,
+        help="the baseline_calls.parquet (paired no-SD arm) beside each --calls file, in the same order",
+    )
     m.add_argument("--baseline", required=True, help="method key of the no-SD cells")
     m.add_argument("--ngram", required=True, help="method key of the n-gram cells")
     m.add_argument("--versus", required=True, help="method key of the learned/draft-model cells")

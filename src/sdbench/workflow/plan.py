@@ -509,9 +509,10 @@ class Plan:
         return [k for k in sorted(self.baseline_cells)
                 if (*k, self.bleu["ngram"]) in have and (*k, self.bleu["versus"]) in have]  # fmt: skip
 
-    def bleu_calls(self, engine: str, model: str, dataset: str) -> list[str]:
+    def bleu_calls(self, engine: str, model: str, dataset: str, name: str = "calls") -> list[str]:
+        """One table (``calls`` or ``baseline_calls``) of each cell Fig. 8 measured reads, in one order."""
         methods = {self.baseline, self.bleu["ngram"], self.bleu["versus"]}
-        return [self.cell_file(c, "calls") for c in self.cells
+        return [self.cell_file(c, name) for c in self.cells
                 if (c.engine, c.model, c.dataset) == (engine, model, dataset) and c.method in methods]  # fmt: skip
 
     def validation_targets(self) -> dict[tuple[str, str, str], dict[str, Any]]:
