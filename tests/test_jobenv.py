@@ -32,7 +32,7 @@ def test_container_profiles_start_with_a_clean_environment(profile: str) -> None
 def test_cluster_profiles_flag_on_shared_nodes() -> None:
     for profile in ("slurm", "slurm-cpu"):
         settings = yaml.safe_load((REPO / "profiles" / profile / "config.yaml").read_text())
-        assert settings["config"] == ["quiet_guard=flag"]
+        assert "quiet_guard=flag" in settings["config"] and not any("refuse" in str(c) for c in settings["config"])
 
 
 def test_only_the_allow_list_reaches_the_container(monkeypatch: pytest.MonkeyPatch) -> None:
