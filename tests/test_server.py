@@ -311,6 +311,23 @@ def test_server_env_drops_the_workflows_thread_counts(monkeypatch: pytest.Monkey
     assert pinned["OPENBLAS_NUM_THREADS"] == "1"  # an engine entry may still set one
 
 
+def test_a_gpu_server_in_a_slurm_job_gets_the_jobs_threads_and_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same job environment as an offline engine job (hardware.job_env): threads per
+    tensor-parallel worker, compile caches per job."""
+    from sdbench.engine.hardware import CACHE_VARS, THREAD_VARS, job_env
+    from sdbench.engine.server import server_env
+
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("OMP_NUM_THREADS", "64")
+    for var in CACHE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    engine = {"vllm_version": "0.11.1", "device": "cuda"}
+    env = server_env(engine, {"method": "eagle3"}, tensor_parallel_size=4)
+    want = job_env(engine, 4)
+    assert {v: env[v] for v in THREAD_VARS} == {v: want[v] for v in THREAD_VARS}
+    assert all(env[v] == want[v] and "4242" in env[v] for v in CACHE_VARS)
+
+
 def test_cpu_placement_keeps_the_last_core_for_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU the server's processes share the other cores and the client keeps one (split apart,
     vLLM's pinned worker and its floating engine core stalled whole rounds); GPUs are left alone."""

@@ -173,7 +173,8 @@ def run_server_group(
     argv = server_argv(kwargs, spec["engine"]["vllm_version"], port)
     log.info("server: %s", " ".join(argv))
     server_cpus, client_cpus = cpu_placement(spec["engine"]) or (None, None)
-    with ServerProcess(argv, server_env(spec["engine"], spec["method"]), server_log, port, cpus=server_cpus) as server:
+    env = server_env(spec["engine"], spec["method"], int(spec["model"].get("tensor_parallel_size", 1)))
+    with ServerProcess(argv, env, server_log, port, cpus=server_cpus) as server:
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)
             log.info("cores: server %s, client %s (engine.server.cpu_placement)", sorted(server_cpus), sorted(client_cpus))

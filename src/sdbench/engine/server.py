@@ -76,16 +76,20 @@ WORKFLOW_THREAD_VARS = (
 )  # fmt: skip
 
 
-def server_env(engine: dict[str, Any], method: dict[str, Any]) -> dict[str, str]:
-    """The server's environment: this one with the cell's engine variables applied.
+def server_env(engine: dict[str, Any], method: dict[str, Any], tensor_parallel_size: int = 1) -> dict[str, str]:
+    """The server's environment: this one with the job's and the cell's engine variables applied.
 
     The server always runs its engine core in a separate process (the API server's
     event loop must stay free), so the offline runner's in-process setting is dropped; the
     workflow's thread-count variables are dropped too (:data:`WORKFLOW_THREAD_VARS`), leaving
-    the engine its own thread placement (an engine entry's ``env`` may still set them).
+    the engine its own thread placement (an engine entry's ``env`` may still set them). As for
+    offline engine jobs (:func:`sdbench.engine.hardware.job_env`), a GPU server's thread pools get
+    the job's cores per tensor-parallel worker, and under SLURM its compile caches are per job.
     """
+    from sdbench.engine.hardware import job_env
+
     env = {k: v for k, v in os.environ.items() if k not in WORKFLOW_THREAD_VARS}
-    for key, value in engine_env(engine, method).items():
+    for key, value in [*job_env(engine, tensor_parallel_size).items(), *engine_env(engine, method).items()]:
         if key == "VLLM_ENABLE_V1_MULTIPROCESSING":
             continue
         if value is None:
