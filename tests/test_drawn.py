@@ -151,6 +151,11 @@ def test_ext00_draws_a_square_per_point_with_its_speedup_and_verdict(tmp_path: P
     for (dataset, method), rows in points.groupby(["dataset", "method"]):
         tau = by(taus, panel=f"tiny-target / {dataset} / vllm-cpu", series=method)
         same(tau["y"], [rows["mean_acceptance_length"].mean()])
+    assert by(drawn, mark="preempted").empty
+    # A preempted point gets a frame inside its square.
+    one = points.assign(preempted=points.index == points.index[0])
+    framed = by(drawn_of(plot_verdict(one, png, {}), png), mark="preempted")
+    assert framed[["series", "x"]].values.tolist() == [[one["method"].iloc[0], one["load"].iloc[0]]]
 
 
 # ----------------------------------------------------------------------------- Sec. 5

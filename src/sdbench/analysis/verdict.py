@@ -85,6 +85,8 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         "load_kind": OFFLINE, "load": sd["batch_size"].astype(int), "speedup": sd["speedup"],
         "speedup_low": sd["speedup_ci_low"], "speedup_high": sd["speedup_ci_high"],
         "interval": "95% bootstrap", "mean_acceptance_length": sd["mean_acceptance_length"],
+        # Requests of the cell (or of its no-SD arm) waited for KV cache: the batch was not all running.
+        "preempted": sd["preempted"].fillna(False).astype(bool) if "preempted" in sd else False,
     }))  # fmt: skip
     if server is not None and len(server):
         frames.append(server_points(server))
@@ -108,6 +110,7 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
         "speedup_low": sd["output_tokens_per_s_min"] / sd["base_output_tokens_per_s_max"],
         "speedup_high": sd["output_tokens_per_s_max"] / sd["base_output_tokens_per_s_min"],
         "interval": "range over rounds", "mean_acceptance_length": sd["mean_acceptance_length"],
+        "preempted": False,  # the server table does not count preemptions
     })  # fmt: skip
 
 
@@ -234,6 +237,10 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
                 ax.text(x, y, f"{r.speedup:.2f}x", ha="center", va="center", fontsize=7)
                 drawn.add(ax, "square", method, r.load, r.speedup, label=labels.get(method, styles[method].label),
                           note=r.verdict)  # fmt: skip
+                if r.preempted:  # an orange frame: part of the batch waited for KV cache
+                    ax.add_patch(Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5))
+                    drawn.add(ax, "preempted", method, r.load, r.speedup,
+                              label=labels.get(method, styles[method].label), note="requests preempted (KV cache full)")
             acc = line["mean_acceptance_length"].mean()
             ax.text(len(loads) - 0.35, y, f"τ={acc:.2f}", ha="left", va="center", fontsize=7)
             drawn.add(ax, "text", method, None, acc, label=labels.get(method, styles[method].label), note=f"τ={acc:.2f}")
@@ -249,7 +256,9 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
             ax.spines[side].set_visible(False)
         ax.tick_params(length=0)
     legend = [Patch(color=colors[v], label=v) for v in (PAYS, BREAK_EVEN, LOSES)]
-    fig.legend(handles=legend, loc="lower center", ncol=3, fontsize=8, frameon=False,
+    if points["preempted"].any():
+        legend.append(Patch(fill=False, ec="darkorange", lw=1.5, label="requests preempted (KV cache full)"))
+    fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False,
                title="verdict (speedup's interval vs 1); τ = mean accepted length", title_fontsize=8)
     fig.tight_layout(rect=(0, 0.12 if fig.get_figheight() < 4 else 0.06, 1, 1))
     return save_png(fig, out_png, dpi=dpi)
