@@ -115,9 +115,9 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     validate_config(config, source="paper.yaml")
     small = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1))
     large = cell_runtime_minutes(config, Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 128))
-    # (300 prompts + 5 warm-up) x 8192 tokens x 0.05 s x (1 + b/32), + 20 min start-up, x2 safety;
-    # 7 days at most without a site limit.
-    assert (small, large) == (4335, 10080)
+    # (300 prompts + 5 warm-up) x 200 tokens (gsm8k's expected_output_tokens) x 0.05 s x (1 + b/32),
+    # + 20 min start-up, x2 safety.
+    assert (small, large) == (145, 549)
     cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "none", 1)
     assert cell_runtime_minutes(config, cell, attempt=2) == 2 * cell_runtime_minutes(config, cell)
     # An engine job asks for its group's time: every cell's, with one start-up; groups are split
@@ -149,7 +149,7 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
     assert engines and int(engines.group(1)) == 370  # 43 engine groups, split to fit
     log = result.stdout + result.stderr
-    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 43
+    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 39
     asks = [int(m) for m in re.findall(r"\bruntime=(\d+)", log)]
     assert asks and max(asks) == 2880
 
@@ -161,7 +161,7 @@ def _params_by_job(jobs: list) -> dict:
 def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path: Path) -> None:
     """Re-plan the paper grid from a copy of the workflow whose 0.11.1 image definition gained
     one label: the jobs whose params change (what Snakemake reruns) are exactly that engine's
-    engine jobs, and no other job of the 1,928."""
+    engine jobs, and no other job of the 1,512."""
     import shutil
 
     copy = tmp_path / "repo"
@@ -177,14 +177,14 @@ def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path:
     config = validate_config(yaml.safe_load((REPO / "config" / "paper.yaml").read_text()), source="paper.yaml")
     before = _params_by_job(paper_jobs)
     after = _params_by_job(planned_jobs(PROFILE, copy / "config" / "paper.yaml", tmp_path / "plan", copy / "Snakefile"))
-    assert before.keys() == after.keys() and len(before) == 1928
+    assert before.keys() == after.keys() and len(before) == 1512
     rerun = {key for key in before if before[key] != after[key]}
     expected = {
         (j.rule.name, str(j.wildcards))
         for j in paper_jobs
         if j.rule.name in ENGINE_RULES and j.wildcards.engine == "vllm-0.11.1"
     }
-    assert rerun == expected and len(rerun) == 253, sorted(rerun)
+    assert rerun == expected and len(rerun) == 160, sorted(rerun)
     assert config["engines"]["vllm-0.11.1"]["container"].endswith("sdbench-vllm-0.11.1.sif")
 
 
