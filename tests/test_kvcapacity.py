@@ -88,3 +88,17 @@ def test_fig1_rings_preempted_cells(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["refuse", "trim", "off"])
 def test_kv_capacity_modes_validate(mode: str, tmp_path: Path) -> None:
     assert load_config(_paper(tmp_path, kv_capacity=mode))["kv_capacity"] == mode
+
+
+def test_the_workflow_refuses_in_one_line_when_it_builds_the_dag(tmp_path: Path) -> None:
+    """Under kv_capacity: refuse the Snakefile stops before any job, naming the first cell."""
+    from sdbench.analysis.memory import refuse_kv_shortfalls
+    from sdbench.errors import ConfigError
+
+    refused = load_config(_paper(tmp_path, kv_capacity="refuse"))
+    with pytest.raises(ConfigError) as err:
+        refuse_kv_shortfalls(refused)
+    assert str(err.value).startswith("config: kv_capacity refuse: 254 cell(s) cannot fit the KV cache, first ")
+    assert "\n" not in str(err.value)
+    refuse_kv_shortfalls(load_config(ROOT / "config/paper.yaml"))  # shipped: off
+    refuse_kv_shortfalls(load_config(ROOT / "config/gpu-smoke.yaml"))  # every cell fits

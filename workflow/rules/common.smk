@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from sdbench import scheduling
+from sdbench.analysis.memory import refuse_kv_shortfalls
 from sdbench.codedigest import code_digest
 from sdbench.config import validate_config
 from sdbench.containers import image_identity
@@ -26,8 +27,10 @@ os.environ["PATH"] = os.pathsep.join(
     [os.path.dirname(sys.executable), os.environ.get("PATH", "")]
 )
 
-# Fails before any job runs, naming the offending key.
+# Fails before any job runs, naming the offending key (and, under kv_capacity: refuse, the
+# first cell whose batch cannot fit its engine's KV cache).
 validate_config(config, source="config")
+refuse_kv_shortfalls(config)
 # Engine jobs end when this workflow process ends (sdbench.lifeline), and their
 # quiet-machine guard mode (sdbench.quietguard) comes from the config; neither is
 # a param, so neither reruns anything.

@@ -760,6 +760,22 @@ def trimmed_cells(config: dict[str, Any]) -> set[tuple[str, str, str, str, int]]
     return set(kv_capacity_shortfalls(config))
 
 
+def refuse_kv_shortfalls(config: dict[str, Any], source: str = "config") -> None:
+    """Under ``kv_capacity: refuse`` (the default), raise ``ConfigError`` in one line naming the first
+    cell that cannot fit its engine's KV cache and how many do (the workflow calls this when it builds
+    the DAG; ``sdbench check-config`` lists every one)."""
+    from sdbench.errors import ConfigError
+
+    if config.get("kv_capacity", "refuse") != "refuse":
+        return
+    short = check_kv_capacity(config)
+    if short:
+        raise ConfigError(
+            f"{source}: kv_capacity refuse: {len(short)} cell(s) cannot fit the KV cache, first {short[0]} "
+            "(sdbench check-config lists them; kv_capacity: trim drops them)"
+        )
+
+
 def check_kv_capacity(config: dict[str, Any]) -> list[str]:
     """The cells ``sdbench check-config`` refuses (``kv_capacity: refuse``) or trims (``trim``),
     one line each; nothing under ``off``."""
