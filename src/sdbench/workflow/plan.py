@@ -126,11 +126,7 @@ class Plan:
         if limits is not None and limits.budget is not None:  # one engine per traced method: not split
             for group in self.trace_groups:
                 minutes = scheduling.one_engine_estimate_minutes(config, self.trace_cells(group))
-                if minutes > limits.budget:
-                    self.site_notes.append(
-                        f"site: trace group {group.engine}/{group.model}/{group.method} (estimated {minutes:,} min "
-                        f"> {limits.budget:,}) is not split: its job asks for the limit, {limits.max_runtime:,} min"
-                    )
+                self._note_unsplit("trace", group, minutes, limits)
         self.offline_tracers = self.trace_settings.get("offline", ["ngram"])
         self.baseline_cells = {(c.engine, c.model, c.dataset): c for c in baseline_cells(config)}
         self.published = config.get("published_traces", {})
@@ -139,12 +135,7 @@ class Plan:
         if limits is not None and limits.budget is not None:  # one server per method: not split
             for sgroup in self.server_groups:
                 minutes = scheduling.server_estimate_minutes(config, self.server_cell(sgroup))
-                if minutes > limits.budget:
-                    self.site_notes.append(
-                        f"site: server group {sgroup.engine}/{sgroup.model}/{sgroup.method} (estimated "
-                        f"{minutes:,} min > {limits.budget:,}) is not split: its job asks for the limit, "
-                        f"{limits.max_runtime:,} min"
-                    )
+                self._note_unsplit("server", sgroup, minutes, limits)
         self.cost = config.get("cost", {})
         self.bleu = config.get("bleu")
         self.breakdown = breakdown_cells(config)
@@ -156,6 +147,15 @@ class Plan:
         }
 
     # ------------------------------------------------------------------ models and datasets
+
+    def _note_unsplit(self, kind: str, group: Any, minutes: int, limits: Any) -> None:
+        """A ``site:`` line for a trace or server group (one engine or server per method, never
+        split) whose estimate is over the site's budget: its job asks for the whole limit."""
+        if minutes > limits.budget:
+            self.site_notes.append(
+                f"site: {kind} group {group.engine}/{group.model}/{group.method} (estimated {minutes:,} min "
+                f"> {limits.budget:,}) is not split: its job asks for the limit, {limits.max_runtime:,} min"
+            )
     def model_dir(self, key: str) -> str:
         """Directory of a model: built by the pipeline or downloaded from the hub."""
         built = key in self.built_models or key in self.heads
