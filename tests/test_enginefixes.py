@@ -98,19 +98,29 @@ ENGINE_RUN = textwrap.dedent("""
             model.lm_head.weight.mul_(1000.0)
         model.save_pretrained(out)
     from vllm import LLM, SamplingParams
-    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}  # more speculative_config keys
+    from sdbench.engine.forcing import forced_acceptance
+    # argv[3]: "switch" and a JSON list of forced lengths (null: the method's own), switched in
+    # one engine; else more speculative_config keys.
+    switch = len(sys.argv) > 3 and sys.argv[3] == "switch"
+    extra = {} if switch or len(sys.argv) <= 3 else json.loads(sys.argv[3])
+    lengths = json.loads(sys.argv[4]) if switch else [None]
     llm = LLM(model=str(out), speculative_config={"method": "ngram", "num_speculative_tokens": 3,
               "prompt_lookup_min": 2, "prompt_lookup_max": 5, **extra}, enforce_eager=True, dtype="float32",
               kv_cache_memory_bytes=1 << 28, max_model_len=512, seed=0, disable_log_stats=False)
     names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_accepted_tokens": "accepted"}
-    counts = {}
-    for temperature in (0.0, 1.0):
-        before = {names[m.name]: m.value for m in llm.get_metrics() if m.name in names}
-        llm.generate(["def add(a, b):\\n    return a + b\\n" * 4] * (4 if extra else 1), SamplingParams(
-            temperature=temperature, seed=1, max_tokens=64, ignore_eos=True), use_tqdm=False)
-        after = {names[m.name]: m.value for m in llm.get_metrics() if m.name in names}
-        counts[str(temperature)] = {k: after.get(k, 0) - before.get(k, 0) for k in names.values()}
-    print("COUNTS " + json.dumps(counts))
+    counts = []
+    for length in lengths:
+        with forced_acceptance(llm, length):
+            per_t = {}
+            for temperature in (0.0, 1.0):
+                before = {names[m.name]: m.value for m in llm.get_metrics() if m.name in names}
+                llm.generate(["def add(a, b):\\n    return a + b\\n" * 4] * (4 if extra or switch else 1),
+                             SamplingParams(temperature=temperature, seed=1, max_tokens=64, ignore_eos=True),
+                             use_tqdm=False)
+                after = {names[m.name]: m.value for m in llm.get_metrics() if m.name in names}
+                per_t[str(temperature)] = {k: after.get(k, 0) - before.get(k, 0) for k in names.values()}
+        counts.append(per_t)
+    print("COUNTS " + json.dumps(counts if switch else counts[0]))
     """)
 
 
@@ -206,23 +216,26 @@ def test_synthetic_fix_calls_the_builds_kernel_when_the_mode_is_off(monkeypatch)
 
 
 @pytest.mark.slow
-def test_forced_acceptance_lengths_on_the_cpu_engine(tmp_path: Path) -> None:
-    """The real CPU engine with ``rejection_sample_method: synthetic``: without the fix its C++
-    kernels refuse the mode; with it the measured accepted length is the forced one -- exactly 1
-    when nothing may be accepted, and near 2.5 when half the second drafts are -- greedy and sampled."""
+def test_forced_acceptance_lengths_switched_in_one_cpu_engine(tmp_path: Path) -> None:
+    """One real CPU engine, n-gram k=3, forced cell by cell (sdbench.engine.forcing, the way an
+    engine group runs a method's forced-acceptance points): the measured accepted length is the
+    forced one -- exactly 1 when nothing may be accepted, near 2.5 when half the second drafts
+    are -- greedy and sampled; and afterwards the engine accepts exactly as it did before forcing."""
     import_or_fail("vllm")
     script = tmp_path / "run.py"
     script.write_text(ENGINE_RUN)
-    measured = {}
-    for length in (1.0, 2.5, 4.0):
-        extra = json.dumps({"rejection_sample_method": "synthetic", "synthetic_acceptance_length": length})
-        done = subprocess.run([sys.executable, str(script), str(tmp_path / "model"), str(REPO / "tests"), extra],
-                              capture_output=True, text=True, timeout=600)  # fmt: skip
-        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-        counts = json.loads(done.stdout.split("COUNTS ", 1)[1].splitlines()[0])
-        measured[length] = {t: 1 + c["accepted"] / c["drafts"] for t, c in counts.items()}
-    print(f"\n[enginefixes] forced -> measured accepted length: {measured}")
+    lengths = [None, 1.0, 2.5, 4.0, None]
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "model"), str(REPO / "tests"), "switch",
+                           json.dumps(lengths)], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    counts = json.loads(done.stdout.split("COUNTS ", 1)[1].splitlines()[0])
+    measured = [{t: 1 + c["accepted"] / c["drafts"] for t, c in per_t.items()} for per_t in counts]
+    print(f"\n[forcing] {list(zip(lengths, measured))}")
     for t in ("0.0", "1.0"):
-        assert measured[1.0][t] == 1.0
-        assert 2.2 <= measured[2.5][t] <= 2.8, measured
-        assert measured[4.0][t] > 3.5, measured  # n-gram pads a short draft with -1, never accepted
+        assert measured[1][t] == 1.0
+        assert 2.2 <= measured[2][t] <= 2.8, measured
+        assert measured[3][t] > 3.5, measured  # n-gram pads a short draft with -1, never accepted
+    # Greedy, unforced again: the method's own acceptance (the same accepted tokens; the number of
+    # draft steps may differ by one between two runs of one engine).
+    assert counts[4]["0.0"]["accepted"] == counts[0]["0.0"]["accepted"]
+    assert abs(measured[4]["0.0"] - measured[0]["0.0"]) < 0.1 and measured[0]["0.0"] > 2.8, measured

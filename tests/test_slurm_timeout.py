@@ -34,7 +34,7 @@ def cell_targets() -> list[str]:
 
 def cells_logged(log: str, what: str) -> list[int]:
     """Batch sizes the run-group log says it measured (``what`` = measured) or re-used."""
-    return sorted(int(bs) for bs in re.findall(rf"cell code-edit/bs(\d+): {what}\b", log))
+    return sorted(int(bs) for bs in re.findall(rf"cell none/code-edit/bs(\d+): {what}\b", log))
 
 
 def test_a_group_killed_by_its_time_limit_reruns_only_its_missing_cells(slurm_cluster, tmp_path: Path) -> None:

@@ -45,7 +45,10 @@ def test_forced_acceptance_sweep_becomes_synthetic_methods_and_a_grid_block() ->
     assert list(points) == [f"{m}.a{a}" for m in ("draft-k3", "eagle3-k3", "medusa-k3", "ngram-k3") for a in ("1", "2.5", "4")]
     assert points["eagle3-k3.a4"] == ("eagle3-k3", 4.0)  # full = k + 1
     entry = config["methods"]["eagle3-k3.a2.5"]
-    assert entry["speculative_config"] == {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": 2.5}
+    base = config["methods"]["eagle3-k3"]
+    assert entry.get("speculative_config") == base.get("speculative_config")  # switched in-engine
+    assert entry["forced_acceptance_length"] == 2.5
+    assert sweeps.forced_base(config, "eagle3-k3.a2.5") == "eagle3-k3" and sweeps.forced_base(config, "none") == "none"
     assert entry["drafter"] == config["methods"]["eagle3-k3"]["drafter"] and entry["label"].endswith("forced τ=2.5")
     block = next(b for b in config["grid"] if b.get("sweep") == "forced_acceptance")
     assert block["methods"] == ["none", *points] and block["batch_sizes"] == [1, 8]
@@ -59,7 +62,7 @@ def test_forced_acceptance_sweep_becomes_synthetic_methods_and_a_grid_block() ->
     (lambda c: c["forced_acceptance"].update(methods=["none"]),
      r"forced_acceptance.methods\[0\]: 'none' is the no-SD baseline; it drafts nothing to accept"),
     (lambda c: c["methods"]["ngram-k3"].update(speculative_config={"rejection_sample_method": "standard"}),
-     r"methods.ngram-k3.speculative_config: sets rejection_sample_method; the sweep sets them"),
+     r"methods.ngram-k3.speculative_config: sets rejection_sample_method; the sweep forces acceptance itself"),
     (lambda c: c["forced_acceptance"].update(acceptance_lengths=["all", 1]),
      r"forced_acceptance.acceptance_lengths\[0\]"),
 ])  # fmt: skip

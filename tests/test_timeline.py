@@ -55,3 +55,27 @@ def test_a_file_without_jobs_is_refused(tmp_path: Path) -> None:
     log.write_text("Building DAG of jobs...\n")
     with pytest.raises(ValueError, match="no finished jobs found"):
         timeline.read_jobs(log)
+
+
+def test_engine_jobs_split_into_startup_warmup_timed_and_the_rest(tmp_path: Path) -> None:
+    """The run_engine job of LOG (60 s) from its two cells' tables: one SD engine and one paired
+    no-SD engine started once (12 + 5 s), warm-ups 1 + 2 s each cell, timed calls of both arms."""
+    import pandas as pd
+
+    log = tmp_path / "run.snakemake.log"
+    log.write_text(LOG)
+    group = tmp_path / "results" / "engines" / "e" / "m" / "ngram-k3" / "all"
+    for bs, trials, sd_s, base_s in ((1, 3, 10.0, 6.0), (8, 5, 8.0, 4.0)):
+        cell = group / "ngram-k3" / "d" / f"bs{bs}"
+        cell.mkdir(parents=True)
+        pd.DataFrame([{"startup_s": 12.0, "paired_baseline_startup_s": 5.0, "warmup_s": 1.0,
+                       "paired_baseline_warmup_s": 2.0, "generate_s": sd_s, "num_trials": trials}]).to_parquet(
+            cell / "summary.parquet")  # fmt: skip
+        pd.DataFrame({"duration_s": [base_s / 2, base_s / 2]}).to_parquet(cell / "baseline_calls.parquet")
+    table = timeline.engine_breakdown(timeline.read_jobs(log), tmp_path / "results")
+    row = table.iloc[0]
+    assert row["group"] == "e/m/ngram-k3/all" and row["cells"] == 2 and row["median_trials"] == 4.0
+    assert (row["startup_s"], row["warmup_s"], row["timed_s"]) == (17.0, 6.0, 28.0)
+    assert row["other_s"] == 60.0 - 17.0 - 6.0 - 28.0
+    text = timeline.format_engine_breakdown(table)
+    assert "e/m/ngram-k3/all" in text and "total (1 jobs)" in text

@@ -150,7 +150,8 @@ def resolve_breakdown_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]
 
 @dataclass(frozen=True, order=True)
 class EngineGroup:
-    """Cells measured on one engine: same engine, model and method (and engine arguments).
+    """Cells measured on one engine: same engine, model and method (and engine arguments); the
+    forced-acceptance points of the method too (sdbench.engine.forcing switches them in-engine).
 
     In replicate mode (the paper's protocol, as in the authors' driver
     ``scripts/bench_latency.py``: one ``LLM`` per configuration, batch sizes looped
@@ -171,18 +172,23 @@ class EngineGroup:
 
 
 def engine_group_of(config: dict[str, Any], cell: Cell) -> EngineGroup:
-    """The engine group a cell is measured in."""
+    """The engine group a cell is measured in (a forced-acceptance point's: its base method's)."""
     distinct = config.get("run", {}).get("batch_mode", "replicate") == "distinct"
     share = f"bs{cell.batch_size}" if distinct else "all"
-    return EngineGroup(cell.engine, cell.model, cell.method, share)
+    return EngineGroup(cell.engine, cell.model, sweeps.forced_base(config, cell.method), share)
 
 
 def engine_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
-    """Every engine group of the grid with its cells (sorted by dataset, batch size)."""
+    """Every engine group of the grid with its cells (the group's method's first; each method's by
+    dataset, batch size)."""
     groups: dict[EngineGroup, list[Cell]] = {}
     for cell in cells(config):
         groups.setdefault(engine_group_of(config, cell), []).append(cell)
-    return {g: sorted(cs, key=lambda c: (c.dataset, c.batch_size)) for g, cs in sorted(groups.items())}
+    # The group's own method first, then its forced-acceptance points.
+    return {
+        g: sorted(cs, key=lambda c: (c.method != g.method, c.method, c.dataset, c.batch_size))
+        for g, cs in sorted(groups.items())
+    }
 
 
 @dataclass(frozen=True, order=True)
@@ -273,7 +279,11 @@ def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
     groups: dict[EngineGroup, list[Cell]] = {}
     for cell in breakdown_cells(config):
         groups.setdefault(engine_group_of(config, cell), []).append(cell)
-    return {g: sorted(cs, key=lambda c: (c.dataset, c.batch_size)) for g, cs in sorted(groups.items())}
+    # The group's own method first, then its forced-acceptance points.
+    return {
+        g: sorted(cs, key=lambda c: (c.method != g.method, c.method, c.dataset, c.batch_size))
+        for g, cs in sorted(groups.items())
+    }
 
 
 def _cmd_check(args: Any) -> int:

@@ -18,12 +18,13 @@ sampled calls (same per-request seeds, sdbench.engine.sampling), so the speedup 
 over no SD at T.
 
 ``forced_acceptance`` runs each listed SD method at chosen *forced* acceptance lengths: vLLM's
-synthetic rejection sampling (``speculative_config`` ``rejection_sample_method: synthetic``,
-``synthetic_acceptance_length: L``) sets the accept/reject decision while the drafter still
-drafts and the target still verifies, so the step costs are real and only the acceptance is
-chosen. Each point is a method entry ``<method>.a<L>`` (``full`` is k + 1: every draft
-accepted, the method's ceiling), marked ``sweep_of`` and ``forced_acceptance_length``, in one
-more grid block (``sweep: forced_acceptance``) with the no-SD baseline. Its cells generate
+synthetic rejection sampling sets the accept/reject decision while the drafter still drafts and
+the target still verifies, so the step costs are real and only the acceptance is chosen. Each
+point is a method entry ``<method>.a<L>`` (``full`` is k + 1: every draft accepted, the method's
+ceiling), marked ``sweep_of`` and ``forced_acceptance_length``, in one more grid block (``sweep:
+forced_acceptance``) with the no-SD baseline. Its engine arguments are the base method's: the
+cells run in the base method's engine group, which switches the forced length cell by cell
+(:mod:`sdbench.engine.forcing`), so the sweep starts no engine of its own. Its cells generate
 ``max_tokens`` tokens (``ignore_eos``, both arms): accepted drafts are the drafter's tokens, so
 the outputs are not the greedy ones and their lengths would otherwise differ between arms.
 """
@@ -146,6 +147,12 @@ def forced_acceptance_methods(config: dict[str, Any]) -> dict[str, tuple[str, fl
     return points
 
 
+def forced_base(config: dict[str, Any], method: str) -> str:
+    """The method whose engine runs ``method``: the base of a forced-acceptance point, else itself."""
+    entry = config["methods"][method]
+    return entry["sweep_of"] if "forced_acceptance_length" in entry else method
+
+
 def forced_run(config: dict[str, Any], method: str) -> dict[str, Any] | None:
     """The ``run`` settings a forced-acceptance cell overrides (None for other methods): every
     output runs to ``max_tokens`` in both arms, and the sweep's ``num_requests`` if it sets one."""
@@ -186,7 +193,10 @@ def _forced_problems(config: dict[str, Any]) -> list[str]:
         clash = set(entry.get("speculative_config", {})) & {"rejection_sample_method", "synthetic_acceptance_length",
                                                             "synthetic_acceptance_rates"}  # fmt: skip
         if clash:
-            problems.append(f"methods.{base}.speculative_config: sets {', '.join(sorted(clash))}; the sweep sets them")
+            problems.append(
+                f"methods.{base}.speculative_config: sets {', '.join(sorted(clash))}; the sweep forces acceptance "
+                "itself, cell by cell"
+            )
     return problems
 
 
@@ -311,12 +321,9 @@ def _expand_forced_acceptance(config: dict[str, Any]) -> None:
     points = forced_acceptance_methods(config)
     for key, (base, length) in points.items():
         if key not in config["methods"]:
+            # The same engine arguments as the base method: the length is switched inside the
+            # base method's engine, cell by cell (sdbench.engine.forcing).
             entry = copy.deepcopy(config["methods"][base])
-            entry["speculative_config"] = {
-                **entry.get("speculative_config", {}),
-                "rejection_sample_method": "synthetic",
-                "synthetic_acceptance_length": length,
-            }
             entry.update(label=f"{entry.get('label', base)} forced τ={length:g}", sweep_of=base,
                          forced_acceptance_length=length)  # fmt: skip
             config["methods"][key] = entry

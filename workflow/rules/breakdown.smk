@@ -48,7 +48,8 @@ rule breakdown_cell:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         outdir=subpath(output.summary, parent=True),
     shell:
-        "sdbench cell-tables --steps --group-dir {input} --dataset {wildcards.dataset} "
+        "sdbench cell-tables --steps --group-dir {input} --method {wildcards.method} "
+        "--dataset {wildcards.dataset} "
         "--batch-size {wildcards.batch_size} --output-dir {params.outdir} > {log} 2>&1"
 
 

@@ -19,7 +19,7 @@ from sdbench.lifeline import export_workflow_env
 from sdbench.models.hub import export_hub_token
 from sdbench.servermode import ServerGroup
 from sdbench.workflow import paths as P
-from sdbench.workflow.plan import Plan, quoted, spec_file
+from sdbench.workflow.plan import FIRST, Plan, quoted, spec_file
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
 # visible even when the virtualenv is not activated.

@@ -21,6 +21,7 @@ rule run_engine:
         "logs/run_engine/{engine}/{model}/{method}/{share}.log",
     benchmark:
         "benchmarks/run_engine/{engine}/{model}/{method}/{share}.tsv"
+    priority: lambda w: PLAN.engine_priority(_group(w))
     container:
         cell_container
     threads: TIMED_THREADS
@@ -51,10 +52,12 @@ rule run_cell:
         summary=P.CELL_TABLE.replace("{name}", "summary"),
     log:
         "logs/run_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
+    priority: lambda w: PLAN.cell_priority(_cell(w))
     localrule: True
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
         outdir=subpath(output.summary, parent=True),
     shell:
-        "sdbench cell-tables --group-dir {input} --dataset {wildcards.dataset} "
+        "sdbench cell-tables --group-dir {input} --method {wildcards.method} "
+        "--dataset {wildcards.dataset} "
         "--batch-size {wildcards.batch_size} --output-dir {params.outdir} > {log} 2>&1"

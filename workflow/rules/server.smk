@@ -13,6 +13,7 @@ rule serve_group:
         server="logs/serve_group/{engine}/{model}/{method}.server.log",
     benchmark:
         "benchmarks/serve_group/{engine}/{model}/{method}.tsv"
+    priority: FIRST  # the verdict reads server mode
     container:
         cell_container
     threads: TIMED_THREADS
@@ -51,6 +52,7 @@ rule ext11_latency_throughput:
         drawn=drawn_table("ext11_latency_throughput"),
     log:
         "logs/ext11_latency_throughput.log",
+    priority: FIRST
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency"),
         prices=quoted(PLAN.cost_prices()),

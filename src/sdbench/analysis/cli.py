@@ -27,14 +27,15 @@ def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench aggregate``."""
     p = subparsers.add_parser("aggregate", help="join cell summaries; speedups; Tab. 1")
     p.add_argument("--summaries", nargs="+", required=True, help="summary.parquet of every cell")
-    p.add_argument("--requests", nargs="+", required=True, help="requests.parquet of every cell")
+    p.add_argument("--requests", nargs="+", default=None,
+                   help="requests.parquet of every cell (needed by --lengths and --divergence)")
     p.add_argument("--baseline", required=True, help="method key of the no-SD baseline")
     p.add_argument("--cells", required=True, help="output: joined cell table (parquet)")
-    p.add_argument("--speedups-md", required=True, help="output: speedups with intervals (Markdown)")
-    p.add_argument("--lengths", required=True, help="output: Tab. 1 generation lengths (parquet)")
-    p.add_argument("--lengths-md", required=True, help="output: Tab. 1 rendered as Markdown")
-    p.add_argument("--divergence", required=True, help="output: share of outputs differing from no-SD")
-    p.add_argument("--divergence-md", required=True, help="output: the same, rendered as Markdown")
+    p.add_argument("--speedups-md", default=None, help="output: speedups with intervals (Markdown)")
+    p.add_argument("--lengths", default=None, help="output: Tab. 1 generation lengths (parquet)")
+    p.add_argument("--lengths-md", default=None, help="output: Tab. 1 rendered as Markdown")
+    p.add_argument("--divergence", default=None, help="output: share of outputs differing from no-SD")
+    p.add_argument("--divergence-md", default=None, help="output: the same, rendered as Markdown")
     p.add_argument("--sweeps", default="{}",
                    help='JSON {"methods": {key: sweep}, "datasets": {key: sweep}}: keys only a sweep runs (column sweep)')
     p.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_aggregate"))

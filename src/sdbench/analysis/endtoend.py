@@ -289,16 +289,27 @@ def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> pd
 def _cmd_aggregate(args: argparse.Namespace) -> int:
     import json
 
+    by_requests = [o for o in ("lengths", "lengths_md", "divergence", "divergence_md") if getattr(args, o)]
+    if by_requests and not args.requests:
+        flags = ", ".join("--" + o.replace("_", "-") for o in by_requests)
+        raise ValueError(f"aggregate: {flags} need --requests (the cells' requests.parquet)")
     cells = mark_sweeps(join_cells([pd.read_parquet(p) for p in args.summaries], args.baseline), json.loads(args.sweeps))
+    write_parquet(cells, args.cells)
+    if args.speedups_md:
+        write_text(speedup_markdown(cells), args.speedups_md)
+    if not by_requests:
+        return 0
     requests = pd.concat([pd.read_parquet(p) for p in args.requests], ignore_index=True)
     lengths = generation_length_table(requests)
-    write_parquet(cells, args.cells)
-    write_text(speedup_markdown(cells), args.speedups_md)
-    write_parquet(lengths, args.lengths)
-    write_text(render_length_table(lengths), args.lengths_md)
+    if args.lengths:
+        write_parquet(lengths, args.lengths)
+    if args.lengths_md:
+        write_text(render_length_table(lengths), args.lengths_md)
     divergence = output_divergence(requests, args.baseline, cells)
-    write_parquet(divergence, args.divergence)
-    write_text(divergence.to_markdown(index=False, floatfmt=".3f") + "\n", args.divergence_md)
+    if args.divergence:
+        write_parquet(divergence, args.divergence)
+    if args.divergence_md:
+        write_text(divergence.to_markdown(index=False, floatfmt=".3f") + "\n", args.divergence_md)
     return 0
 
 

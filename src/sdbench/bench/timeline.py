@@ -5,6 +5,11 @@ finish. This reads them back into one row per job and splits the run's wall time
 stages (training, engine cells, analyses): each stage's *wall* share is the time during
 which at least one of its jobs ran and no job of an earlier stage in :data:`STAGES` did,
 so the shares add up to the run's wall time; *job-seconds* sum the jobs' own durations.
+
+With the run's ``results/`` directory it also splits each engine job (``run_engine``) from the
+tables its cells wrote: engine start-up (the SD engine's and its paired no-SD engine's
+``LLM()``), warm-up, timed calls (both arms) and the rest of the job (process start, imports,
+preflight, table writing), with the cells' trials.
 """
 
 from __future__ import annotations
@@ -109,9 +114,71 @@ def format_report(jobs: pd.DataFrame, setup_s: float | None = None) -> str:
     return "\n".join(lines)
 
 
+ENGINE_PARTS = ("startup_s", "warmup_s", "timed_s", "other_s")
+
+
+def _wildcards(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.split(", ") if "=" in part)
+
+
+def engine_breakdown(jobs: pd.DataFrame, results: str | Path) -> pd.DataFrame:
+    """One row per ``run_engine`` job: its cells, their median trials, and the job's seconds split
+    into :data:`ENGINE_PARTS` from the group's cell tables under ``results/engines/``.
+
+    A part a table does not record (a run from before ``paired_baseline_startup_s`` existed)
+    stays in ``other_s``. Jobs whose group directory is missing are left out.
+    """
+    rows = []
+    for job in jobs[jobs["rule"] == "run_engine"].itertuples():
+        w = _wildcards(job.wildcards)
+        group = Path(results) / "engines" / w.get("engine", "") / w.get("model", "") / w.get("method", "") / w.get(
+            "share", "")
+        summaries = sorted(group.rglob("summary.parquet")) if group.is_dir() else []
+        if not summaries:
+            continue
+        cells = pd.concat([pd.read_parquet(p) for p in summaries], ignore_index=True)
+        baseline_s = sum(float(pd.read_parquet(p.with_name("baseline_calls.parquet"))["duration_s"].sum())
+                         for p in summaries if p.with_name("baseline_calls.parquet").is_file())  # fmt: skip
+        first = lambda col: float(cells[col].iloc[0]) if col in cells and pd.notna(cells[col].iloc[0]) else 0.0  # noqa: E731
+        total = lambda col: float(cells[col].fillna(0).sum()) if col in cells else 0.0  # noqa: E731
+        startup = first("startup_s") + first("paired_baseline_startup_s")
+        warmup = total("warmup_s") + total("paired_baseline_warmup_s")
+        timed = total("generate_s") + baseline_s
+        rows.append({
+            "group": "/".join(w.get(k, "") for k in ("engine", "model", "method", "share")),
+            "cells": len(cells),
+            "median_trials": float(cells["num_trials"].median()),
+            "job_s": float(job.seconds),
+            "startup_s": startup,
+            "warmup_s": warmup,
+            "timed_s": timed,
+            "other_s": float(job.seconds) - startup - warmup - timed,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=["group", "cells", "median_trials", "job_s", *ENGINE_PARTS])
+
+
+def format_engine_breakdown(table: pd.DataFrame, cells: pd.DataFrame | None = None) -> str:
+    """The engine jobs' split as text, one line per job and a total."""
+    lines = [f"{'engine job':<44} cells trials   job-s startup warm-up   timed   other"]
+    for r in table.itertuples():
+        lines.append(f"{r.group:<44} {r.cells:5d} {r.median_trials:6.1f} {r.job_s:7.0f} {r.startup_s:7.0f} "
+                     f"{r.warmup_s:7.0f} {r.timed_s:7.0f} {r.other_s:7.0f}")  # fmt: skip
+    sums = table[["cells", "job_s", *ENGINE_PARTS]].sum()
+    trials = float(cells["num_trials"].median()) if cells is not None and len(cells) else float("nan")
+    lines.append(f"{'total (' + str(len(table)) + ' jobs)':<44} {int(sums['cells']):5d} {trials:6.1f} "
+                 f"{sums['job_s']:7.0f} {sums['startup_s']:7.0f} {sums['warmup_s']:7.0f} {sums['timed_s']:7.0f} "
+                 f"{sums['other_s']:7.0f}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _cmd_bench_timeline(args: argparse.Namespace) -> int:
     jobs = read_jobs(args.log)
     print(format_report(jobs, args.setup_seconds))
+    if args.results:
+        table = engine_breakdown(jobs, args.results)
+        summaries = sorted(Path(args.results).glob("engines/**/summary.parquet"))
+        cells = pd.concat([pd.read_parquet(p, columns=["num_trials"]) for p in summaries]) if summaries else None
+        print(format_engine_breakdown(table, cells))
     if args.output:
         from sdbench.io import write_parquet
 

@@ -57,6 +57,7 @@ def add_cell_tables(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench cell-tables``."""
     c = subparsers.add_parser("cell-tables", help="a cell's tables out of its engine group's directory")
     c.add_argument("--group-dir", required=True)
+    c.add_argument("--method", required=True)
     c.add_argument("--dataset", required=True)
     c.add_argument("--batch-size", type=int, required=True)
     c.add_argument("--output-dir", required=True, help="the cell's directory (requests/calls/summary.parquet)")

@@ -115,7 +115,7 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
 def _cmd_cell_tables(args: argparse.Namespace) -> int:
     import shutil
 
-    source = Path(args.group_dir) / cell_subdir(args.dataset, args.batch_size)
+    source = Path(args.group_dir) / cell_subdir(args.method, args.dataset, args.batch_size)
     names = (*CELL_TABLES, STEPS_TABLE) if args.steps else CELL_TABLES
     missing = [n for n in names if not (source / f"{n}.parquet").is_file()]
     if missing:

@@ -43,9 +43,16 @@ CELL_TABLES = ("requests", "calls", "baseline_calls", "summary")
 STEPS_TABLE = "steps"
 
 
-def cell_subdir(dataset: str, batch_size: int) -> str:
-    """Where a cell's tables sit inside its engine group's directory."""
-    return f"{dataset}/bs{int(batch_size)}"
+def cell_subdir(method: str, dataset: str, batch_size: int) -> str:
+    """Where a cell's tables sit inside its engine group's directory (a group also holds its
+    method's forced-acceptance points, sdbench.engine.forcing)."""
+    return f"{method}/{dataset}/bs{int(batch_size)}"
+
+
+def spec_subdir(spec: dict[str, Any]) -> str:
+    """:func:`cell_subdir` of a cell spec."""
+    cell = spec["cell"]
+    return cell_subdir(cell["method"], cell["dataset"], cell["batch_size"])
 
 
 def write_cell_tables(tables: dict[str, pd.DataFrame], out: Path) -> None:
@@ -95,8 +102,7 @@ def checkpoint_key(spec: dict[str, Any], context: dict[str, Any], max_num_seqs: 
 
 
 def _cell_name(spec: dict[str, Any]) -> str:
-    c = spec["cell"]
-    return f"{c['dataset']}/bs{c['batch_size']}"
+    return spec_subdir(spec)
 
 
 def engine_starts(cell_specs: list[dict[str, Any]]) -> int:
@@ -183,7 +189,7 @@ def run_group_starts(
             dirs.append(start_dir)
         merged = scratch / "merged"
         for spec in cell_specs:
-            sub = cell_subdir(spec["cell"]["dataset"], spec["cell"]["batch_size"])
+            sub = spec_subdir(spec)
             starts = [{n: pd.read_parquet(d / sub / f"{n}.parquet") for n in CELL_TABLES} for d in dirs]
             write_cell_tables(merge_engine_starts(starts, spec), merged / sub)
         if out.exists():
@@ -245,7 +251,7 @@ def run_group(
             _measure_cells(todo, prompts, model_dir, drafter_dir, store, scratch, guard_mode,
                            breakdown, max_num_seqs, len(cell_specs))  # fmt: skip
         for spec, key in zip(cell_specs, keys):
-            cell_dir = scratch / cell_subdir(spec["cell"]["dataset"], spec["cell"]["batch_size"])
+            cell_dir = scratch / spec_subdir(spec)
             cell_dir.mkdir(parents=True, exist_ok=True)
             for name in names:
                 shutil.copyfile(store / key / f"{name}.parquet", cell_dir / f"{name}.parquet")

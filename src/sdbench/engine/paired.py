@@ -70,16 +70,22 @@ def measure_paired(
     """Measure an SD cell and its no-SD arm call by call; returns the cell's tables.
 
     Both arms time each call in turn (:func:`sdbench.engine.runner.timed_part`); one
-    quiet-machine guard watches both, and its verdict applies to both.
+    quiet-machine guard watches both, and its verdict applies to both. A forced-acceptance
+    cell's SD engine is forced from its warm-up to its last call (sdbench.engine.forcing).
     """
+    from sdbench.engine.forcing import forced_acceptance, forced_length_of
+
     sd = CellRun(engine, spec, prompts)
     base = CellRun(baseline_engine, baseline_spec(spec), prompts)
-    base.warm_up()
-    sd.warm_up()
-    report = timed_part([base, sd], spec["run"], guard_mode)
+    with forced_acceptance(engine.llm, forced_length_of(spec)):
+        base.warm_up()
+        sd.warm_up()
+        report = timed_part([base, sd], spec["run"], guard_mode)
     requests, calls, summary, _ = sd.tables(report)
     _, baseline_calls, _, _ = base.tables(report)
     summary = summary.assign(**paired_columns(calls, baseline_calls, cell_seed(spec)))
     if "num_preemptions" in baseline_calls:
         summary["paired_baseline_num_preemptions"] = int(baseline_calls["num_preemptions"].sum())
+    summary["paired_baseline_startup_s"] = baseline_engine.startup_s
+    summary["paired_baseline_warmup_s"] = base.warmup_s
     return {"requests": requests, "calls": calls, "baseline_calls": baseline_calls, "summary": summary}

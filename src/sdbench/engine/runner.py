@@ -285,11 +285,15 @@ def measure_cell(
     sdbench.engine.quietguard): ``calls`` has one row per call and trial, ``requests`` the
     first trial's sequences (outputs, greedy or sampled with fixed seeds, are checked to be
     identical in every trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
-    outside the timed part.
+    outside the timed part. A forced-acceptance cell is forced from its warm-up to its last call
+    (sdbench.engine.forcing).
     """
-    run = CellRun(engine, spec, prompts, steps_dir)
-    run.warm_up()
-    return run.tables(timed_part([run], spec["run"], guard_mode))
+    from sdbench.engine.forcing import forced_acceptance, forced_length_of
+
+    with forced_acceptance(engine.llm, forced_length_of(spec)):
+        run = CellRun(engine, spec, prompts, steps_dir)
+        run.warm_up()
+        return run.tables(timed_part([run], spec["run"], guard_mode))
 
 
 def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any:
@@ -483,6 +487,9 @@ class CellRun:
             **provenance(),
             **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.paired when paired
             paired_baseline_num_preemptions=0,
+            # The paired no-SD arm's engine start and warm-up (sdbench.bench.timeline's breakdown).
+            paired_baseline_startup_s=np.nan,
+            paired_baseline_warmup_s=np.nan,
         )
         return requests, calls, summary, steps
 

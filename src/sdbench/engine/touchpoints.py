@@ -37,6 +37,7 @@ DECLARING_MODULES: tuple[str, ...] = (
     "sdbench.engine.steptiming",
     "sdbench.engine.enginefixes",
     "sdbench.engine.workerprobe",
+    "sdbench.engine.forcing",
     "sdbench.engine.server",
     "sdbench.engine.loadgen",
     "sdbench.bench.paritytool",

@@ -130,13 +130,16 @@ _V0_26_0 = EngineQuirks(
 _KNOWN: dict[str, EngineQuirks] = {q.version: q for q in (_V0_10_1_1, _V0_11_1, _V0_26_0, _V0_32_0)}
 
 
-# The speculative_config keys of a forced-acceptance method (sdbench.sweeps.forced_acceptance_methods).
-SYNTHETIC_KEYS = ("rejection_sample_method", "synthetic_acceptance_length")
 
 
 def known_versions() -> list[str]:
     """Every vLLM release sdbench has quirks for (those a config may name), sorted."""
     return sorted(_KNOWN, key=lambda v: tuple(int(p) for p in v.split(".")))
+
+
+def synthetic_versions() -> list[str]:
+    """The releases with synthetic rejection sampling (forced acceptance, sdbench.engine.forcing)."""
+    return [v for v in known_versions() if _KNOWN[v].synthetic_acceptance]
 
 
 def quirks_for(vllm_version: str) -> EngineQuirks:
@@ -409,8 +412,6 @@ TOUCHPOINTS = tp.declare(
               ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"]),
     tp.fields("spec.token_tree", "vllm.config:SpeculativeConfig", ["speculative_token_tree"],
               versions=_TREE_VERSIONS),
-    tp.fields("spec.synthetic_acceptance", "vllm.config:SpeculativeConfig", SYNTHETIC_KEYS,
-              versions=[q.version for q in _KNOWN.values() if q.synthetic_acceptance]),
     tp.custom("engine.inprocess_spec_decode", _check_inprocess,
               ["vllm.v1.engine.core:EngineCore.post_step", "vllm.v1.engine.core_client:InprocClient.get_output"]),
     tp.env_vars("env.process_layout", ["VLLM_ENABLE_V1_MULTIPROCESSING"]),

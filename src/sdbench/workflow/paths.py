@@ -65,6 +65,9 @@ FORCED_CHECK = "results/simulator/forced_check.parquet"
 # Joined tables.
 TABLES = "results/tables"
 CELLS_TABLE = TABLES + "/cells.parquet"
+# The grid's own cells (no sweep variant), joined as soon as they are measured: the verdict and
+# Fig. 1 read them, so they are written before the extensions are measured.
+GRID_CELLS_TABLE = TABLES + "/grid_cells.parquet"
 SERVER_TABLE = TABLES + "/server.parquet"
 
 # Engine job specs, content-addressed (sdbench.workflow.plan.spec_file): the shell line passes

@@ -55,6 +55,9 @@ OFFLINE_SUFFIX_METHOD = "suffix (offline)"
 # the paper's published traces): local rules, run by the workflow process on the submitting host
 # (compute nodes of a cluster may have no internet). Every other rule is a job of its own.
 NETWORK_RULES = ("download_model", "download_dataset", "fetch_published_traces")
+# Snakemake priority of the jobs the verdict and Fig. 1 wait for; every other job has 0, so among
+# jobs ready at once these run first (Plan.engine_priority).
+FIRST = 10
 SIM_PROPOSERS = ("ngram", "eagle", "combined")
 
 
@@ -277,6 +280,26 @@ class Plan:
         """Paths of one per-cell table for every cell of the grid."""
         return [self.cell_file(c, name) for c in self.cells]
 
+    # ------------------------------------------------------------------ the verdict first
+    def grid_cells(self) -> list[Cell]:
+        """The grid's own cells (no sweep variant): what the verdict and Fig. 1 read."""
+        variants = sweeps.variant_keys(self.config)
+        return [c for c in self.cells if c.method not in variants["methods"] and c.dataset not in variants["datasets"]]
+
+    def grid_cell_outputs(self, name: str) -> list[str]:
+        """Paths of one per-cell table for every cell of :meth:`grid_cells`."""
+        return [self.cell_file(c, name) for c in self.grid_cells()]
+
+    def engine_priority(self, group: EngineGroup) -> int:
+        """Snakemake priority of an engine group's job: :data:`FIRST` when it measures a cell the
+        verdict reads (so that the verdict and Fig. 1 are written before the extensions are measured)."""
+        grid = set(self.grid_cells())
+        return FIRST if any(c in grid for c in self.groups[group]) else 0
+
+    def cell_priority(self, cell: Cell) -> int:
+        """Snakemake priority of a cell's table job (see :meth:`engine_priority`)."""
+        return FIRST if cell in set(self.grid_cells()) else 0
+
     def prompt_tables(self, cells_: list[Cell]) -> dict[str, str]:
         """Dataset -> prompt table of each cell (a temperature variant reads its base's)."""
         return {c.dataset: self.prompt_table(c.model, sweeps.prompt_dataset(self.config, c.dataset)) for c in cells_}
@@ -336,8 +359,8 @@ class Plan:
         }
 
     def verdict_inputs(self) -> dict[str, str]:
-        """The joined cells, and the server-mode table when the config has a server section."""
-        inputs = {"cells": P.CELLS_TABLE}
+        """The grid's joined cells, and the server-mode table when the config has a server section."""
+        inputs = {"cells": P.GRID_CELLS_TABLE}
         if self.server_groups:
             inputs["server"] = P.SERVER_TABLE
         return inputs
