@@ -67,6 +67,7 @@ def test_every_command_is_lazy_and_resolves() -> None:
     for path in paths:
         func = _parser_of(path)._defaults["func"]
         assert isinstance(func, LazyCommand), path
+        assert func.name.startswith("_cmd_"), (path, func)  # one naming convention for command functions
         assert callable(func.resolve()), (path, func)
 
 

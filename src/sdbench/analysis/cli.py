@@ -85,7 +85,7 @@ def add_memory_table(subparsers: argparse._SubParsersAction) -> None:
     add_output_table(t, "analytical vs measured memory per cell")
     add_figure(t, "analytical vs measured weights and KV cache per token")
     add_markdown(t, "Tab. 2/3 per engine x model x method", required=False)
-    t.set_defaults(func=lazy("sdbench.analysis.memory", "_run_cells_table"))
+    t.set_defaults(func=lazy("sdbench.analysis.memory", "_cmd_memory_table"))
 
 
 def add_cost(subparsers: argparse._SubParsersAction) -> None:
@@ -176,7 +176,7 @@ def add_memory(subparsers: argparse._SubParsersAction) -> None:
         help="directory of architecture YAMLs to use instead of the shipped ones and $SDBENCH_DATA_DIR/models",
     )
     p.add_argument("--dtype", choices=DTYPES, help="serving dtype (default: the target's torch_dtype)")
-    p.set_defaults(func=lazy("sdbench.analysis.memory", "_run"))
+    p.set_defaults(func=lazy("sdbench.analysis.memory", "_cmd_memory"))
 
 
 def add_bleu(subparsers: argparse._SubParsersAction) -> None:
@@ -194,7 +194,7 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     )
     b.add_argument("--basis", choices=BASES, default="auto", help="text or token ids (auto: text when present)")
     b.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json (or its directory) to decode ids to text")
-    b.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_buckets"))
+    b.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_buckets"))
 
     h = sub.add_parser("heatmap", help="Fig. 8: n-gram vs EAGLE relative speedup by BLEU bucket and batch size")
     h.add_argument("--speedups", required=True, type=Path, metavar="TABLE.parquet")
@@ -202,7 +202,7 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     # --output here is the heatmap itself (PNG), not a table
     h.add_argument("--output", required=True, type=Path, metavar="fig8.png")
     h.add_argument("--title", default=None)
-    h.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_heatmap"))
+    h.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_heatmap"))
     m = sub.add_parser("measured", help="Fig. 8 from engine runs: per-bucket n-gram vs drafter speedup")
     m.add_argument("--calls", nargs="+", required=True, help="calls.parquet of the baseline, n-gram and versus cells")
     m.add_argument("--buckets", required=True, help="bleu buckets parquet of the same prompts")
@@ -217,7 +217,7 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--versus", required=True, help="method key of the learned/draft-model cells")
     add_output_table(m, "n-gram vs drafter speedup per BLEU bucket and batch size")
     add_figure(m, "the heatmap of that table")
-    m.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_measured"))
+    m.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_measured"))
 
     sim = sub.add_parser("simulated", help="Fig. 8 from traces: per-bucket simulated n-gram vs EAGLE speedup")
     sim.add_argument("--traces", required=True, type=Path, help="published-trace .jsonl (or trace table)")
@@ -229,7 +229,7 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--mode", choices=("exact", "compat"), default="exact")
     add_output_table(sim, "simulated n-gram vs EAGLE speedup per BLEU bucket and batch size")
     add_figure(sim, "the heatmap of that table")
-    sim.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_simulated"))
+    sim.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_simulated"))
 
 
 def _add_trace_table_args(parser: argparse.ArgumentParser) -> None:
