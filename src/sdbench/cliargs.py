@@ -53,7 +53,10 @@ def add_output_dir(p: argparse.ArgumentParser, layout: str) -> None:
 
 
 def add_output_table(p: argparse.ArgumentParser, what: str = "the table", *, required: bool = True) -> None:
-    """``--output``: a table written as parquet (not required: written only when given)."""
+    """``--output``: a table written as parquet (not required: written only when given).
+
+    Commands whose ``--output`` is a directory, a PNG, a CSV, YAML or an archive declare their own.
+    """
     p.add_argument("--output", required=required, default=None, help=f"output: {what} (parquet)")
 
 

@@ -124,7 +124,7 @@ def add_timeline(bench: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--log", required=True, help=".snakemake/log/<date>.snakemake.log of the run")
     p.add_argument("--setup-seconds", type=float, default=None, help="setup (bootstrap) wall time to add")
-    p.add_argument("--output", default=None, help="the jobs table (parquet)")
+    add_output_table(p, "the jobs table", required=False)
     p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from sdbench.cliargs import add_config, add_seed
+from sdbench.cliargs import add_config, add_output_table, add_seed
 from sdbench.lazy import lazy
 
 
@@ -28,7 +28,7 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="the model's context length (default: max_position_embeddings of config.json in --tokenizer)",
     )
-    p.add_argument("--output", required=True, help="prompt table (parquet)")
+    add_output_table(p, "the prompt table")
     p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
 
 
