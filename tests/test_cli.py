@@ -67,7 +67,21 @@ def test_every_command_is_lazy_and_resolves() -> None:
     for path in paths:
         func = _parser_of(path)._defaults["func"]
         assert isinstance(func, LazyCommand), path
+        assert func.name.startswith("_cmd_"), (path, func)  # one naming convention for command functions
         assert callable(func.resolve()), (path, func)
+
+
+def test_a_shared_flag_reads_the_same_in_every_command() -> None:
+    # sdbench.cliargs defines these once; a command meaning something else keeps its own (listed here).
+    own = {("aggregate", "--cells")}  # aggregate writes the cells table the others read
+    seen: dict[str, set[tuple]] = {}
+    for path in _commands(cli.build_parser()):
+        for action in _parser_of(path)._actions:
+            for flag in set(action.option_strings) & {"--cells", "--model-dir", "--drafter-dir", "--quiet-guard"}:
+                if (" ".join(path), flag) not in own:
+                    seen.setdefault(flag, set()).add((action.required, action.default, action.nargs, action.help))
+    assert set(seen) == {"--cells", "--model-dir", "--drafter-dir", "--quiet-guard"}
+    assert all(len(forms) == 1 for forms in seen.values()), seen
 
 
 def test_every_help_renders() -> None:

@@ -83,7 +83,7 @@ def _add_bundle(subparsers: argparse._SubParsersAction) -> None:
         help="rule files / directories of the workflow (below the Snakefile's directory)",
     )
     c.add_argument("--report", type=Path, help="Snakemake HTML report")
-    c.add_argument("--config", type=Path, help="resolved config (YAML)")
+    c.add_argument("--config", type=Path, help="resolved config (YAML)")  # a file to pack, not one to read
     c.add_argument("--containers", type=Path, metavar="images.yaml", help="container image digests (may be absent)")
     c.add_argument(
         "--environment",
@@ -138,6 +138,7 @@ def _add_containers(subparsers: argparse._SubParsersAction) -> None:
     ):
         q = sub.add_parser(name, help=help_)
         q.add_argument("--images", help="images file (default: <output-dir>/images.yaml)")
+        # --output-dir here: optional, the .def files (cliargs.add_output_dir: an engine command's results)
         q.add_argument("--output-dir", default="containers", help="directory of the .def files (default: containers)")
         if name == "check":
             q.add_argument("--offline", action="store_true",
@@ -148,6 +149,7 @@ def _add_containers(subparsers: argparse._SubParsersAction) -> None:
 def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench doctor`` (:mod:`sdbench.doctor`)."""
     p = subparsers.add_parser("doctor", help="check this site before a run: venv, Snakemake, Apptainer, hub, SLURM")
+    # --config here defaults to the profile's configfile (cliargs.add_config: to config/config.yaml)
     p.add_argument("--config", help="config file (default: the profile's configfile, else config/config.yaml)")
     p.add_argument("--profile", metavar="PROFILE_DIR", help="Snakemake profile directory, e.g. profiles/slurm")
     p.add_argument("--offline", action="store_true", help="skip the checks that need the Hugging Face hub")

@@ -275,7 +275,7 @@ def plot_heatmap(
 # CLI
 
 
-def _run_buckets(args: argparse.Namespace) -> int:
+def _cmd_buckets(args: argparse.Namespace) -> int:
     # Errors (ValueError naming the file) become one `error:` line in sdbench.cli.main.
     requests = read_requests(args.input)
     if args.tokenizer:
@@ -295,7 +295,7 @@ def _run_buckets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_heatmap(args: argparse.Namespace) -> int:
+def _cmd_heatmap(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet
 
     speedups = read_parquet(args.speedups, what="speedups table")
@@ -482,7 +482,7 @@ def simulated_bucket_speedups(
     return pd.DataFrame(rows)
 
 
-def _run_simulated(args: argparse.Namespace) -> int:
+def _cmd_simulated(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet
     from sdbench.simulator.costmodel import load_cost_model
     from sdbench.simulator.tracesets import load_traces
@@ -550,7 +550,7 @@ def measured_title(table: pd.DataFrame, ngram: str, versus: str) -> str:
     )
 
 
-def _run_measured(args: argparse.Namespace) -> int:
+def _cmd_measured(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet, write_parquet
 
     calls = pd.concat([read_parquet(p, what="calls table") for p in args.calls], ignore_index=True)

@@ -12,6 +12,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sdbench.cliargs import (
+    add_cells,
+    add_figure,
+    add_labels,
+    add_markdown,
+    add_output_table,
+    add_prompts,
+    add_seed,
+    add_table_outputs,
+)
 from sdbench.lazy import lazy
 
 # memory: SD methods and serving dtypes it accounts for (analysis.memory.METHODS, models.spec.DTYPE_BYTES)
@@ -30,6 +40,7 @@ def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", nargs="+", default=None,
                    help="requests.parquet of every cell (needed by --lengths and --divergence)")
     p.add_argument("--baseline", required=True, help="method key of the no-SD baseline")
+    # --cells is this command's output (every other command reads it: cliargs.add_cells)
     p.add_argument("--cells", required=True, help="output: joined cell table (parquet)")
     p.add_argument("--speedups-md", default=None, help="output: speedups with intervals (Markdown)")
     p.add_argument("--lengths", default=None, help="output: Tab. 1 generation lengths (parquet)")
@@ -44,19 +55,23 @@ def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
 def add_verdict(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench verdict``."""
     p = subparsers.add_parser("verdict", help="does SD pay, per model x method x dataset and load (ext00)")
-    p.add_argument("--cells", required=True, help="results/tables/cells.parquet")
+    add_cells(p)
     p.add_argument("--server", default=None, help="results/tables/server.parquet (server mode), if any")
-    p.add_argument("--labels", default=None, help="JSON: method key -> label (the config's)")
-    p.add_argument("--output", required=True, help="output: one row per SD point with its verdict (parquet)")
-    p.add_argument("--markdown", required=True, help="output: the verdict in words and tables")
-    p.add_argument("--figure", required=True, help="output: PNG")
+    add_labels(p)
+    add_table_outputs(
+        p,
+        figure="each method x load colored by verdict, labelled with its speedup",
+        table="one row per SD point with its verdict",
+        markdown="the verdict in words and tables",
+    )
     p.set_defaults(func=lazy("sdbench.analysis.verdict", "_cmd_verdict"))
 
 
 def add_plot_throughput(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench plot-throughput``."""
     q = subparsers.add_parser("plot-throughput", help="Fig. 1/2: throughput and speedup vs batch size")
-    q.add_argument("--cells", required=True)
+    add_cells(q)
+    # --output is this command's PNG (Fig. 1/2), written only when given
     q.add_argument("--output", default=None, help="PNG path: Fig. 1/2")
     q.add_argument("--acceptance", default=None, help="PNG path: acceptance rate by draft position")
     q.set_defaults(func=lazy("sdbench.analysis.endtoend", "_cmd_plot"))
@@ -65,31 +80,24 @@ def add_plot_throughput(subparsers: argparse._SubParsersAction) -> None:
 def add_memory_table(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench memory-table``."""
     t = subparsers.add_parser("memory-table", help="analytical vs measured memory per cell")
-    t.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    add_cells(t)
     t.add_argument("--models", required=True, help="JSON: model key -> repo id or model directory")
     t.add_argument("--dtype", choices=DTYPES, default=None)
-    t.add_argument("--output", required=True, help="parquet")
-    t.add_argument("--figure", required=True, help="PNG")
-    t.add_argument("--markdown", default=None, help="Tab. 2/3 per engine x model x method (Markdown)")
-    t.set_defaults(func=lazy("sdbench.analysis.memory", "_run_cells_table"))
-
-
-def _add_table_outputs(p: argparse.ArgumentParser, figure: str) -> None:
-    """--output (parquet), --markdown and --figure (PNG) of a production-question table."""
-    p.add_argument("--output", required=True, help="parquet")
-    p.add_argument("--markdown", required=True, help="Markdown table")
-    p.add_argument("--figure", required=True, help=f"PNG: {figure}")
+    add_output_table(t, "analytical vs measured memory per cell")
+    add_figure(t, "analytical vs measured weights and KV cache per token")
+    add_markdown(t, "Tab. 2/3 per engine x model x method", required=False)
+    t.set_defaults(func=lazy("sdbench.analysis.memory", "_cmd_memory_table"))
 
 
 def add_cost(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench cost``."""
     c = subparsers.add_parser("cost", help="cost per 1M output tokens and per request, per cell")
-    c.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    add_cells(c)
     c.add_argument("--prices", required=True, help="JSON: engine key -> price per device-hour")
     c.add_argument("--devices", default="{}", help="JSON: model key -> devices per engine instance (default 1)")
     c.add_argument("--currency", default="USD")
     c.add_argument("--source", default="", help="where the prices come from (printed above the table)")
-    _add_table_outputs(c, "cost per 1M output tokens vs batch size")
+    add_table_outputs(c, "cost per 1M output tokens vs batch size")
     c.set_defaults(func=lazy("sdbench.analysis.cost", "_cmd_cost"))
 
 
@@ -101,38 +109,38 @@ def add_latency(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--devices", default="{}", help="JSON: model key -> devices per engine instance (default 1)")
     c.add_argument("--currency", default="USD")
     c.add_argument("--source", default="", help="where the prices come from (printed above the table)")
-    _add_table_outputs(c, "TPOT p50 vs output tokens/s per device, per method")
+    add_table_outputs(c, "TPOT p50 vs output tokens/s per device, per method")
     c.set_defaults(func=lazy("sdbench.analysis.latency", "_cmd_latency"))
 
 
 def add_proposal_length(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench proposal-length``."""
     p = subparsers.add_parser("proposal-length", help="acceptance, speedup and memory vs num_speculative_tokens")
-    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    add_cells(p)
     p.add_argument("--memory", required=True, help="memory table (memory-table)")
     p.add_argument("--points", required=True, help="JSON: method key -> [base method, k] (sdbench.sweeps)")
     p.add_argument("--scope", required=True, help="JSON: the sweep's engine, models, datasets, batch_sizes")
-    _add_table_outputs(p, "speedup and accepted length vs k")
+    add_table_outputs(p, "speedup and accepted length vs k")
     p.set_defaults(func=lazy("sdbench.analysis.proposal", "_cmd_proposal_length"))
 
 
 def add_random_inputs(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench random-inputs``."""
     p = subparsers.add_parser("random-inputs", help="random-token prompts vs the real prompts they match")
-    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    add_cells(p)
     p.add_argument("--pairs", required=True, help="JSON: random_tokens dataset -> the dataset it matches")
-    _add_table_outputs(p, "speedup on real vs random prompts")
+    add_table_outputs(p, "speedup on real vs random prompts")
     p.set_defaults(func=lazy("sdbench.analysis.randominputs", "_cmd_random_inputs"))
 
 
 def add_temperature(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench temperature``."""
     p = subparsers.add_parser("temperature", help="acceptance and speedup vs sampling temperature; where SD stops paying")
-    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    add_cells(p)
     p.add_argument("--points", required=True, help="JSON: dataset key -> [base dataset, temperature] (sdbench.sweeps)")
     p.add_argument("--scope", required=True, help="JSON: the sweep's engine, models, methods, batch_sizes")
     p.add_argument("--recommendation", required=True, help="output: where SD stops paying (parquet)")
-    _add_table_outputs(p, "accepted length and speedup vs temperature")
+    add_table_outputs(p, "accepted length and speedup vs temperature")
     p.set_defaults(func=lazy("sdbench.analysis.temperature", "_cmd_temperature"))
 
 
@@ -143,11 +151,11 @@ def add_category_acceptance(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--requests", nargs="+", default=[], help="requests.parquet of cells with per-request SD counters (vLLM >= 0.32)")
     p.add_argument("--calls", nargs="+", default=[], help="calls.parquet of replicate-mode cells (any vLLM version)")
-    p.add_argument("--prompts", nargs="+", required=True, help="prompt tables of the cells' datasets (category)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap intervals")
-    p.add_argument("--table", required=True, help="output: parquet")
-    p.add_argument("--markdown", required=True, help="output: Markdown table")
-    p.add_argument("--figure", required=True, help="output: PNG, acceptance length per category and method")
+    add_prompts(p, many=True)
+    add_seed(p, 0, "the bootstrap intervals")
+    p.add_argument("--table", required=True, help="output: acceptance length per category and method (parquet)")
+    add_markdown(p)
+    add_figure(p, "acceptance length per category and method")
     p.set_defaults(func=lazy("sdbench.analysis.categories", "_cmd_category_acceptance"))
 
 
@@ -169,7 +177,7 @@ def add_memory(subparsers: argparse._SubParsersAction) -> None:
         help="directory of architecture YAMLs to use instead of the shipped ones and $SDBENCH_DATA_DIR/models",
     )
     p.add_argument("--dtype", choices=DTYPES, help="serving dtype (default: the target's torch_dtype)")
-    p.set_defaults(func=lazy("sdbench.analysis.memory", "_run"))
+    p.set_defaults(func=lazy("sdbench.analysis.memory", "_cmd_memory"))
 
 
 def add_bleu(subparsers: argparse._SubParsersAction) -> None:
@@ -181,20 +189,21 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--input", required=True, type=Path, metavar="FILE", help="published-trace .jsonl or requests .parquet"
     )
-    b.add_argument("--output", required=True, type=Path, metavar="OUT.parquet")
+    add_output_table(b, "per-request BLEU and its bucket")
     b.add_argument(
         "--order", type=int, default=DEFAULT_ORDER, choices=range(1, MAX_ORDER + 1), metavar=f"1..{MAX_ORDER}"
     )
     b.add_argument("--basis", choices=BASES, default="auto", help="text or token ids (auto: text when present)")
     b.add_argument("--tokenizer", metavar="PATH", help="tokenizer.json (or its directory) to decode ids to text")
-    b.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_buckets"))
+    b.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_buckets"))
 
     h = sub.add_parser("heatmap", help="Fig. 8: n-gram vs EAGLE relative speedup by BLEU bucket and batch size")
     h.add_argument("--speedups", required=True, type=Path, metavar="TABLE.parquet")
     h.add_argument("--buckets", required=True, type=Path, metavar="BUCKETS.parquet")
+    # --output here is the heatmap itself (PNG), not a table
     h.add_argument("--output", required=True, type=Path, metavar="fig8.png")
     h.add_argument("--title", default=None)
-    h.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_heatmap"))
+    h.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_heatmap"))
     m = sub.add_parser("measured", help="Fig. 8 from engine runs: per-bucket n-gram vs drafter speedup")
     m.add_argument("--calls", nargs="+", required=True, help="calls.parquet of the baseline, n-gram and versus cells")
     m.add_argument("--buckets", required=True, help="bleu buckets parquet of the same prompts")
@@ -207,9 +216,9 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--baseline", required=True, help="method key of the no-SD cells")
     m.add_argument("--ngram", required=True, help="method key of the n-gram cells")
     m.add_argument("--versus", required=True, help="method key of the learned/draft-model cells")
-    m.add_argument("--output", required=True, help="table (parquet)")
-    m.add_argument("--figure", required=True, help="heatmap (PNG)")
-    m.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_measured"))
+    add_output_table(m, "n-gram vs drafter speedup per BLEU bucket and batch size")
+    add_figure(m, "the heatmap of that table")
+    m.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_measured"))
 
     sim = sub.add_parser("simulated", help="Fig. 8 from traces: per-bucket simulated n-gram vs EAGLE speedup")
     sim.add_argument("--traces", required=True, type=Path, help="published-trace .jsonl (or trace table)")
@@ -219,14 +228,15 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 16, 32, 64, 128])
     sim.add_argument("--cost-model", default="llama3.1-8b-h100", help="cost model name or YAML path")
     sim.add_argument("--mode", choices=("exact", "compat"), default="exact")
-    sim.add_argument("--output", required=True, type=Path, metavar="TABLE.parquet")
-    sim.add_argument("--figure", required=True, type=Path, metavar="fig8.png")
-    sim.set_defaults(func=lazy("sdbench.analysis.bleu", "_run_simulated"))
+    add_output_table(sim, "simulated n-gram vs EAGLE speedup per BLEU bucket and batch size")
+    add_figure(sim, "the heatmap of that table")
+    sim.set_defaults(func=lazy("sdbench.analysis.bleu", "_cmd_simulated"))
 
 
 def _add_trace_table_args(parser: argparse.ArgumentParser) -> None:
     """``--traces`` and ``--labels`` of the acceptance analyses."""
     parser.add_argument("--traces", nargs="+", required=True, help="trace table .parquet files")
+    # --labels here: one dataset label per trace file (elsewhere: JSON method labels, cliargs.add_labels)
     parser.add_argument(
         "--labels",
         nargs="+",
@@ -242,8 +252,8 @@ def add_acceptance(subparsers: argparse._SubParsersAction) -> None:
 
     t4 = sub.add_parser("table4", help="Tab. 4: stats of per-request mean acc_len per dataset x method")
     _add_trace_table_args(t4)
-    t4.add_argument("--output", required=True, help="table .parquet to write")
-    t4.add_argument("--markdown", default=None, help="also write a markdown rendering here")
+    add_output_table(t4, "Tab. 4")
+    add_markdown(t4, "Tab. 4", required=False)
     t4.set_defaults(func=lazy("sdbench.analysis.acceptance", "_cmd_table4"))
 
     figs = sub.add_parser("figures", help="Fig. 4, 5, 6/13, 10 PNGs (+ their data as parquet) into one directory")
@@ -272,7 +282,7 @@ def _add_figure_options(parser: argparse.ArgumentParser) -> None:
         default=50,
         help="requests sampled per output-length class in Fig. 5 (paper: 50; <=0: all)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the Fig. 5 sampling")
+    add_seed(parser, 0, "the Fig. 5 sampling")
 
 
 def add_breakdown(subparsers: argparse._SubParsersAction) -> None:
@@ -297,13 +307,13 @@ def add_forced_acceptance(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "forced-acceptance", help="forced-acceptance curves, ceilings and the gap split (ext13, ext14)"
     )
-    p.add_argument("--cells", required=True, help="cells.parquet (with the forced-acceptance sweep's cells)")
+    add_cells(p)  # with the forced-acceptance sweep's cells
     p.add_argument("--methods", required=True, help="the config's methods (JSON): bases, forced lengths, labels")
     p.add_argument("--table", required=True, help="output: one row per forced cell (parquet)")
     p.add_argument("--gap-table", required=True, help="output: the gap split per method x batch size (parquet)")
-    p.add_argument("--markdown", required=True, help="output: the forced points and ceilings (Markdown)")
+    add_markdown(p, "the forced points and ceilings")
     p.add_argument("--gap-markdown", required=True, help="output: the gap split (Markdown)")
-    p.add_argument("--figure", required=True, help="output: speedup vs accepted length (PNG)")
+    add_figure(p, "speedup vs accepted length")
     p.add_argument("--gap-figure", required=True, help="output: measured / at real τ / ceiling / ideal (PNG)")
     p.set_defaults(func=lazy("sdbench.analysis.forced", "_cmd_forced"))
 

@@ -497,7 +497,7 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> Any:
 # CLI
 
 
-def _run(args: argparse.Namespace) -> int:
+def _cmd_memory(args: argparse.Namespace) -> int:
     # A ValueError (unknown model, bad config) becomes one `error:` line in sdbench.cli.main.
     report = memory_report(args.target, args.draft, args.method, args.models_dir, args.dtype)
     print(json.dumps(report, indent=2))
@@ -538,7 +538,7 @@ def cells_memory_table(cells: Any, model_names: Mapping[str, str], dtype: str | 
     return out
 
 
-def _run_cells_table(args: argparse.Namespace) -> int:
+def _cmd_memory_table(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet, write_parquet
 
     cells = read_parquet(args.cells, what="cells table")

@@ -13,6 +13,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from sdbench.cliargs import (
+    add_config,
+    add_figure,
+    add_markdown,
+    add_model_dirs,
+    add_output_table,
+    add_prompts,
+    add_seed,
+)
 from sdbench.lazy import lazy
 from sdbench.simulator.cli import add_trace_options
 
@@ -29,7 +38,7 @@ def add_tracer(bench: argparse._SubParsersAction) -> None:
         default=60.0,
         help="seconds to spend on the quadratic reference before extrapolating (default 60)",
     )
-    tracer.add_argument("--seed", type=int, default=0, help="seed for the reference subset")
+    add_seed(tracer, 0, "the reference subset")
     tracer.set_defaults(func=lazy("sdbench.bench.tracer", "_cmd_bench_tracer"))
 
 
@@ -52,17 +61,14 @@ def add_parity(bench: argparse._SubParsersAction) -> None:
     p = bench.add_parser(
         "parity", help="one cell through sdbench's runner and `vllm bench throughput`; throughput ratio"
     )
-    p.add_argument(
-        "--config", default="config/config.yaml", help="config holding the cell (default config/config.yaml)"
-    )
+    add_config(p, "the cell")
     p.add_argument("--engine", default=None, help="engine key (default: the config's first engine)")
     p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
     p.add_argument("--dataset", required=True, help="dataset key, e.g. code-edit")
     p.add_argument("--method", required=True, help="method key, e.g. none or ngram-k3")
     p.add_argument("--batch-size", type=int, required=True, help="max_num_seqs (all prompts are submitted at once)")
-    p.add_argument("--model-dir", required=True, help="target model directory")
-    p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
-    p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
+    add_model_dirs(p)
+    add_prompts(p)
     p.add_argument("--num-prompts", type=int, default=None, help="first N prompts (default: all)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (default: the dataset's)")
     p.add_argument("--repeats", type=int, default=PARITY_REPEATS, help="runs per side, alternating order (default 3)")
@@ -99,12 +105,11 @@ def add_engine_sharing(bench: argparse._SubParsersAction) -> None:
     p = bench.add_parser(
         "engine-sharing", help="an engine group's cells on one shared engine vs each on a fresh engine"
     )
-    p.add_argument("--config", default="config/config.yaml", help="config holding the group")
+    add_config(p, "the group")
     p.add_argument("--engine", default=None, help="engine key (default: the config's first engine)")
     p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
     p.add_argument("--method", required=True, help="method key, e.g. ngram-k3")
-    p.add_argument("--model-dir", required=True, help="target model directory")
-    p.add_argument("--drafter-dir", default=None, help="draft model directory, if the method has one")
+    add_model_dirs(p)
     p.add_argument("--results", default="results", help="a workflow's results/ (prompt tables; default results)")
     p.add_argument("--rounds", type=int, default=1, help="shared and fresh runs each, alternating order (default 1)")
     p.add_argument("--workdir", required=True, help="directory for both sides' tables and logs")
@@ -119,7 +124,7 @@ def add_timeline(bench: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--log", required=True, help=".snakemake/log/<date>.snakemake.log of the run")
     p.add_argument("--setup-seconds", type=float, default=None, help="setup (bootstrap) wall time to add")
-    p.add_argument("--output", default=None, help="the jobs table (parquet)")
+    add_output_table(p, "the jobs table", required=False)
     p.add_argument("--results", default=None,
                    help="the run's results/ directory: also split each engine job (start-up, warm-up, timed, other)")
     p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
@@ -133,10 +138,11 @@ def compare_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gate", choices=("speedup", "throughput", "both"), default="both",
                    help="what --threshold judges (default both); speedup, paired with no SD in the same process, "
                         "survives a machine whose speed changed between the runs, throughput does not")  # fmt: skip
+    # --config here: optional, no default; only the method labels come from it (unlike cliargs.add_config)
     p.add_argument("--config", default=None, help="config whose method labels to print (default: method keys)")
-    p.add_argument("--markdown", default=None, help="write the table and summary here too")
-    p.add_argument("--figure", default=None, help="PNG: B against A per cell, speedup and throughput")
-    p.add_argument("--output", default=None, help="the joined table (parquet)")
+    add_markdown(p, "the table and summary", required=False)
+    add_figure(p, "B against A per cell, speedup and throughput", required=False)
+    add_output_table(p, "the joined table", required=False)
     p.add_argument("--max-half-width", type=float, default=0.05, help="median half-width criterion (default 0.05)")
     p.add_argument("--check", action="store_true", help="also exit 1 unless the runs agree and both are narrow")
     p.add_argument("--common", action="store_true", help="compare the cells both runs measured (a grid that grew)")
@@ -156,18 +162,17 @@ def add_serve_parity(bench: argparse._SubParsersAction) -> None:
     p = bench.add_parser(
         "serve-parity", help="the server-mode client vs `vllm bench serve` on one server: throughput and TPOT ratios"
     )
-    p.add_argument("--config", default="config/config.yaml", help="config holding the entries (default config/config.yaml)")
+    add_config(p, "the entries")
     p.add_argument("--engine", default="vllm-cpu", help="engine key (default vllm-cpu)")
     p.add_argument("--model", required=True, help="model key, e.g. tiny-target")
     p.add_argument("--method", required=True, help="method key, e.g. none or ngram-k3")
-    p.add_argument("--model-dir", required=True, help="the model's directory (built or downloaded)")
-    p.add_argument("--drafter-dir", default=None, help="drafter directory, if the method has one")
-    p.add_argument("--prompts", required=True, help="prompt table (prepare-dataset) with prompt_text")
+    add_model_dirs(p)
+    add_prompts(p)
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     p.add_argument("--num-requests", type=int, default=32, help="requests per round (prompts cycled; default 32)")
     p.add_argument("--max-tokens", type=int, default=128, help="output tokens per request (ignore_eos; default 128)")
     p.add_argument("--rounds", type=int, default=4, help="rounds per client, alternating who goes first (default 4)")
-    p.add_argument("--seed", type=int, default=0)
+    add_seed(p, 0, "vllm bench serve's random draws")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
     p.add_argument("--server-log", default=None, help="keep the server's log here (default: a temporary file)")
     p.set_defaults(func=lazy("sdbench.bench.serveparity", "_cmd_bench_serve_parity"))

@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.bench.paritytool import vllm_bench_parser
+from sdbench.cliargs import add_model_dirs, add_prompts
 
 
 def _engine_summary(llm: Any) -> dict[str, Any]:
@@ -142,12 +143,12 @@ def _child_main(argv: Sequence[str]) -> int:
     sub = p.add_subparsers(dest="side", required=True)
     r = sub.add_parser("runner")
     r.add_argument("--spec", required=True)
-    r.add_argument("--prompts", required=True)
-    r.add_argument("--model-dir", required=True)
-    r.add_argument("--drafter-dir", default=None)
+    add_prompts(r)
+    add_model_dirs(r)
     r.add_argument("--result", required=True)
     v = sub.add_parser("vllm", help="vllm bench throughput; its arguments follow '--'")
     v.add_argument("--sampling", choices=("runner", "tool"), default="runner")
+    # --seed here is required: the runner's SamplingParams seed, passed on (cliargs.add_seed has a default)
     v.add_argument("--seed", type=int, required=True, help="the runner's SamplingParams seed")
     v.add_argument("--result", required=True)
     args = p.parse_args(argv)

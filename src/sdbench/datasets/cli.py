@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from sdbench.cliargs import add_config, add_output_table, add_seed
 from sdbench.lazy import lazy
 
 
@@ -18,7 +19,7 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--name", required=True, help="dataset key in the config")
     p.add_argument("--entry", required=True, help="the dataset's config entry (JSON)")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (the target model's)")
-    p.add_argument("--seed", type=int, default=42)
+    add_seed(p, 42, "the prompt sample")
     p.add_argument("--chat-template-kwargs", default="{}", help="JSON dict for apply_chat_template")
     p.add_argument("--matched", default=None, help="random_tokens datasets: the matched dataset's prompt table")
     p.add_argument(
@@ -27,7 +28,7 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="the model's context length (default: max_position_embeddings of config.json in --tokenizer)",
     )
-    p.add_argument("--output", required=True, help="prompt table (parquet)")
+    add_output_table(p, "the prompt table")
     p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
 
 
@@ -39,7 +40,7 @@ def add_speed_bench_sample(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", required=True, help="directory to write (replaced atomically)")
     p.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
-    p.add_argument("--seed", type=int, default=42, help="seed of the builtin prompts (code-edit requests)")
+    add_seed(p, 42, "the builtin prompts (code-edit requests)")
     p.add_argument(
         "--placeholders", action="store_true", help="coding / low_entropy rows hold SPEED-Bench's placeholder text"
     )
@@ -54,7 +55,7 @@ def add_datasets(subparsers: argparse._SubParsersAction) -> None:
         "check-published",
         help="rebuild each published request's prompt from its dataset row and compare token ids",
     )
-    c.add_argument("--config", required=True, help="config file (e.g. config/paper.yaml)")
+    add_config(c, "the dataset (e.g. config/paper.yaml)", required=True)
     c.add_argument(
         "--dataset",
         required=True,

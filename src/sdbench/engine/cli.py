@@ -10,27 +10,32 @@ from __future__ import annotations
 
 import argparse
 
+from sdbench.cliargs import add_model_dirs, add_output_dir, add_prompts
 from sdbench.lazy import lazy
 
 COMMANDS = "sdbench.engine.commands"
 QUIET_GUARD_MODES = ("flag", "refuse", "disabled")  # quietguard.MODES
 
 
-def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench run-cell``."""
-    p = subparsers.add_parser("run-cell", help="run one benchmark cell on vLLM")
-    p.add_argument("--spec", required=True, help="resolved cell spec: JSON or @file, see sdbench.grid.resolve_cell")
-    p.add_argument("--prompts", required=True, help="prompt table (parquet) from prepare-dataset")
-    p.add_argument("--model-dir", required=True, help="target model directory (HF format)")
-    p.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
-    p.add_argument("--output-dir", required=True, help="directory for requests/calls/summary.parquet")
-    p.add_argument("--steps-output", default=None, help="breakdown mode: per-step stage timings (parquet)")
+def _add_quiet_guard(p: argparse.ArgumentParser) -> None:
+    """``--quiet-guard`` of the commands that time a cell (run-cell, run-group, serve-group)."""
     p.add_argument(
         "--quiet-guard",
         choices=QUIET_GUARD_MODES,
         default=None,
         help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)",
     )
+
+
+def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench run-cell``."""
+    p = subparsers.add_parser("run-cell", help="run one benchmark cell on vLLM")
+    p.add_argument("--spec", required=True, help="resolved cell spec: JSON or @file, see sdbench.grid.resolve_cell")
+    add_prompts(p)
+    add_model_dirs(p)
+    add_output_dir(p, "requests/calls/summary.parquet of the cell")
+    p.add_argument("--steps-output", default=None, help="breakdown mode: per-step stage timings (parquet)")
+    _add_quiet_guard(p)
     p.set_defaults(func=lazy(COMMANDS, "_cmd_run_cell"))
 
 
@@ -38,11 +43,9 @@ def add_run_group(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench run-group``."""
     g = subparsers.add_parser("run-group", help="measure every cell of an engine group on one engine")
     g.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}, "max_num_seqs": N (optional)}')
-    g.add_argument("--model-dir", required=True, help="target model directory (HF format)")
-    g.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
-    g.add_argument("--output-dir", required=True, help="group directory: <dataset>/bs<N>/*.parquet per cell")
-    g.add_argument("--quiet-guard", choices=QUIET_GUARD_MODES, default=None,
-                   help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    add_model_dirs(g)
+    add_output_dir(g, "the group's <dataset>/bs<N>/*.parquet per cell")
+    _add_quiet_guard(g)
     g.add_argument("--breakdown", action="store_true",
                    help="time every engine step by stage; each cell's directory also gets steps.parquet")
     g.add_argument("--checkpoint-dir", default=None,
@@ -60,7 +63,7 @@ def add_cell_tables(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--method", required=True)
     c.add_argument("--dataset", required=True)
     c.add_argument("--batch-size", type=int, required=True)
-    c.add_argument("--output-dir", required=True, help="the cell's directory (requests/calls/summary.parquet)")
+    add_output_dir(c, "requests/calls/summary.parquet of the cell")
     c.add_argument("--steps", action="store_true", help="a breakdown group's cell: copy steps.parquet too")
     c.set_defaults(func=lazy(COMMANDS, "_cmd_cell_tables"))
 
@@ -71,13 +74,10 @@ def add_trace_group(subparsers: argparse._SubParsersAction) -> None:
         "trace-group", help="in-engine acceptance traces of one method on every traced dataset, one engine"
     )
     t.add_argument("--spec", required=True, help='JSON (or @file, as the workflow passes it): {"cells": [resolved cell specs], "prompts": {dataset: path}, "max_num_seqs": N (optional)}')
-    t.add_argument("--model-dir", required=True)
-    t.add_argument("--drafter-dir", default=None)
+    add_model_dirs(t)
     t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
     t.add_argument("--max-num-seqs", type=int, default=8, help="concurrent requests (distinct prompts)")
-    t.add_argument(
-        "--output-dir", required=True, help="group directory: <dataset>/engine_{trace,requests}.parquet per dataset"
-    )
+    add_output_dir(t, "the group's <dataset>/engine_{trace,requests}.parquet per dataset")
     t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_group"))
 
 
@@ -95,13 +95,12 @@ def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench serve-group``."""
     s = subparsers.add_parser("serve-group", help="server mode: one vLLM server, every dataset x concurrency on it")
     s.add_argument("--spec", required=True, help="resolved server group: JSON or @file, see sdbench.servermode")
+    # --prompts here: a JSON map of prompt tables, one per dataset (elsewhere one table: cliargs.add_prompts)
     s.add_argument("--prompts", required=True, help='JSON: {dataset: prompt table path}')
-    s.add_argument("--model-dir", required=True, help="target model directory (HF format)")
-    s.add_argument("--drafter-dir", default=None, help="draft model / head directory, if the method has one")
-    s.add_argument("--output-dir", required=True, help="group directory: <dataset>/c<N>/*.parquet per cell")
+    add_model_dirs(s)
+    add_output_dir(s, "the group's <dataset>/c<N>/*.parquet per cell")
     s.add_argument("--server-log", required=True, help="where the server's own output goes (kept on failure)")
-    s.add_argument("--quiet-guard", choices=QUIET_GUARD_MODES, default=None,
-                   help="contaminated timed part: keep and flag, or fail (default: $SDBENCH_QUIET_GUARD, else flag)")
+    _add_quiet_guard(s)
     # Its own module: the offline engine rules' code digests must not cover the server code.
     s.set_defaults(func=lazy("sdbench.engine.servegroup", "_cmd_serve_group"))
 
@@ -120,6 +119,7 @@ def add_engines(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--images", default="containers/images.yaml", help="where the wheels are pinned (engine_sources)")
     c.add_argument("--cache-dir", default="resources/engine-sources",
                    help="unpacked sources, downloaded once per pin (default: resources/engine-sources)")
+    # --config here is repeatable: every config listed is checked (cliargs.add_config: one config read)
     c.add_argument("--config", action="append", metavar="CONFIG",
                    help="configs whose pass-through keys are checked (repeatable; default: the shipped ones)")
     c.add_argument("--offline", action="store_true", help="never download: the cache and --source-dir only")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from sdbench.cliargs import add_seed
 from sdbench.lazy import lazy
 from sdbench.models.check import ROLES
 from sdbench.models.headconfig import KINDS, HeadConfig
@@ -43,12 +44,7 @@ def add_build_tokenizer(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", required=True, help="tokenizer directory to write")
     p.add_argument("--vocab-size", type=int, default=2048)
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="seed of the synthetic edit examples (BPE itself is deterministic)",
-    )
+    add_seed(p, 0, "the synthetic edit examples; BPE itself is deterministic")
     p.add_argument(
         "--edit-max-chars", type=int, default=700, help="longest function (characters) used for edit examples"
     )

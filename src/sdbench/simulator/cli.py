@@ -11,6 +11,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sdbench.cliargs import (
+    add_cells,
+    add_figure,
+    add_labels,
+    add_markdown,
+    add_output_table,
+    add_prompts,
+    add_seed,
+    add_table_outputs,
+)
 from sdbench.lazy import lazy
 
 COMMANDS = "sdbench.simulator.commands"
@@ -88,11 +98,11 @@ def add_costmodel(subparsers: argparse._SubParsersAction) -> None:
 def add_validate_simulator(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench validate-simulator``."""
     p = subparsers.add_parser("validate-simulator", help="simulated vs measured speedup per cell")
-    p.add_argument("--cells", required=True, help="joined cells table (aggregate)")
+    add_cells(p)
     p.add_argument("--simulated", nargs="+", required=True, help="sdbench simulate CSVs")
     p.add_argument("--methods", required=True, help="JSON: the config's methods section")
-    p.add_argument("--output", required=True, help="parquet")
-    p.add_argument("--markdown", required=True, help="Markdown rendering")
+    add_output_table(p, "simulated vs measured speedup per cell")
+    add_markdown(p, "simulated vs measured speedup per cell")
     p.set_defaults(func=lazy("sdbench.simulator.validation", "_cmd_validate"))
 
 
@@ -115,29 +125,16 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
         "(default: fixed-1 fixed-3 fixed-5 oracle)",
     )
     sim.add_argument("--mode", choices=list(MODES), default="exact")
-    sim.add_argument("--batching", choices=BATCHING, default="replicated")
-    sim.add_argument("--output", metavar="OUT.csv")
+    sim.add_argument("--output", metavar="OUT.csv")  # the results as CSV, optional: not a parquet table
     sim.add_argument(
         "--num-requests",
         type=int,
         default=COMPAT_NUM_REQUESTS,
         help="requests sampled per dataset (default 300; <= 0: all, in file order)",
     )
-    sim.add_argument("--seed", type=int, default=COMPAT_SEED, help="sampling seed (default 42)")
-    sim.add_argument(
-        "--requests",
-        nargs="+",
-        default=[],
-        metavar="PATH",
-        help="requests tables (token ids) for trace tables lacking prompt lengths / n-gram drafts",
-    )
+    add_seed(sim, COMPAT_SEED, "the request sampling")
     sim.add_argument("--drafter", help="learned-drafter method standing for proposer eagle (default: eagle)")
-    sim.add_argument(
-        "--train-traces",
-        nargs="+",
-        metavar="PATH",
-        help="training traces of the learned policy (default: the other --traces)",
-    )
+    _add_replay_inputs(sim)
     sim.add_argument(
         "--compat-match-probability",
         type=float,
@@ -148,28 +145,15 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
 
     cmp_ = actions.add_parser("compare", help="compat vs exact: each correction alone, table + figure")
     add_trace_options(cmp_)
-    _add_report_outputs(cmp_)
+    _add_report_outputs(cmp_, "compat vs exact speedup per dataset and proposer")
     cmp_.add_argument("--no-continuous", action="store_true", help="skip the continuous-batching column")
     cmp_.set_defaults(func=lazy(COMMANDS, "_cmd_compare"))
 
     ada = actions.add_parser("adaptive-report", help="causal policies vs best fixed vs oracle-combine")
     add_trace_options(ada)
-    _add_report_outputs(ada)
+    _add_report_outputs(ada, "causal policies between the best fixed policy and oracle-combine")
     ada.add_argument("--policies", nargs="+", default=list(ADAPTIVE_SPECS), metavar="PROPOSER:POLICY")
-    ada.add_argument("--batching", choices=BATCHING, default="replicated")
-    ada.add_argument(
-        "--train-traces",
-        nargs="+",
-        metavar="PATH",
-        help="training traces of the learned policy (default: the other --traces)",
-    )
-    ada.add_argument(
-        "--requests",
-        nargs="+",
-        default=[],
-        metavar="PATH",
-        help="requests tables (token ids) for trace tables lacking prompt lengths / n-gram drafts",
-    )
+    _add_replay_inputs(ada)
     ada.set_defaults(func=lazy(COMMANDS, "_cmd_adaptive"))
 
     fig = actions.add_parser("figures", help="Fig. 9 and Fig. 11 from simulate results")
@@ -182,23 +166,39 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
         "forced-check", help="the cost model at the forced-acceptance points; refit it there (ext15)"
     )
     chk.add_argument("--forced", required=True, help="results/tables/forced_acceptance.parquet")
-    chk.add_argument("--prompts", nargs="+", required=True, help="the forced cells' prompt tables")
+    add_prompts(chk, many=True)
     chk.add_argument("--num-requests", type=int, default=None, help="prompts each forced cell timed (the first N)")
     chk.add_argument("--cost-model", required=True, help="the cost model fitted from the step timings")
     chk.add_argument("--name", default="forced", help="name of the refitted model (default: forced)")
     chk.add_argument("--refitted", required=True, help="output: the refitted cost model (YAML)")
-    chk.add_argument("--labels", default=None, help="method key -> label (JSON)")
-    chk.add_argument("--output", required=True, help="output: the check per forced cell (parquet)")
-    chk.add_argument("--markdown", required=True, help="output: the check (Markdown)")
-    chk.add_argument("--figure", required=True, help="output: predicted vs measured (PNG)")
+    add_labels(chk)
+    add_table_outputs(chk, figure="predicted vs measured", table="the check per forced cell", markdown="the check")
     chk.set_defaults(func=lazy("sdbench.simulator.forcedcheck", "_cmd_check"))
 
 
-def _add_report_outputs(parser: argparse.ArgumentParser) -> None:
-    """The three files of a simulator report: its table, Markdown summary and figure."""
+def _add_replay_inputs(parser: argparse.ArgumentParser) -> None:
+    """``--batching``, ``--requests`` and ``--train-traces`` of ``simulate`` and ``simulate adaptive-report``."""
+    parser.add_argument("--batching", choices=BATCHING, default="replicated")
+    parser.add_argument(
+        "--requests",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="requests tables (token ids) for trace tables lacking prompt lengths / n-gram drafts",
+    )
+    parser.add_argument(
+        "--train-traces",
+        nargs="+",
+        metavar="PATH",
+        help="training traces of the learned policy (default: the other --traces)",
+    )
+
+
+def _add_report_outputs(parser: argparse.ArgumentParser, figure: str) -> None:
+    """The three files of a simulator report: its table (CSV), Markdown summary and figure."""
     parser.add_argument("--table", required=True, type=Path, metavar="CSV")
-    parser.add_argument("--markdown", required=True, type=Path, metavar="MD")
-    parser.add_argument("--figure", required=True, type=Path, metavar="PNG")
+    add_markdown(parser, "the report's summary")
+    add_figure(parser, figure)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from sdbench.cliargs import add_output_table
 from sdbench.lazy import lazy
 from sdbench.traces.fetch import DEFAULT_TIMEOUT, PUBLISHED_MODEL, PUBLISHED_SHA256
 
@@ -19,7 +20,7 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
     ngram = sub.add_parser("ngram", help="replay vLLM's n-gram proposer over greedy outputs")
     ngram.add_argument("--input", required=True, help="published-trace .jsonl or requests .parquet")
-    ngram.add_argument("--output", required=True, help="trace table .parquet to write")
+    add_output_table(ngram, "the trace table")
     ngram.add_argument("--num-speculative-tokens", type=int, default=20)
     ngram.add_argument("--prompt-lookup-min", type=int, default=3)
     ngram.add_argument("--prompt-lookup-max", type=int, default=7)
@@ -27,7 +28,7 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
     suffix = sub.add_parser("suffix", help="replay SuffixDecoding (vLLM method suffix) over greedy outputs")
     suffix.add_argument("--input", required=True, help="published-trace .jsonl or requests .parquet")
-    suffix.add_argument("--output", required=True, help="trace table .parquet to write")
+    add_output_table(suffix, "the trace table")
     suffix.add_argument("--num-speculative-tokens", type=int, default=20)
     # Defaults: vLLM 0.11.1's suffix_decoding_* (sdbench.traces.suffix; not imported here).
     suffix.add_argument("--max-tree-depth", type=int, default=24)
@@ -39,12 +40,12 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
     published = sub.add_parser("published", help="convert a published-trace .jsonl (ngram + eagle)")
     published.add_argument("--input", required=True, help="combined_<dataset>.jsonl")
-    published.add_argument("--output", required=True, help="trace table .parquet to write")
+    add_output_table(published, "the trace table")
     published.set_defaults(func=lazy("sdbench.traces.table", "_cmd_trace_published"))
 
     stack = sub.add_parser("stack", help="concatenate trace tables (e.g. one per method) into one")
     stack.add_argument("--inputs", nargs="+", required=True, help="trace table .parquet files")
-    stack.add_argument("--output", required=True, help="trace table .parquet to write")
+    add_output_table(stack, "the trace table")
     stack.set_defaults(func=lazy("sdbench.traces.table", "_cmd_trace_stack"))
 
 
