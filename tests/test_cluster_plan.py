@@ -130,7 +130,7 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
         assert job.resources["runtime"] >= min(2880, max(cell_runtime_minutes(config, c) for c in plan.groups[key]))
     assert max(j.resources["runtime"] for j in paper_jobs if j.rule.name in ENGINE_RULES) == 2880
     assert max(j.resources["runtime"] for j in paper_jobs) == 2880
-    # 43 engine groups without the limit; 370 jobs with it (split by dataset, then batch sizes).
+    # 46 engine groups without the limit; 370 jobs with it (split by dataset, then batch sizes).
     assert len(engine_groups(config)) == 43 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 370
 
 
@@ -147,9 +147,9 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
     assert match and int(match.group(1)) == 786, result.stdout[-3000:]
     engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
-    assert engines and int(engines.group(1)) == 370  # 43 engine groups, split to fit
+    assert engines and int(engines.group(1)) == 370  # 46 engine groups, split to fit
     log = result.stdout + result.stderr
-    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 39
+    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 42
     asks = [int(m) for m in re.findall(r"\bruntime=(\d+)", log)]
     assert asks and max(asks) == 2880
 

@@ -113,7 +113,7 @@ def test_committed_definition_parses_pinned_labelled_tested(image: containers.Im
     if image.kind in containers.ENGINE_KINDS:
         assert labels["org.sdbench.vllm.version"] == image.vllm_version
         assert f"vllm.__version__ == '{image.vllm_version}'" in parsed.test[0]
-        assert "import sdbench.engine.acceptancetrace, sdbench.engine.enginefixes, sdbench.engine.steptiming" in parsed.test[1]
+        assert "import sdbench.engine.acceptancetrace, sdbench.engine.enginefixes, sdbench.engine.forcing, sdbench.engine.steptiming" in parsed.test[1]
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" in parsed.environ
     else:
         assert "org.sdbench.vllm.version" not in labels

@@ -27,8 +27,9 @@ def paper() -> Plan:
 
 def test_default_counts(default: Plan) -> None:
     assert len(default.cells) == 107  # 83 of the grid and its sweeps + 24 forced-acceptance cells
-    # The forced points run in their methods' groups: no group of their own.
-    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (14, 5, 5)
+    # One group per method for its forced points (4, not one per method and length: 12) and one per
+    # method for its temperature points (3): the grid's groups never wait for a sweep.
+    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (21, 5, 5)
     assert len(default.server_groups) == 3 and default.baseline == "none"
     assert default.built_models == ["tiny-draft", "tiny-target"]
     assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-medusa", "tiny-target-mtp"]
@@ -36,7 +37,7 @@ def test_default_counts(default: Plan) -> None:
 
 def test_paper_counts(paper: Plan) -> None:
     assert len(paper.cells) == 786
-    assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (43, 15, 0)
+    assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (46, 15, 0)
     assert len(paper.server_groups) == 4
     assert paper.model_dir("llama3.1-8b") == "resources/hub/llama3.1-8b"
 
@@ -69,7 +70,10 @@ def test_group_spec_and_inputs(default: Plan) -> None:
     group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all")
     spec = default.group_spec(group)
     assert {c["cell"]["dataset"] for c in spec["cells"]} >= {"code-edit", "code-write", "my-chat"}
-    assert spec["prompts"]["code-edit.t0.5"] == "results/prompts/tiny-target/code-edit.parquet"  # a variant reads its base
+    assert not any(".t" in c["cell"]["dataset"] for c in spec["cells"])  # temperature points: a group apart
+    sampled = default.group_spec(EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all-temperature"))
+    assert {c["cell"]["dataset"] for c in sampled["cells"]} == {"code-edit.t0.5", "code-edit.t1.0", "code-edit.t1.5"}
+    assert sampled["prompts"]["code-edit.t0.5"] == "results/prompts/tiny-target/code-edit.parquet"  # a variant reads its base
     inputs = default.engine_job_inputs(default.groups[group], "eagle3-k3", "tiny-target")
     assert inputs["drafter"] == "results/models/built/tiny-target-eagle3"
     cell = Cell("vllm-cpu", "tiny-target", "code-edit", "eagle3-k3", 4)
@@ -78,21 +82,23 @@ def test_group_spec_and_inputs(default: Plan) -> None:
     assert {c.batch_size for c in traces} == {8}
 
 
-def test_forced_acceptance_cells_run_to_max_tokens_in_their_methods_engine(default: Plan) -> None:
-    """A method's forced points join the method's own engine group (the length is switched in the
-    engine, sdbench.engine.forcing): no group, and no engine start, of their own."""
+def test_forced_acceptance_cells_run_to_max_tokens_on_one_engine_per_method(default: Plan) -> None:
+    """A method's forced points share one engine with the method's engine arguments (the length is
+    switched in the engine, sdbench.engine.forcing), in a group apart from the method's own cells."""
     assert not any(".a" in g.method for g in default.groups)
-    group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all")
+    group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all-forced")
     spec = default.group_spec(group)
-    methods = [c["cell"]["method"] for c in spec["cells"]]
-    assert methods[0] == "eagle3-k3" and methods[-1] == "eagle3-k3.a4"  # the method's own cells first
-    assert {"eagle3-k3.a1", "eagle3-k3.a2.5", "eagle3-k3.a4"} <= set(methods)
+    methods = sorted({c["cell"]["method"] for c in spec["cells"]})
+    assert methods == ["eagle3-k3.a1", "eagle3-k3.a2.5", "eagle3-k3.a4"]
+    own = default.group_spec(EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all"))["cells"][0]
     cell = next(c for c in spec["cells"] if c["cell"]["method"] == "eagle3-k3.a2.5")
-    own = next(c for c in spec["cells"] if c["cell"]["method"] == "eagle3-k3")
     assert cell["method"]["speculative_config"] == own["method"]["speculative_config"]  # the base's engine arguments
     assert cell["method"]["forced_acceptance_length"] == 2.5
     assert default.group_dir_of_cell(Cell("vllm-cpu", "tiny-target", "code-edit", "eagle3-k3.a2.5", 8)) == \
-        "results/engines/vllm-cpu/tiny-target/eagle3-k3/all"
+        "results/engines/vllm-cpu/tiny-target/eagle3-k3/all-forced"
+    # The verdict's groups come first; the forced ones after (Snakemake priority).
+    assert default.engine_priority(EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all")) > \
+        default.engine_priority(group) == 0
     assert cell["run"]["ignore_eos"] is True and cell["run"]["num_requests"] == 4
     assert cell["paired_baseline"]["key"] == "none"
     full = default.config["methods"]["ngram-k3.a4"]
@@ -156,10 +162,10 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
     config = paper_at_site.config
     limits = scheduling.site_limits(config)
     assert (limits.partition, limits.max_runtime, limits.gpus_per_node, limits.budget) == ("gpu", 2880, 8, 2304)
-    # The same cells; 43 engine groups before the split, 370 after it (by dataset, then by runs
+    # The same cells; 46 engine groups before the split, 370 after it (by dataset, then by runs
     # of batch sizes; runtimes estimated from each dataset's expected_output_tokens).
     assert paper_at_site.cells == paper.cells
-    assert (len(paper.groups), len(paper_at_site.groups)) == (43, 370)
+    assert (len(paper.groups), len(paper_at_site.groups)) == (46, 370)
     assert sorted(c for cs in paper_at_site.groups.values() for c in cs) == sorted(paper.cells)
     asks = [
         *(scheduling.group_runtime_minutes(config, cs, a) for cs in paper_at_site.groups.values() for a in (1, 2, 3)),
@@ -174,7 +180,7 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
         assert len(cells_) == 1 or scheduling.group_estimate_minutes(config, cells_) <= limits.budget
     # The plan says which groups were split, one line each, and which unsplit groups ask for the limit.
     splits = [n for n in paper_at_site.site_notes if n.startswith("site: engine group ")]
-    assert len(splits) == 39
+    assert len(splits) == 42
     assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 16,809 min > 2,304 = 80% of partition gpu's 2,880) " \
            "split into 9 jobs: all.cnn.bs1-16 (1,671), all.cnn.bs32-64 (2,195), " in "\n".join(splits)  # fmt: skip
     assert sum(n.startswith("site: trace group ") for n in paper_at_site.site_notes) == 15
@@ -193,7 +199,7 @@ def test_split_groups_keep_the_unsplit_engine_and_their_cells_paths(paper: Plan,
     assert spec["max_num_seqs"] == 128 and [s["cell"]["batch_size"] for s in spec["cells"]] == [1, 8, 16]
     whole = EngineGroup("vllm-0.10.1.1", "llama3.1-8b", "eagle3-k3", "all")
     assert "max_num_seqs" not in paper.group_spec(whole)  # unsplit specs (and digests) as before
-    assert "all.cnn.bs1-16" in paper_at_site.shares and paper.shares == ["all"]
+    assert "all.cnn.bs1-16" in paper_at_site.shares and paper.shares == ["all", "all-temperature"]
     assert paper_at_site.group_checkpoint_dir(group) == (
         "results/engine_checkpoints/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all.cnn.bs1-16"
     )
@@ -211,6 +217,6 @@ def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
     assert main(["check-config", str(REPO / "config" / "paper.yaml"), "--profile", str(REPO / "profiles" / "slurm")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 370 engine groups")
-    assert sum(line.startswith("site: engine group ") for line in lines) == 39
+    assert sum(line.startswith("site: engine group ") for line in lines) == 42
     assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
-    assert capsys.readouterr().out.endswith("valid; 107 cells on 14 engine groups\n")  # no site: no split
+    assert capsys.readouterr().out.endswith("valid; 107 cells on 21 engine groups\n")  # no site: no split

@@ -50,10 +50,12 @@ def test_sweep_becomes_dataset_variants_and_a_grid_block() -> None:
     block = next(b for b in config["grid"] if b.get("sweep") == "temperature")
     assert block["methods"] == ["none", "ngram-k3", "eagle3-k3"]
     assert block["datasets"] == list(points) and block["batch_sizes"] == [1]
-    # 3 variants x 3 methods at bs 1 are new; the T = 0 cells already ran; no new engine group.
+    # 3 variants x 3 methods at bs 1 are new; the T = 0 cells already ran; one engine per method
+    # beside the method's own group runs them (the grid's groups never wait for a sweep).
     new = set(cells(config)) - set(cells(_without_sweep()))
     assert len(new) == 9 and {c.dataset for c in new} == {"code-edit.t0.5", "code-edit.t1.0", "code-edit.t1.5"}
-    assert set(engine_groups(config)) == set(engine_groups(_without_sweep()))
+    added = set(engine_groups(config)) - set(engine_groups(_without_sweep()))
+    assert {(g.method, g.share) for g in added} == {(m, "all-temperature") for m in ("none", "ngram-k3", "eagle3-k3")}
     assert sweeps.prompt_dataset(config, "code-edit.t1.5") == "code-edit"
     assert sweeps.prompt_dataset(config, "code-write") == "code-write"
     assert sweeps.dataset_key("x", 0) == "x" and sweeps.dataset_key("x", 1) == "x.t1.0"

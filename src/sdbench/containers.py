@@ -53,6 +53,7 @@ VLLM_PLUGINS: dict[str, str] = {
     "sdbench_step_timing": "sdbench.engine.steptiming",
     "sdbench_engine_fixes": "sdbench.engine.enginefixes",
     "sdbench_worker_probe": "sdbench.engine.workerprobe",
+    "sdbench_forced_acceptance": "sdbench.engine.forcing",
 }
 # sdbench modules the analysis steps run (imported by the analysis image's %test).
 ANALYSIS_MODULES = (

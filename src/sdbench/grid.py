@@ -150,8 +150,8 @@ def resolve_breakdown_cell(config: dict[str, Any], cell: Cell) -> dict[str, Any]
 
 @dataclass(frozen=True, order=True)
 class EngineGroup:
-    """Cells measured on one engine: same engine, model and method (and engine arguments); the
-    forced-acceptance points of the method too (sdbench.engine.forcing switches them in-engine).
+    """Cells measured on one engine: same engine, model and method (and engine arguments); a
+    method's forced-acceptance points have one group of their own (:func:`engine_group_of`).
 
     In replicate mode (the paper's protocol, as in the authors' driver
     ``scripts/bench_latency.py``: one ``LLM`` per configuration, batch sizes looped
@@ -171,24 +171,34 @@ class EngineGroup:
         return asdict(self)
 
 
+#: Suffix of the ``share`` of the group a sweep's cells run in beside their method's own group.
+SWEEP_SHARES = {sweeps.FORCED_ACCEPTANCE: "-forced", sweeps.TEMPERATURE: "-temperature"}
+
+
 def engine_group_of(config: dict[str, Any], cell: Cell) -> EngineGroup:
-    """The engine group a cell is measured in (a forced-acceptance point's: its base method's)."""
+    """The engine group a cell is measured in.
+
+    A sweep's cells that run with their method's engine arguments get one engine per method
+    beside the method's own group (share ``<share>-forced``, ``<share>-temperature``), so that
+    the grid's cells, and the verdict written from them, never wait for a sweep. A method's forced
+    points share that engine: sdbench.engine.forcing switches the length cell by cell.
+    """
     distinct = config.get("run", {}).get("batch_mode", "replicate") == "distinct"
     share = f"bs{cell.batch_size}" if distinct else "all"
-    return EngineGroup(cell.engine, cell.model, sweeps.forced_base(config, cell.method), share)
+    base = sweeps.forced_base(config, cell.method)
+    if base != cell.method:
+        share += SWEEP_SHARES[sweeps.FORCED_ACCEPTANCE]
+    elif "sweep_of" in config["datasets"][cell.dataset]:  # a temperature variant
+        share += SWEEP_SHARES[sweeps.TEMPERATURE]
+    return EngineGroup(cell.engine, cell.model, base, share)
 
 
 def engine_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
-    """Every engine group of the grid with its cells (the group's method's first; each method's by
-    dataset, batch size)."""
+    """Every engine group of the grid with its cells (sorted by method, dataset, batch size)."""
     groups: dict[EngineGroup, list[Cell]] = {}
     for cell in cells(config):
         groups.setdefault(engine_group_of(config, cell), []).append(cell)
-    # The group's own method first, then its forced-acceptance points.
-    return {
-        g: sorted(cs, key=lambda c: (c.method != g.method, c.method, c.dataset, c.batch_size))
-        for g, cs in sorted(groups.items())
-    }
+    return {g: sorted(cs, key=lambda c: (c.method, c.dataset, c.batch_size)) for g, cs in sorted(groups.items())}
 
 
 @dataclass(frozen=True, order=True)

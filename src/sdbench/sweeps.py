@@ -12,8 +12,9 @@ unchanged. Expanding is idempotent, so a resolved config (e.g. the bundle's) val
 every sampling temperature. Temperature belongs to the workload (a request's sampling
 parameters), so each point is a dataset entry ``<dataset>.t<T>`` (a copy of the base entry with
 ``temperature: T``, marked ``sweep_of``; T = 0 is the base dataset itself, greedy), and the
-sweep adds one grid block (marked ``sweep: temperature``). The variants run in the methods'
-existing engine groups on the base's prompt table, and a paired no-SD arm runs the very same
+sweep adds one grid block (marked ``sweep: temperature``). The variants run on one engine per
+method beside the method's own (group share ``<share>-temperature``, so the grid's cells never
+wait for them), on the base's prompt table, and a paired no-SD arm runs the very same
 sampled calls (same per-request seeds, sdbench.engine.sampling), so the speedup at T is SD at T
 over no SD at T.
 
@@ -22,9 +23,9 @@ synthetic rejection sampling sets the accept/reject decision while the drafter s
 the target still verifies, so the step costs are real and only the acceptance is chosen. Each
 point is a method entry ``<method>.a<L>`` (``full`` is k + 1: every draft accepted, the method's
 ceiling), marked ``sweep_of`` and ``forced_acceptance_length``, in one more grid block (``sweep:
-forced_acceptance``) with the no-SD baseline. Its engine arguments are the base method's: the
-cells run in the base method's engine group, which switches the forced length cell by cell
-(:mod:`sdbench.engine.forcing`), so the sweep starts no engine of its own. Its cells generate
+forced_acceptance``) with the no-SD baseline. Its engine arguments are the base method's, and
+one engine per method runs all its forced points, switching the length cell by cell
+(:mod:`sdbench.engine.forcing`; group share ``<share>-forced``). Its cells generate
 ``max_tokens`` tokens (``ignore_eos``, both arms): accepted drafts are the drafter's tokens, so
 the outputs are not the greedy ones and their lengths would otherwise differ between arms.
 """

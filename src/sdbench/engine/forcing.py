@@ -7,7 +7,8 @@ needs one engine per forced length. But the rejection sampler reads its mode and
 rates from two attributes on every step (``RejectionSampler.forward``: ``self.synthetic_mode``,
 ``self.synthetic_conditional_rates``), so setting them between calls forces the next calls
 exactly as an engine built with that length would, and resetting them restores the method's
-own acceptance. A method's forced sweep thus shares its engine with the method's own cells.
+own acceptance. So one engine per method runs every forced length of the method (the engine
+group ``<share>-forced`` of :func:`sdbench.grid.engine_group_of`).
 
 The setter is a *method of the worker wrapper* added by this vLLM general plugin (entry point
 ``sdbench_forced_acceptance``), called by name through ``LLM.collective_rpc``, which reaches
