@@ -38,7 +38,7 @@ def src_copy(tmp_path: Path) -> Path:
 def test_closure_follows_package_imports() -> None:
     closure = module_closure("sdbench.analysis.bleu")
     assert {"sdbench.analysis.bleu", "sdbench.io"} <= set(closure)
-    assert "sdbench.engine.runner" not in closure
+    assert "sdbench.engine.trials" not in closure
     assert closure == sorted(closure)
 
 
@@ -62,7 +62,7 @@ def test_comment_and_docstring_edits_keep_the_digest(src_copy: Path) -> None:
 
 
 def test_statement_edit_changes_the_step_and_its_importers_only(src_copy: Path) -> None:
-    modules = ("sdbench.io", "sdbench.analysis.memory", "sdbench.analysis.bleu", "sdbench.engine.runner")
+    modules = ("sdbench.io", "sdbench.analysis.memory", "sdbench.analysis.bleu", "sdbench.engine.commands")
     before = digests_of(src_copy, *modules)
     io_path = src_copy / "sdbench" / "io.py"
     io_path.write_text(io_path.read_text() + "\n_PROBE = 1\n")

@@ -9,7 +9,8 @@ import pytest
 from vllm.v1.metrics.reader import Counter, Vector
 
 from sdbench.analysis.endtoend import generation_length_table, join_cells, render_length_table, speedup_markdown
-from sdbench.engine.runner import SDCounters, acceptance_stats, build_llm_kwargs, read_counters
+from sdbench.engine.counters import SDCounters, acceptance_stats, read_counters
+from sdbench.engine.engine import build_llm_kwargs
 
 
 def _metrics(drafts: int, tokens: int, accepted: int, per_pos: list[int]) -> list:
@@ -60,7 +61,7 @@ def test_llm_kwargs_follow_the_cell() -> None:
 def test_trace_group_refuses_datasets_needing_another_engine() -> None:
     """One engine traces every dataset of a group only if their engine arguments agree:
     a mismatch is named before any engine starts."""
-    from sdbench.engine.runner import trace_group
+    from sdbench.engine.tracegroup import trace_group
 
     def spec(dataset: str, max_model_len: int) -> dict:
         return {
@@ -168,7 +169,7 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path) -> None:
 
 def _start_tables(level: float, outputs: list[list[int]], contamination: str = "") -> dict[str, pd.DataFrame]:
     """One engine start's tables of a 2-prompt cell (2 trials), as measure_cell writes them."""
-    from sdbench.engine.runner import summarise
+    from sdbench.engine.summary import summarise
 
     keys = {"engine": "e", "model": "m", "dataset": "d", "method": "none", "batch_size": 1}
     calls = pd.DataFrame(

@@ -27,7 +27,7 @@ from sdbench.config import ConfigError, validate_config
 from sdbench.engine.loadgen import parse_sd_counters
 from sdbench.engine.server import ServerError, ServerProcess, server_argv
 from sdbench.engine.servegroup import summarise_level
-from sdbench.engine.runner import SDCounters
+from sdbench.engine.counters import SDCounters
 from sdbench.servermode import ServerGroup, resolve_server_group, server_groups
 
 REPO = Path(__file__).resolve().parents[1]

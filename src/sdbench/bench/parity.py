@@ -7,7 +7,7 @@ than vLLM's own tool by more than 3% (ratio of medians >= 0.97).
 
 What is identical on both sides
 
-- engine arguments: the tool gets the runner's ``LLM(**kwargs)`` (``engine.runner.build_llm_kwargs``)
+- engine arguments: the tool gets the runner's ``LLM(**kwargs)`` (``engine.engine.build_llm_kwargs``)
   translated to its command line (``paritytool.engine_cli_args``); the translation is checked
   before any run by building ``EngineArgs`` both ways (``paritytool.engine_args_diff``) and after
   each run by comparing the engines' resolved configs (``str(VllmConfig)`` plus scheduler/cache
@@ -271,7 +271,7 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
     from sdbench.config import load_config
     from sdbench.engine.versions import apply_env, engine_env
     from sdbench.io import write_parquet
-    from sdbench.engine.runner import build_llm_kwargs
+    from sdbench.engine.engine import build_llm_kwargs
 
     config = load_config(args.config)
     engine = args.engine or next(iter(config["engines"]))

@@ -1,7 +1,7 @@
 """The two sides of ``sdbench bench parity``, each run in its own process (a fresh engine):
 ``python -m sdbench.bench.paritysides runner|vllm ...`` writes its result as JSON.
 
-- ``runner``: the cell through :func:`sdbench.engine.runner.run_cell`;
+- ``runner``: the cell through :func:`sdbench.engine.trials.run_cell`;
 - ``vllm``: ``vllm bench throughput`` through its Python entry point (the console script fails
   with the CPU build), with the runner's greedy ``SamplingParams`` unless ``--sampling tool``.
 """
@@ -55,7 +55,7 @@ def _child_runner(args: argparse.Namespace) -> int:
 
     spec = json.loads(Path(args.spec).read_text())
     apply_env(engine_env(spec["engine"], spec["method"]))  # before vLLM is imported (run_cell does too)
-    from sdbench.engine.runner import run_cell
+    from sdbench.engine.trials import run_cell
 
     engine: dict[str, Any] = {}
     _record_engine_config(engine)

@@ -114,7 +114,7 @@ def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace,
 def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
     from sdbench.config import load_config
     from sdbench.datasets.prompts import read_prompt_table
-    from sdbench.engine.runner import build_llm_kwargs
+    from sdbench.engine.engine import build_llm_kwargs
     from sdbench.engine.server import ServerProcess, cpu_placement, free_port, server_argv, server_env
 
     config = load_config(args.config)

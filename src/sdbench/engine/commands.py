@@ -18,7 +18,9 @@ from sdbench.engine.groups import (
     run_group_starts,
     write_cell_tables,
 )
-from sdbench.engine.runner import preflight, run_cell, trace_group
+from sdbench.engine.preflight import preflight
+from sdbench.engine.tracegroup import trace_group
+from sdbench.engine.trials import run_cell
 from sdbench.io import atomic_dir, atomic_path, read_spec, write_parquet
 
 # A trace group's directory: <dataset>/<name>.parquet per traced dataset.

@@ -30,7 +30,10 @@ import numpy as np
 import pandas as pd
 
 from sdbench.engine.paired import baseline_spec, is_paired, measure_paired, paired_columns
-from sdbench.engine.runner import cell_seed, measure_cell, preflight, start_engine, summarise
+from sdbench.engine.engine import start_engine
+from sdbench.engine.preflight import preflight
+from sdbench.engine.summary import cell_seed, summarise
+from sdbench.engine.trials import measure_cell
 from sdbench.io import write_parquet
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sdbench.engine.runner import SD_COUNTERS, SD_PER_POS, SDCounters
+from sdbench.engine.counters import SD_COUNTERS, SD_PER_POS, SDCounters
 
 
 class RequestFailed(RuntimeError):

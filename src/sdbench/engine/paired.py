@@ -22,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.engine.runner import PAIRED_COLUMNS, CellRun, cell_seed, timed_part
+from sdbench.engine.summary import PAIRED_COLUMNS, cell_seed
+from sdbench.engine.trials import CellRun, timed_part
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def measure_paired(
 ) -> dict[str, pd.DataFrame]:
     """Measure an SD cell and its no-SD arm call by call; returns the cell's tables.
 
-    Both arms time each call in turn (:func:`sdbench.engine.runner.timed_part`); one
+    Both arms time each call in turn (:func:`sdbench.engine.trials.timed_part`); one
     quiet-machine guard watches both, and its verdict applies to both. A forced-acceptance
     cell's SD engine is forced from its warm-up to its last call (sdbench.engine.forcing).
     """

@@ -29,7 +29,8 @@ import pandas as pd
 
 from sdbench.engine.hardware import provenance
 from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
-from sdbench.engine.runner import acceptance_stats, build_llm_kwargs
+from sdbench.engine.counters import acceptance_stats
+from sdbench.engine.engine import build_llm_kwargs
 from sdbench.engine.server import (
     SERVED_MODEL_NAME,
     ServerError,
@@ -206,7 +207,7 @@ def _cmd_serve_group(args: argparse.Namespace) -> int:
     missing = sorted(set(spec["datasets"]) - set(paths))
     if missing:
         raise ValueError(f"--prompts: no prompt table for dataset(s) {', '.join(missing)}")
-    from sdbench.engine.runner import preflight
+    from sdbench.engine.preflight import preflight
 
     prompts = {d: preflight(spec, paths[d], args.model_dir, args.drafter_dir) for d in sorted(spec["datasets"])}
     try:

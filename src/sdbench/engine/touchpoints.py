@@ -31,7 +31,10 @@ from pathlib import Path
 # Modules that declare touchpoints (imported by registry()); a test keeps it complete.
 DECLARING_MODULES: tuple[str, ...] = (
     "sdbench.engine.versions",
-    "sdbench.engine.runner",
+    "sdbench.engine.counters",
+    "sdbench.engine.engine",
+    "sdbench.engine.trials",
+    "sdbench.engine.tracegroup",
     "sdbench.engine.sampling",
     "sdbench.engine.acceptancetrace",
     "sdbench.engine.steptiming",
