@@ -253,6 +253,17 @@ def test_paired_speedup_replaces_the_independent_one() -> None:
     assert text.startswith("### e / m / d (independent, paired)")
 
 
+def test_a_paired_cell_joins_without_its_no_sd_cell() -> None:
+    """A partial run (a group measured, the no-SD group not yet): the paired cell keeps its own
+    speedup and interval; the independent one is NaN, not an error."""
+    paired = _summary("ngram", 1, 150.0).assign(
+        paired_speedup=1.4, paired_speedup_ci_low=1.35, paired_speedup_ci_high=1.45, paired_baseline_tokens_per_s=107.0
+    )
+    row = join_cells([paired], baseline="none").iloc[0]
+    assert (row["speedup"], row["speedup_ci_low"], row["speedup_design"]) == (1.4, 1.35, "paired")
+    assert pd.isna(row["baseline_tokens_per_s"])
+
+
 def test_preemptions_are_read_and_differenced() -> None:
     labels = {"model_name": "m", "engine": "0"}
     before = read_counters([*_metrics(1, 3, 1, [1]), Counter("vllm:num_preemptions", labels, 2)])

@@ -61,8 +61,11 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
     out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
     out["speedup_pooled"] = out["tokens_per_s_pooled"] / out["_base_pooled"]
+    # A cell without a no-SD cell in the join (NaN after the merge) has no independent interval;
+    # a paired cell still has its own.
+    sized = lambda x: hasattr(x, "__len__") and len(x) > 0  # noqa: E731
     bounds = [
-        ratio_interval(a, b) if a is not None and b is not None and len(a) and len(b) else (float("nan"),) * 2
+        ratio_interval(a, b) if sized(a) and sized(b) else (float("nan"),) * 2
         for a, b in zip(out["tokens_per_s_boot"], out["_base_boot"])
     ]
     out["speedup_ci_low"] = [lo for lo, _ in bounds]
