@@ -131,7 +131,7 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     assert max(j.resources["runtime"] for j in paper_jobs if j.rule.name in ENGINE_RULES) == 2880
     assert max(j.resources["runtime"] for j in paper_jobs) == 2880
     # 46 engine groups without the limit; 370 jobs with it (split by dataset, then batch sizes).
-    assert len(engine_groups(config)) == 43 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 370
+    assert len(engine_groups(config)) == 46 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 370
 
 
 def parse_profile_config() -> dict:
@@ -161,7 +161,7 @@ def _params_by_job(jobs: list) -> dict:
 def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path: Path) -> None:
     """Re-plan the paper grid from a copy of the workflow whose 0.11.1 image definition gained
     one label: the jobs whose params change (what Snakemake reruns) are exactly that engine's
-    engine jobs, and no other job of the 1,512."""
+    engine jobs, and no other job of the 1,513."""
     import shutil
 
     copy = tmp_path / "repo"
@@ -177,7 +177,7 @@ def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path:
     config = validate_config(yaml.safe_load((REPO / "config" / "paper.yaml").read_text()), source="paper.yaml")
     before = _params_by_job(paper_jobs)
     after = _params_by_job(planned_jobs(PROFILE, copy / "config" / "paper.yaml", tmp_path / "plan", copy / "Snakefile"))
-    assert before.keys() == after.keys() and len(before) == 1512
+    assert before.keys() == after.keys() and len(before) == 1513
     rerun = {key for key in before if before[key] != after[key]}
     expected = {
         (j.rule.name, str(j.wildcards))

@@ -372,8 +372,13 @@ def test_cost_proposal_length_random_input_temperature_and_verdict_tables(pipeli
     assert_same_table(recommendation, recommendation_table(expected))
     assert "Recommendation" in (pipeline / "results/paper/ext10_temperature.md").read_text()
 
-    # The verdict: every SD point of the grid from cells.parquet (no server section here).
-    assert plan.verdict_inputs() == {"cells": "results/tables/cells.parquet"}
+    # The verdict: every SD point of the grid (no server section here), from the grid's own cells,
+    # joined apart so that the verdict is written before the sweeps are measured: the same rows
+    # as cells.parquet's grid cells.
+    assert plan.verdict_inputs() == {"cells": "results/tables/grid_cells.parquet"}
+    grid = pd.read_parquet(tables / "grid_cells.parquet")
+    assert set(grid["sweep"]) == {""} and len(grid) == (cells["sweep"] == "").sum()
+    assert_same_table(grid, cells[cells["sweep"] == ""])
     points_ = verdict.points_table(cells)
     lines = verdict.lines_table(points_)
     keep = [*verdict.LINE, "largest_paying_load", "break_even_load", "break_even_low", "break_even_high"]
@@ -441,10 +446,11 @@ def dry_run_with(pipeline: Path, edit) -> subprocess.CompletedProcess[str]:
 def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["grid"][0].update(batch_sizes=[1, 3]))
     jobs = planned_jobs(result)
-    # Every engine group's cell list changed: each engine runs again (one start per
-    # method), all its cells are copied out (20, and the random-token and T = 1.0 cells of the
-    # no-SD and n-gram groups); no model, prompt, trace or breakdown job.
-    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 24, jobs
+    # Every engine group of the block's cell list changed: each engine runs again (one start per
+    # method), all its cells are copied out (20, and the random-token cells of the no-SD and
+    # n-gram groups); the sweeps' groups beside them (T = 1.0, forced, k = 1) keep their cells; no
+    # model, prompt, trace or breakdown job.
+    assert jobs["run_engine"] == 5 and jobs["run_cell"] == 22, jobs
     built = {"build_model", "build_head", "build_tokenizer", "prepare_dataset", "trace_group", "trace_cell"}
     built |= {"breakdown_group", "breakdown_cell"}
     assert not built & set(jobs), jobs
@@ -455,10 +461,10 @@ def test_changing_one_batch_size_reruns_only_its_cells(pipeline: Path) -> None:
 def test_changing_one_method_reruns_only_its_cells(pipeline: Path) -> None:
     result = dry_run_with(pipeline, lambda c: c["methods"]["ngram-k3"].update(prompt_lookup_max=6))
     jobs = planned_jobs(result)
-    # The method's engine (4 cells + 1 random-token cell + 1 at T = 1.0) and the sweep's k=1 copy
-    # of it (1 cell), its trace engine (3 traced datasets, copied out) and 1 breakdown cell, and
-    # what reads them.
-    assert jobs["run_engine"] == 2 and jobs["run_cell"] == 7, jobs
+    # The method's engine (4 cells + 1 random-token cell), its temperature engine (1 cell at
+    # T = 1.0), the sweep's k=1 copy of it (1 cell), its trace engine (3 traced datasets, copied
+    # out) and 1 breakdown cell, and what reads them.
+    assert jobs["run_engine"] == 3 and jobs["run_cell"] == 7, jobs
     assert jobs["trace_group"] == 1 and jobs["trace_cell"] == 3, jobs
     assert jobs["breakdown_group"] == 1 and jobs["breakdown_cell"] == 1, jobs
     assert all("/ngram-k3/" in o or "/ngram-k3.k1/" in o for o in planned_outputs(result, "run_cell"))
@@ -470,9 +476,10 @@ def test_changing_the_no_sd_entry_reruns_every_group_it_is_paired_in(pipeline: P
     """The no-SD entry is measured by its own group and, paired, inside every SD group."""
     result = dry_run_with(pipeline, lambda c: c["methods"]["none"].update(label="baseline"))
     jobs = planned_jobs(result)
-    # 6 groups of the Llama target (5 paired, with the sweep's n-gram k=1) + the MTP model's
-    # no-SD and (paired) MTP groups + the 2 forced-acceptance groups (paired).
-    assert jobs["run_engine"] == 10 and jobs["run_cell"] == 29, jobs
+    # 6 groups of the Llama target (5 paired, with the sweep's n-gram k=1) + the two temperature
+    # groups (no SD, paired n-gram) + the MTP model's no-SD and (paired) MTP groups + the
+    # forced-acceptance group (paired; both lengths on one engine): every cell.
+    assert jobs["run_engine"] == 11 and jobs["run_cell"] == 29, jobs
     # Traces and breakdown cells are not paired: only the no-SD breakdown group (one cell) reruns.
     assert jobs.get("breakdown_group") == 1 and jobs.get("breakdown_cell") == 1, jobs
     assert not {"trace_group", "trace_cell", "build_model", "build_head"} & set(jobs), jobs

@@ -305,7 +305,7 @@ def test_real_vllm_ngram_cell_at_temperature_one(tmp_path: Path) -> None:
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
-    greedy, sampled = (pd.read_parquet(out / d / "bs2" / "summary.parquet").iloc[0] for d in ("code-edit", "code-edit.t1.0"))
+    greedy, sampled = (pd.read_parquet(out / "ngram-k3" / d / "bs2" / "summary.parquet").iloc[0] for d in ("code-edit", "code-edit.t1.0"))
     assert (greedy["temperature"], sampled["temperature"]) == (0.0, 1.0)
     # Greedy outputs repeat exactly. Sampled SD outputs usually do (fixed seeds) but a near-tie in an
     # acceptance test can flip between trials on this engine (sdbench.engine.sampling): recorded, not asserted.
@@ -314,10 +314,10 @@ def test_real_vllm_ngram_cell_at_temperature_one(tmp_path: Path) -> None:
     rate = [s["num_accepted_tokens"] / (s["output_len_mean"] * s["num_sequences"] * s["num_trials"]) for s in (greedy, sampled)]
     assert sampled["num_drafts"] > 0 and rate[0] != rate[1], rate  # the sampled SD arm drafted and verified
     assert greedy["mean_acceptance_length"] != sampled["mean_acceptance_length"]
-    requests = pd.read_parquet(out / "code-edit.t1.0" / "bs2" / "requests.parquet")
+    requests = pd.read_parquet(out / "ngram-k3" / "code-edit.t1.0" / "bs2" / "requests.parquet")
     for _, replicas in requests.groupby("request_id"):  # the two slots of a prompt sample differently
         assert len(replicas) == 2 and list(replicas.output_token_ids.iloc[0]) != list(replicas.output_token_ids.iloc[1])
-    greedy_requests = pd.read_parquet(out / "code-edit" / "bs2" / "requests.parquet")
+    greedy_requests = pd.read_parquet(out / "ngram-k3" / "code-edit" / "bs2" / "requests.parquet")
     for _, replicas in greedy_requests.groupby("request_id"):
         assert list(replicas.output_token_ids.iloc[0]) == list(replicas.output_token_ids.iloc[1])
     print(f"\n[temperature] outputs_stable at T=1.0: {bool(sampled['outputs_stable'])}; "
