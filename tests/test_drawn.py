@@ -487,17 +487,17 @@ def test_ext11_draws_tpot_against_throughput_per_device_by_concurrency(tmp_path:
     from sdbench.analysis.latency import plot_latency_throughput
 
     table = pd.DataFrame([dict(engine="e", model="m", dataset="d", method=m, sd_method=m.split("-")[0], concurrency=c,
-                               devices=2, output_tokens_per_s_per_device=50.0 * c, output_tokens_per_s_min=90.0 * c,
-                               output_tokens_per_s_max=110.0 * c, tpot_p50_ms=20.0 + c)
+                               devices=2, tokens_per_s_per_device=50.0 * c, tokens_per_s_min=90.0 * c,
+                               tokens_per_s_max=110.0 * c, tpot_p50_ms=20.0 + c)
                           for m in ("none", "ngram-k3") for c in (1, 4, 16)])  # fmt: skip
     png = tmp_path / "ext11.png"
     drawn = drawn_of(plot_latency_throughput(table, png), png)
     for m, line in table.groupby("method"):
         got = by(drawn, series=m)
-        same(got["x"], line["output_tokens_per_s_per_device"])
+        same(got["x"], line["tokens_per_s_per_device"])
         same(got["y"], line["tpot_p50_ms"])
-        same(got["x_lo"], line["output_tokens_per_s_min"] / 2)
-        same(got["x_hi"], line["output_tokens_per_s_max"] / 2)
+        same(got["x_lo"], line["tokens_per_s_min"] / 2)
+        same(got["x_hi"], line["tokens_per_s_max"] / 2)
         assert got["note"].tolist() == line["concurrency"].astype(str).tolist()
 
 

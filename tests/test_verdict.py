@@ -67,7 +67,7 @@ def test_lines_recommendations_and_advice() -> None:
 def test_server_points_judge_the_range_over_rounds() -> None:
     server = pd.DataFrame([
         {"engine": "e", "model": "m", "dataset": "d", "method": m, "sd_method": sd, "concurrency": c,
-         "output_tokens_per_s": t, "output_tokens_per_s_min": t * 0.98, "output_tokens_per_s_max": t * 1.02,
+         "tokens_per_s": t, "tokens_per_s_min": t * 0.98, "tokens_per_s_max": t * 1.02,
          "mean_acceptance_length": 2.0}
         for c in (1, 4) for m, sd, t in (("none", "none", 100.0), ("ngram-k3", "ngram", 150.0 if c == 1 else 101.0))
     ])  # fmt: skip

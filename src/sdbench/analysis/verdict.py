@@ -98,17 +98,16 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
 def server_points(server: pd.DataFrame) -> pd.DataFrame:
     """SD over no SD at the same concurrency in server mode; the range over rounds as the interval."""
     keys = ["engine", "model", "dataset", "concurrency"]
-    base = server[server["sd_method"] == "none"][[*keys, "output_tokens_per_s", "output_tokens_per_s_min",
-                                                   "output_tokens_per_s_max"]]  # fmt: skip
+    base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"]]
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
     return pd.DataFrame({
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),
         "load_kind": SERVER, "load": sd["concurrency"].astype(int),
-        "speedup": sd["output_tokens_per_s"] / sd["base_output_tokens_per_s"],
-        "speedup_low": sd["output_tokens_per_s_min"] / sd["base_output_tokens_per_s_max"],
-        "speedup_high": sd["output_tokens_per_s_max"] / sd["base_output_tokens_per_s_min"],
+        "speedup": sd["tokens_per_s"] / sd["base_tokens_per_s"],
+        "speedup_low": sd["tokens_per_s_min"] / sd["base_tokens_per_s_max"],
+        "speedup_high": sd["tokens_per_s_max"] / sd["base_tokens_per_s_min"],
         "interval": "range over rounds", "mean_acceptance_length": sd["mean_acceptance_length"],
         "preempted": False,  # the server table does not count preemptions
     })  # fmt: skip
