@@ -526,9 +526,9 @@ def _forced_and_gap() -> tuple[pd.DataFrame, pd.DataFrame]:
                                 speedup_ci_low=0.95 + f / 2 - b / 100, speedup_ci_high=1.1 + f / 2 - b / 100)
                            for bm in ("ngram-k3", "eagle-k3") for b in (1, 8) for f in (0, 1, 2, 3)])  # fmt: skip
     gap = pd.DataFrame([dict(**key, base_method=bm, batch_size=b, real_acceptance_length=2.2, measured_speedup=1.3,
-                             measured_ci_low=1.2, measured_ci_high=1.45, at_real_speedup=1.5, at_real_ci_low=1.4,
-                             at_real_ci_high=1.6, ceiling_speedup=np.nan if b == 8 else 2.4, ceiling_ci_low=2.3,
-                             ceiling_ci_high=2.5, ideal_speedup=4.0)
+                             measured_speedup_ci_low=1.2, measured_speedup_ci_high=1.45, at_real_speedup=1.5, at_real_speedup_ci_low=1.4,
+                             at_real_speedup_ci_high=1.6, ceiling_speedup=np.nan if b == 8 else 2.4, ceiling_speedup_ci_low=2.3,
+                             ceiling_speedup_ci_high=2.5, ideal_speedup=4.0)
                         for bm in ("ngram-k3", "eagle-k3") for b in (1, 8)])  # fmt: skip
     return forced, gap
 
@@ -550,7 +550,7 @@ def test_ext13_draws_speedup_against_forced_accepted_length_per_batch_size(tmp_p
         own = by(drawn, panel=panel, series=f"bs {b}", mark="point")
         g = gap[(gap["base_method"] == bm) & (gap["batch_size"] == b)]
         same(own["x"], g["real_acceptance_length"])
-        same(own[["y", "lo", "hi"]].to_numpy().ravel(), g[["measured_speedup", "measured_ci_low", "measured_ci_high"]].to_numpy().ravel())
+        same(own[["y", "lo", "hi"]].to_numpy().ravel(), g[["measured_speedup", "measured_speedup_ci_low", "measured_speedup_ci_high"]].to_numpy().ravel())
 
 
 @covers("ext14_sd_gap")
@@ -562,9 +562,9 @@ def test_ext14_draws_measured_at_real_ceiling_and_ideal_bars(tmp_path: Path) -> 
     drawn = drawn_of(plot_gap(gap, png, {}), png)
     bars = by(drawn, mark="bar")
     assert set(bars["series"]) == {"measured_speedup", "at_real_speedup", "ceiling_speedup", "ideal_speedup"}
-    for col, lo, hi in (("measured_speedup", "measured_ci_low", "measured_ci_high"),
-                        ("at_real_speedup", "at_real_ci_low", "at_real_ci_high"),
-                        ("ceiling_speedup", "ceiling_ci_low", "ceiling_ci_high"), ("ideal_speedup", None, None)):  # fmt: skip
+    for col, lo, hi in (("measured_speedup", "measured_speedup_ci_low", "measured_speedup_ci_high"),
+                        ("at_real_speedup", "at_real_speedup_ci_low", "at_real_speedup_ci_high"),
+                        ("ceiling_speedup", "ceiling_speedup_ci_low", "ceiling_speedup_ci_high"), ("ideal_speedup", None, None)):  # fmt: skip
         for bm, sub in gap.groupby("base_method"):
             got = by(bars, series=col, panel=f"{bm} / m / d")
             assert got["x"].tolist() == sub["batch_size"].tolist()
