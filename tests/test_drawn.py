@@ -242,8 +242,8 @@ def test_fig05_draws_decile_means_with_their_interval_bands(tmp_path: Path) -> N
         line, band = by(drawn, mark="line", series=method), by(drawn, mark="band", series=method)
         assert line["x"].tolist() == (d["interval"] + 1).tolist() == band["x"].tolist()
         same(line["y"], d["mean"])
-        same(band["lo"], d["ci95_low"])
-        same(band["hi"], d["ci95_high"])
+        same(band["lo"], d["mean_ci_low"])
+        same(band["hi"], d["mean_ci_high"])
         assert set(line["note"]) == {f"n={int(d['n_requests'].max())}"}  # the annotation
 
 
@@ -507,7 +507,8 @@ def test_ext12_draws_a_bar_per_category_and_method_with_its_interval(tmp_path: P
 
     table = pd.DataFrame([dict(engine="e", model="m", dataset="speed", batch_size=4, method=m, sd_method=m.split("-")[0],
                                category=c, request_mean_acceptance_length=1.5 + i + j / 10,
-                               request_mean_ci_low=1.4 + i + j / 10, request_mean_ci_high=1.8 + i + j / 10)
+                               request_mean_acceptance_length_ci_low=1.4 + i + j / 10,
+                               request_mean_acceptance_length_ci_high=1.8 + i + j / 10)
                           for i, m in enumerate(("eagle-k2", "ngram-k3")) for j, c in enumerate(("coding", "", "math"))])  # fmt: skip
     png = tmp_path / "ext12.png"
     drawn = drawn_of(plot_category_acceptance(table, png), png)
@@ -515,8 +516,8 @@ def test_ext12_draws_a_bar_per_category_and_method_with_its_interval(tmp_path: P
     want = table.assign(x=table["category"].replace("", "(none)")).set_index(["method", "x"]).sort_index()
     assert bars.index.tolist() == want.index.tolist()
     same(bars["y"], want["request_mean_acceptance_length"])
-    same(bars["lo"], want["request_mean_ci_low"])
-    same(bars["hi"], want["request_mean_ci_high"])
+    same(bars["lo"], want["request_mean_acceptance_length_ci_low"])
+    same(bars["hi"], want["request_mean_acceptance_length_ci_high"])
 
 
 def _forced_and_gap() -> tuple[pd.DataFrame, pd.DataFrame]:
