@@ -49,8 +49,8 @@ def latency_table(
 ) -> pd.DataFrame:
     """The server cells with throughput per device and cost per 1M output tokens / per request.
 
-    A server holds the model's ``tensor_parallel_size`` devices (1 without). The cost interval
-    comes from the throughput's spread over rounds (min..max), inverted.
+    A server holds the model's ``tensor_parallel_size`` devices (1 without). The cost's range
+    (``cost_per_1m_tokens_min``/``_max``) is the throughput's range over rounds, inverted.
     """
     unpriced = sorted(set(cells["engine"]) - set(price_per_device_hour))
     if unpriced:

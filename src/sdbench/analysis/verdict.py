@@ -108,7 +108,8 @@ def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 def server_points(server: pd.DataFrame) -> pd.DataFrame:
-    """SD over no SD at the same concurrency in server mode; the range over rounds as the interval."""
+    """SD over no SD at the same concurrency in server mode, with its range over rounds
+    (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min)."""
     keys = ["engine", "model", "dataset", "concurrency"]
     base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"]]
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
