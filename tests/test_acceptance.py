@@ -70,9 +70,9 @@ def test_position_deciles_intervals_classes_and_ci():
     first = short.iloc[0]
     half = 1.959963984540054 * np.std([1, 5], ddof=1) / math.sqrt(2)
     assert first["mean"] == pytest.approx(3)
-    assert (first["ci95_low"], first["ci95_high"]) == pytest.approx((3 - half, 3 + half))
+    assert (first["mean_ci_low"], first["mean_ci_high"]) == pytest.approx((3 - half, 3 + half))
     long = dec[dec["length_class"] == ">=15"]
-    assert long["mean"].tolist() == [2.0] * 10 and (long["ci95_low"] == long["ci95_high"]).all()
+    assert long["mean"].tolist() == [2.0] * 10 and (long["mean_ci_low"] == long["mean_ci_high"]).all()
 
 
 def test_position_deciles_samples_per_class_deterministically():

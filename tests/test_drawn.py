@@ -242,8 +242,8 @@ def test_fig05_draws_decile_means_with_their_interval_bands(tmp_path: Path) -> N
         line, band = by(drawn, mark="line", series=method), by(drawn, mark="band", series=method)
         assert line["x"].tolist() == (d["interval"] + 1).tolist() == band["x"].tolist()
         same(line["y"], d["mean"])
-        same(band["lo"], d["ci95_low"])
-        same(band["hi"], d["ci95_high"])
+        same(band["lo"], d["mean_ci_low"])
+        same(band["hi"], d["mean_ci_high"])
         assert set(line["note"]) == {f"n={int(d['n_requests'].max())}"}  # the annotation
 
 
@@ -487,17 +487,17 @@ def test_ext11_draws_tpot_against_throughput_per_device_by_concurrency(tmp_path:
     from sdbench.analysis.latency import plot_latency_throughput
 
     table = pd.DataFrame([dict(engine="e", model="m", dataset="d", method=m, sd_method=m.split("-")[0], concurrency=c,
-                               devices=2, output_tokens_per_s_per_device=50.0 * c, output_tokens_per_s_min=90.0 * c,
-                               output_tokens_per_s_max=110.0 * c, tpot_p50_ms=20.0 + c)
+                               devices=2, tokens_per_s_per_device=50.0 * c, tokens_per_s_min=90.0 * c,
+                               tokens_per_s_max=110.0 * c, tpot_p50_ms=20.0 + c)
                           for m in ("none", "ngram-k3") for c in (1, 4, 16)])  # fmt: skip
     png = tmp_path / "ext11.png"
     drawn = drawn_of(plot_latency_throughput(table, png), png)
     for m, line in table.groupby("method"):
         got = by(drawn, series=m)
-        same(got["x"], line["output_tokens_per_s_per_device"])
+        same(got["x"], line["tokens_per_s_per_device"])
         same(got["y"], line["tpot_p50_ms"])
-        same(got["x_lo"], line["output_tokens_per_s_min"] / 2)
-        same(got["x_hi"], line["output_tokens_per_s_max"] / 2)
+        same(got["x_lo"], line["tokens_per_s_min"] / 2)
+        same(got["x_hi"], line["tokens_per_s_max"] / 2)
         assert got["note"].tolist() == line["concurrency"].astype(str).tolist()
 
 
@@ -507,7 +507,8 @@ def test_ext12_draws_a_bar_per_category_and_method_with_its_interval(tmp_path: P
 
     table = pd.DataFrame([dict(engine="e", model="m", dataset="speed", batch_size=4, method=m, sd_method=m.split("-")[0],
                                category=c, request_mean_acceptance_length=1.5 + i + j / 10,
-                               request_mean_ci_low=1.4 + i + j / 10, request_mean_ci_high=1.8 + i + j / 10)
+                               request_mean_acceptance_length_ci_low=1.4 + i + j / 10,
+                               request_mean_acceptance_length_ci_high=1.8 + i + j / 10)
                           for i, m in enumerate(("eagle-k2", "ngram-k3")) for j, c in enumerate(("coding", "", "math"))])  # fmt: skip
     png = tmp_path / "ext12.png"
     drawn = drawn_of(plot_category_acceptance(table, png), png)
@@ -515,8 +516,8 @@ def test_ext12_draws_a_bar_per_category_and_method_with_its_interval(tmp_path: P
     want = table.assign(x=table["category"].replace("", "(none)")).set_index(["method", "x"]).sort_index()
     assert bars.index.tolist() == want.index.tolist()
     same(bars["y"], want["request_mean_acceptance_length"])
-    same(bars["lo"], want["request_mean_ci_low"])
-    same(bars["hi"], want["request_mean_ci_high"])
+    same(bars["lo"], want["request_mean_acceptance_length_ci_low"])
+    same(bars["hi"], want["request_mean_acceptance_length_ci_high"])
 
 
 def _forced_and_gap() -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -526,9 +527,9 @@ def _forced_and_gap() -> tuple[pd.DataFrame, pd.DataFrame]:
                                 speedup_ci_low=0.95 + f / 2 - b / 100, speedup_ci_high=1.1 + f / 2 - b / 100)
                            for bm in ("ngram-k3", "eagle-k3") for b in (1, 8) for f in (0, 1, 2, 3)])  # fmt: skip
     gap = pd.DataFrame([dict(**key, base_method=bm, batch_size=b, real_acceptance_length=2.2, measured_speedup=1.3,
-                             measured_ci_low=1.2, measured_ci_high=1.45, at_real_speedup=1.5, at_real_ci_low=1.4,
-                             at_real_ci_high=1.6, ceiling_speedup=np.nan if b == 8 else 2.4, ceiling_ci_low=2.3,
-                             ceiling_ci_high=2.5, ideal_speedup=4.0)
+                             measured_speedup_ci_low=1.2, measured_speedup_ci_high=1.45, at_real_speedup=1.5, at_real_speedup_ci_low=1.4,
+                             at_real_speedup_ci_high=1.6, ceiling_speedup=np.nan if b == 8 else 2.4, ceiling_speedup_ci_low=2.3,
+                             ceiling_speedup_ci_high=2.5, ideal_speedup=4.0)
                         for bm in ("ngram-k3", "eagle-k3") for b in (1, 8)])  # fmt: skip
     return forced, gap
 
@@ -550,7 +551,7 @@ def test_ext13_draws_speedup_against_forced_accepted_length_per_batch_size(tmp_p
         own = by(drawn, panel=panel, series=f"bs {b}", mark="point")
         g = gap[(gap["base_method"] == bm) & (gap["batch_size"] == b)]
         same(own["x"], g["real_acceptance_length"])
-        same(own[["y", "lo", "hi"]].to_numpy().ravel(), g[["measured_speedup", "measured_ci_low", "measured_ci_high"]].to_numpy().ravel())
+        same(own[["y", "lo", "hi"]].to_numpy().ravel(), g[["measured_speedup", "measured_speedup_ci_low", "measured_speedup_ci_high"]].to_numpy().ravel())
 
 
 @covers("ext14_sd_gap")
@@ -562,9 +563,9 @@ def test_ext14_draws_measured_at_real_ceiling_and_ideal_bars(tmp_path: Path) -> 
     drawn = drawn_of(plot_gap(gap, png, {}), png)
     bars = by(drawn, mark="bar")
     assert set(bars["series"]) == {"measured_speedup", "at_real_speedup", "ceiling_speedup", "ideal_speedup"}
-    for col, lo, hi in (("measured_speedup", "measured_ci_low", "measured_ci_high"),
-                        ("at_real_speedup", "at_real_ci_low", "at_real_ci_high"),
-                        ("ceiling_speedup", "ceiling_ci_low", "ceiling_ci_high"), ("ideal_speedup", None, None)):  # fmt: skip
+    for col, lo, hi in (("measured_speedup", "measured_speedup_ci_low", "measured_speedup_ci_high"),
+                        ("at_real_speedup", "at_real_speedup_ci_low", "at_real_speedup_ci_high"),
+                        ("ceiling_speedup", "ceiling_speedup_ci_low", "ceiling_speedup_ci_high"), ("ideal_speedup", None, None)):  # fmt: skip
         for bm, sub in gap.groupby("base_method"):
             got = by(bars, series=col, panel=f"{bm} / m / d")
             assert got["x"].tolist() == sub["batch_size"].tolist()

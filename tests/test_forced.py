@@ -60,7 +60,7 @@ def test_gap_splits_into_system_acceptance_and_residual(cells: pd.DataFrame) -> 
     one = gap.loc[1]
     assert one.ideal_speedup == 4.0 and one.ceiling_speedup == 1.9
     assert one.at_real_speedup == pytest.approx((1.3 + 1.9) / 2)  # linear between the forced points
-    assert one.at_real_ci_low == pytest.approx((1.25 + 1.85) / 2)
+    assert one.at_real_speedup_ci_low == pytest.approx((1.25 + 1.85) / 2)
     assert one.system_loss == pytest.approx(2.1) and one.acceptance_loss == pytest.approx(0.3)
     assert one.residual == pytest.approx(0.1) and not one.explained  # 1.5 is outside [1.55, 1.65]
     eight = gap.loc[8]

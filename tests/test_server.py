@@ -77,8 +77,8 @@ def test_level_summary_percentiles_throughput_and_acceptance() -> None:
     })  # fmt: skip
     spec = {"method": {"method": "ngram", "num_speculative_tokens": 3}}
     s = summarise_level({"concurrency": 2}, requests, [2.0, 4.0], SDCounters(10, 30, 15, (6, 5, 4)), spec).iloc[0]
-    assert s["output_tokens_per_s"] == pytest.approx(np.median([40 / 2.0, 40 / 4.0]))
-    assert (s["output_tokens_per_s_min"], s["output_tokens_per_s_max"]) == (10.0, 20.0)
+    assert s["tokens_per_s"] == pytest.approx(np.median([40 / 2.0, 40 / 4.0]))
+    assert (s["tokens_per_s_min"], s["tokens_per_s_max"]) == (10.0, 20.0)
     assert s["tpot_p50_ms"] == pytest.approx(20.0)  # NaN (one-token outputs) left out
     assert s["ttft_p50_ms"] == pytest.approx(250.0)
     assert s["mean_acceptance_length"] == pytest.approx(2.5) and s["acceptance_rate"] == pytest.approx(0.5)
@@ -126,15 +126,15 @@ def test_bad_server_section_is_refused_naming_the_key(edit, message: str) -> Non
 def test_latency_table_costs_per_concurrency() -> None:
     cells = pd.DataFrame({
         "engine": ["e", "e"], "model": ["m", "m"], "dataset": ["d", "d"], "method": ["none", "none"],
-        "concurrency": [1, 4], "output_tokens_per_s": [100.0, 400.0], "output_tokens_per_s_min": [90.0, 360.0],
-        "output_tokens_per_s_max": [110.0, 440.0], "mean_output_tokens": [50.0, 50.0],
+        "concurrency": [1, 4], "tokens_per_s": [100.0, 400.0], "tokens_per_s_min": [90.0, 360.0],
+        "tokens_per_s_max": [110.0, 440.0], "mean_output_tokens": [50.0, 50.0],
     })  # fmt: skip
     t = latency_table(cells, {"e": 3.6}, {"m": 2}, "USD")
     # 7.2 per hour for two devices; 100 tokens/s = 360k tokens/h -> 20 per 1M tokens.
     assert t["cost_per_1m_tokens"].tolist() == pytest.approx([20.0, 5.0])
     assert t["cost_per_request"].tolist() == pytest.approx([20.0 * 50 / 1e6, 5.0 * 50 / 1e6])
-    assert t["output_tokens_per_s_per_device"].tolist() == [50.0, 200.0]
-    assert t.loc[0, "cost_per_1m_tokens_low"] < 20.0 < t.loc[0, "cost_per_1m_tokens_high"]
+    assert t["tokens_per_s_per_device"].tolist() == [50.0, 200.0]
+    assert t.loc[0, "cost_per_1m_tokens_min"] < 20.0 < t.loc[0, "cost_per_1m_tokens_max"]
     with pytest.raises(ValueError, match="no price for engine"):
         latency_table(cells, {}, {}, "USD")
 
@@ -213,7 +213,7 @@ def test_server_mode_measures_every_cell_and_stops_its_servers(served: Path) -> 
     table = pd.read_parquet(served / "results/tables/server.parquet")
     assert sorted(zip(table["method"], table["concurrency"])) == [("ngram-k3", 1), ("ngram-k3", 2), ("none", 1), ("none", 2)]
     assert (table["requests_per_round"] == 4).all() and (table["rounds"] == 2).all()
-    assert (table["output_tokens_per_s"] > 0).all() and (table["tpot_p50_ms"] >= 0).all()
+    assert (table["tokens_per_s"] > 0).all() and (table["tpot_p50_ms"] >= 0).all()
     sd = table[table["method"] == "ngram-k3"]
     assert (sd["num_drafts"] > 0).all() and (sd["mean_acceptance_length"] > 1).all()
     assert table.loc[table["method"] == "none", "num_drafts"].eq(0).all()

@@ -241,15 +241,16 @@ def test_category_acceptance_exact_numbers() -> None:
     )
     assert eagle["mean_acceptance_length"] == pytest.approx(1.8) and eagle["acceptance_rate"] == pytest.approx(8 / 30)
     assert eagle["request_mean_acceptance_length"] == pytest.approx(1.8)
-    assert (eagle["request_mean_ci_low"], eagle["request_mean_ci_high"]) == pytest.approx((1.8, 1.8))
+    ci = ("request_mean_acceptance_length_ci_low", "request_mean_acceptance_length_ci_high")
+    assert (eagle[ci[0]], eagle[ci[1]]) == pytest.approx((1.8, 1.8))
     assert (coding["n_requests"], coding["n_sequences"], coding["num_draft_tokens"]) == (2, 2, 45)
     assert coding["mean_acceptance_length"] == pytest.approx(1 + 20 / 15)
     assert coding["acceptance_rate"] == pytest.approx(20 / 45)
     assert coding["request_mean_acceptance_length"] == pytest.approx(2.25)
-    assert 2.0 <= coding["request_mean_ci_low"] <= 2.25 <= coding["request_mean_ci_high"] <= 2.5
+    assert 2.0 <= coding[ci[0]] <= 2.25 <= coding[ci[1]] <= 2.5
     assert (writing["n_requests"], writing["n_sequences"], writing["num_steps"]) == (1, 2, 4)
     assert writing["mean_acceptance_length"] == 1.0 and writing["acceptance_rate"] == 0.0
-    assert (writing["request_mean_ci_low"], writing["request_mean_ci_high"]) == (1.0, 1.0)
+    assert (writing[ci[0]], writing[ci[1]]) == (1.0, 1.0)
     assert t.equals(category_acceptance(REQUESTS.iloc[::-1], PROMPTS, seed=0))  # order-free, seeded
     md = category_acceptance_markdown(t)
     assert "| coding | ngram-k3 | 2 | 2.33 | 2.25 [" in md and "### vllm-cpu / tiny-target / sb / batch size 2" in md

@@ -67,18 +67,41 @@ def test_lines_recommendations_and_advice() -> None:
 def test_server_points_judge_the_range_over_rounds() -> None:
     server = pd.DataFrame([
         {"engine": "e", "model": "m", "dataset": "d", "method": m, "sd_method": sd, "concurrency": c,
-         "output_tokens_per_s": t, "output_tokens_per_s_min": t * 0.98, "output_tokens_per_s_max": t * 1.02,
+         "tokens_per_s": t, "tokens_per_s_min": t * 0.98, "tokens_per_s_max": t * 1.02,
          "mean_acceptance_length": 2.0}
         for c in (1, 4) for m, sd, t in (("none", "none", 100.0), ("ngram-k3", "ngram", 150.0 if c == 1 else 101.0))
     ])  # fmt: skip
     points = vd.server_points(server)
     assert list(points["load"]) == [1, 4] and points["load_kind"].unique().tolist() == [vd.SERVER]
     assert points["speedup"].round(2).tolist() == [1.5, 1.01]
-    judged = [vd.verdict(lo, hi) for lo, hi in zip(points["speedup_low"], points["speedup_high"])]
+    assert (points["interval"] == vd.ROUNDS).all() and points[["speedup_ci_low", "speedup_ci_high"]].isna().all().all()
+    judged = [vd.verdict(lo, hi) for lo, hi in zip(points["speedup_min"], points["speedup_max"])]
     assert judged == [vd.PAYS, vd.BREAK_EVEN]
-    paying = points.assign(speedup_low=1.2, speedup_high=1.3, verdict=vd.PAYS)
+    paying = points.assign(speedup_min=1.2, speedup_max=1.3, verdict=vd.PAYS)
     (sentence,) = vd.advice(vd.recommendations(paying, {"ngram-k3": "n-gram k=3"}))
     assert sentence.startswith("m on d (e): concurrencies 1-4: n-gram k=3")
+
+
+def test_a_point_names_the_bounds_it_was_judged_on() -> None:
+    server = pd.DataFrame([
+        {"engine": "e", "model": "m", "dataset": "d", "method": m, "sd_method": sd, "concurrency": 2,
+         "tokens_per_s": t, "tokens_per_s_min": t * 0.9, "tokens_per_s_max": t * 1.1, "mean_acceptance_length": 2.0}
+        for m, sd, t in (("none", "none", 100.0), ("ngram-k3", "ngram", 130.0))
+    ])  # fmt: skip
+    points = vd.points_table(_cells(), server)
+    offline, online = points[points["load_kind"] == vd.OFFLINE], points[points["load_kind"] == vd.SERVER]
+    assert (offline["interval"] == vd.BOOTSTRAP).all() and (online["interval"] == vd.ROUNDS).all()
+    assert offline[["speedup_min", "speedup_max"]].isna().all().all()
+    assert online[["speedup_ci_low", "speedup_ci_high"]].isna().all().all()
+    low, high = vd.judged_bounds(points)
+    assert low.tolist() == offline["speedup_ci_low"].tolist() + online["speedup_min"].tolist()
+    assert high.tolist() == offline["speedup_ci_high"].tolist() + online["speedup_max"].tolist()
+    (row,) = online.itertuples(index=False)
+    assert (row.speedup_min, row.speedup_max) == pytest.approx((117 / 110, 143 / 90))
+    assert row.verdict == vd.PAYS
+    text = vd.verdict_markdown(points, vd.lines_table(points), vd.recommendations(points, {}), {})
+    assert "Speedup over no SD [range over rounds] and verdict." in text
+    assert "| ngram-k3 | 1.30 [1.06, 1.59] pays |" in text
 
 
 def test_cli_writes_table_markdown_and_a_readable_figure(tmp_path: Path) -> None:

@@ -102,7 +102,7 @@ def position_deciles(
     Requests (per dataset x method) fall in the class of their output length; up to
     ``per_class`` of them are sampled per class (seeded; None: all). Position ``j`` of a request
     of length ``L`` is in interval ``floor(n_intervals * j / L)``. Returns one row per (dataset,
-    method, length_class, interval) with ``n_requests``, ``mean``, ``ci95_low``, ``ci95_high``.
+    method, length_class, interval) with ``n_requests``, ``mean``, ``mean_ci_low``, ``mean_ci_high``.
     """
     keys = ["dataset", "method", "request_id"]
     groups = ["dataset", "method", "length_class", "interval"]
@@ -126,7 +126,7 @@ def position_deciles(
     out = per_request.groupby(level=groups, observed=True).agg(n_requests="size", mean="mean", std="std")
     out = out.reset_index()
     half = Z95 * out["std"].fillna(0.0) / np.sqrt(out["n_requests"])
-    out["ci95_low"], out["ci95_high"] = out["mean"] - half, out["mean"] + half
+    out["mean_ci_low"], out["mean_ci_high"] = out["mean"] - half, out["mean"] + half
     for col in ("dataset", "method"):
         out[col] = out[col].astype("string")
     return out.drop(columns="std")
@@ -236,7 +236,7 @@ def plot_position_deciles(deciles: pd.DataFrame, dataset: str):
             drawn = drawn_table(fig)
             drawn.plot(ax, d["interval"] + 1, d["mean"], color=styles[method].color, marker=styles[method].marker,
                        series=method, label=styles[method].label, note=f"n={n}" if n else None)  # fmt: skip
-            drawn.fill_between(ax, d["interval"] + 1, d["ci95_low"], d["ci95_high"], alpha=0.2,
+            drawn.fill_between(ax, d["interval"] + 1, d["mean_ci_low"], d["mean_ci_high"], alpha=0.2,
                                color=styles[method].color, series=method, label=styles[method].label)  # fmt: skip
             if n:
                 ax.annotate(f"n={n}", (d["interval"].iloc[-1] + 1, d["mean"].iloc[-1]), fontsize=6,

@@ -44,10 +44,10 @@ KEYS = ["engine", "model", "dataset", "method", "batch_size"]
 GROUP = [*KEYS, "category"]
 COUNTERS = ["sd_num_steps", "sd_num_draft_tokens", "sd_num_accepted_tokens"]
 PROMPT_COLUMNS = ["dataset", "request_id", "category"]
+MEAN = "request_mean_acceptance_length"  # with its 95% interval, f"{MEAN}_ci_low" / f"{MEAN}_ci_high"
 COLUMNS = [
     *GROUP, "n_requests", "n_sequences", "num_steps", "num_draft_tokens", "num_accepted_tokens",
-    "mean_acceptance_length", "acceptance_rate", "request_mean_acceptance_length",
-    "request_mean_ci_low", "request_mean_ci_high",
+    "mean_acceptance_length", "acceptance_rate", MEAN, f"{MEAN}_ci_low", f"{MEAN}_ci_high",
 ]  # fmt: skip
 
 
@@ -176,8 +176,8 @@ def category_acceptance(
                 "mean_acceptance_length": 1 + accepted / steps if steps else math.nan,
                 "acceptance_rate": accepted / drafts if drafts else math.nan,
                 "request_mean_acceptance_length": float(values.mean()) if values.size else math.nan,
-                "request_mean_ci_low": low,
-                "request_mean_ci_high": high,
+                f"{MEAN}_ci_low": low,
+                f"{MEAN}_ci_high": high,
             }
         )
     return pd.DataFrame(rows, columns=COLUMNS).sort_values(GROUP, kind="stable").reset_index(drop=True)
@@ -197,8 +197,8 @@ def category_acceptance_markdown(table: pd.DataFrame) -> str:
         for r in sub.sort_values(["category", "method"], kind="stable").itertuples(index=False):
             out.append(
                 f"| {r.category or '(none)'} | {r.method} | {r.n_requests} | {_num(r.mean_acceptance_length)} "
-                f"| {_num(r.request_mean_acceptance_length)} [{_num(r.request_mean_ci_low)}, "
-                f"{_num(r.request_mean_ci_high)}] | {_num(r.acceptance_rate)} |"
+                f"| {_num(r.request_mean_acceptance_length)} [{_num(r.request_mean_acceptance_length_ci_low)}, "
+                f"{_num(r.request_mean_acceptance_length_ci_high)}] | {_num(r.acceptance_rate)} |"
             )
         out.append("")
     return "\n".join(out)
@@ -226,8 +226,8 @@ def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> pd.Dat
             y = rows["request_mean_acceptance_length"].to_numpy(dtype=float)
             # Plain lists: matplotlib probes an array row of one category with a deprecated scalar cast.
             err = [
-                np.clip(y - rows["request_mean_ci_low"].to_numpy(dtype=float), 0, None).tolist(),
-                np.clip(rows["request_mean_ci_high"].to_numpy(dtype=float) - y, 0, None).tolist(),
+                np.clip(y - rows[f"{MEAN}_ci_low"].to_numpy(dtype=float), 0, None).tolist(),
+                np.clip(rows[f"{MEAN}_ci_high"].to_numpy(dtype=float) - y, 0, None).tolist(),
             ]
             offset = (i - (len(here) - 1) / 2) * width
             drawn.bar(ax, x + offset, y, width=width, yerr=err, capsize=2, color=styles[method].color,

@@ -99,11 +99,13 @@ def gap_table(forced: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             **dict(zip(KEYS, key)), "sd_method": curve["sd_method"].iloc[0], "num_speculative_tokens": k,
             "real_acceptance_length": tau, "measured_speedup": measured,
-            "measured_ci_low": float(cell["speedup_ci_low"]), "measured_ci_high": float(cell["speedup_ci_high"]),
+            "measured_speedup_ci_low": float(cell["speedup_ci_low"]),
+            "measured_speedup_ci_high": float(cell["speedup_ci_high"]),
             "ceiling_acceptance_length": float(full["mean_acceptance_length"]), "ceiling_speedup": float(full["speedup"]),
-            "ceiling_ci_low": float(full["speedup_ci_low"]), "ceiling_ci_high": float(full["speedup_ci_high"]),
-            "at_real_speedup": at["speedup"], "at_real_ci_low": at["speedup_ci_low"],
-            "at_real_ci_high": at["speedup_ci_high"], "ideal_speedup": ideal,
+            "ceiling_speedup_ci_low": float(full["speedup_ci_low"]),
+            "ceiling_speedup_ci_high": float(full["speedup_ci_high"]),
+            "at_real_speedup": at["speedup"], "at_real_speedup_ci_low": at["speedup_ci_low"],
+            "at_real_speedup_ci_high": at["speedup_ci_high"], "ideal_speedup": ideal,
             "system_loss": ideal - float(full["speedup"]), "acceptance_loss": float(full["speedup"]) - at["speedup"],
             "residual": at["speedup"] - measured,
             # Inside the forced curve's interval: the forced points explain the real cell.
@@ -172,9 +174,9 @@ def gap_markdown(gap: pd.DataFrame, labels: dict[str, str]) -> str:
     for r in gap.itertuples(index=False):
         lines.append(
             f"| {r.model} / {r.dataset} | {labels.get(r.base_method, r.base_method)} | {r.batch_size} "
-            f"| {_fmt(r.real_acceptance_length)} | {_ci(r.measured_speedup, r.measured_ci_low, r.measured_ci_high)} "
-            f"| {_ci(r.at_real_speedup, r.at_real_ci_low, r.at_real_ci_high)} "
-            f"| {_ci(r.ceiling_speedup, r.ceiling_ci_low, r.ceiling_ci_high)} | {r.ideal_speedup:g} "
+            f"| {_fmt(r.real_acceptance_length)} | {_ci(r.measured_speedup, r.measured_speedup_ci_low, r.measured_speedup_ci_high)} "
+            f"| {_ci(r.at_real_speedup, r.at_real_speedup_ci_low, r.at_real_speedup_ci_high)} "
+            f"| {_ci(r.ceiling_speedup, r.ceiling_speedup_ci_low, r.ceiling_speedup_ci_high)} | {r.ideal_speedup:g} "
             f"| {_fmt(r.system_loss)} | {_fmt(r.acceptance_loss)} | {_fmt(r.residual, '+.2f')} "
             f"| {'✓' if r.explained else ''} |"
         )
@@ -219,8 +221,8 @@ def plot_forced(forced: pd.DataFrame, gap: pd.DataFrame, out_png: str | Path, la
                 drawn.errorbar(ax, [r.real_acceptance_length], [r.measured_speedup], color=colors[b], marker="*",
                                markersize=12, ls="none", capsize=3, mark="point", series=f"bs {b}",
                                label="the method's own cell",
-                            yerr=[[max(r.measured_speedup - r.measured_ci_low, 0)],
-                                  [max(r.measured_ci_high - r.measured_speedup, 0)]])  # fmt: skip
+                            yerr=[[max(r.measured_speedup - r.measured_speedup_ci_low, 0)],
+                                  [max(r.measured_speedup_ci_high - r.measured_speedup, 0)]])  # fmt: skip
         ax.set_title(f"{labels.get(key[3], key[3])}\n{key[1]} / {key[2]}", fontsize=9)
         ax.set_xlabel("accepted length τ (measured)", fontsize=8)
         ax.set_ylabel("speedup over no SD", fontsize=8)
@@ -240,10 +242,10 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
 
     from sdbench.plotting import drawn_table, figure_legend, panel_axes, panel_grid, save_png
 
-    bars = (("measured", "measured_speedup", "measured_ci_low", "measured_ci_high", "#4c72b0"),
-            ("forced curve at the real τ", "at_real_speedup", "at_real_ci_low", "at_real_ci_high", "#55a868"),
-            ("ceiling: every draft accepted", "ceiling_speedup", "ceiling_ci_low", "ceiling_ci_high", "#c44e52"),
-            ("ideal: k + 1", "ideal_speedup", None, None, "#bbbbbb"))  # fmt: skip
+    bars = (("measured", "measured_speedup", "#4c72b0"),
+            ("forced curve at the real τ", "at_real_speedup", "#55a868"),
+            ("ceiling: every draft accepted", "ceiling_speedup", "#c44e52"),
+            ("ideal: k + 1", "ideal_speedup", "#bbbbbb"))  # fmt: skip
     panels = list(gap.groupby(["engine", "model", "dataset", "base_method"], sort=True))
     fig, axes = panel_grid(len(panels), 3.8, 3.2, dpi)
     width = 0.8 / len(bars)
@@ -251,10 +253,11 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
         ax = panel_axes(axes, i)
         sub = sub.sort_values("batch_size")
         xs = np.arange(len(sub))
-        for j, (label, y, lo, hi, color) in enumerate(bars):
+        for j, (label, y, color) in enumerate(bars):
             err = None
-            if lo:
-                err = [(sub[y] - sub[lo]).clip(lower=0).fillna(0), (sub[hi] - sub[y]).clip(lower=0).fillna(0)]
+            if f"{y}_ci_low" in sub:  # the ideal has no interval
+                lo, hi = sub[f"{y}_ci_low"], sub[f"{y}_ci_high"]
+                err = [(sub[y] - lo).clip(lower=0).fillna(0), (hi - sub[y]).clip(lower=0).fillna(0)]
             drawn_table(fig).bar(ax, xs + (j - 1.5) * width, sub[y].fillna(0), width, yerr=err, color=color, capsize=2,
                                  series=y, label=label, legend=False, at=sub["batch_size"])  # fmt: skip
         drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
@@ -263,7 +266,7 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
         ax.set_ylabel("speedup over no SD", fontsize=8)
         ax.set_title(f"{labels.get(key[3], key[3])}\n{key[1]} / {key[2]}", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    figure_legend(fig, {}, extra=[Patch(color=color, label=label) for label, _, _, _, color in bars])
+    figure_legend(fig, {}, extra=[Patch(color=color, label=label) for label, _, color in bars])
     return save_png(fig, out_png, dpi=dpi)
 
 

@@ -24,9 +24,9 @@ from sdbench.plotting import save_png
 from sdbench.servermode import SERVER_CELL_KEYS
 
 KEYS = list(SERVER_CELL_KEYS)
-NEEDED = [*KEYS, "sd_method", "output_tokens_per_s", "output_tokens_per_s_min", "output_tokens_per_s_max",
-          "mean_output_tokens", "ttft_p50_ms", "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "e2e_p50_ms",
-          "e2e_p99_ms", "mean_acceptance_length"]  # fmt: skip
+NEEDED = [*KEYS, "sd_method", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "mean_output_tokens",
+          "ttft_p50_ms", "tpot_p50_ms", "tpot_p95_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+          "mean_acceptance_length"]  # fmt: skip
 
 
 def read_server_cells(group_dirs: list[str | Path]) -> pd.DataFrame:
@@ -49,8 +49,8 @@ def latency_table(
 ) -> pd.DataFrame:
     """The server cells with throughput per device and cost per 1M output tokens / per request.
 
-    A server holds the model's ``tensor_parallel_size`` devices (1 without). The cost interval
-    comes from the throughput's spread over rounds (min..max), inverted.
+    A server holds the model's ``tensor_parallel_size`` devices (1 without). The cost's range
+    (``cost_per_1m_tokens_min``/``_max``) is the throughput's range over rounds, inverted.
     """
     unpriced = sorted(set(cells["engine"]) - set(price_per_device_hour))
     if unpriced:
@@ -63,12 +63,12 @@ def latency_table(
         return per_million_tokens(per_hour, tokens_per_s)
 
     t["devices"] = n_devices
-    t["output_tokens_per_s_per_device"] = t["output_tokens_per_s"] / n_devices
+    t["tokens_per_s_per_device"] = t["tokens_per_s"] / n_devices
     t["currency"] = currency
     t["price_per_hour"] = per_hour
-    t["cost_per_1m_tokens"] = per_million(t["output_tokens_per_s"])
-    t["cost_per_1m_tokens_low"] = per_million(t["output_tokens_per_s_max"])
-    t["cost_per_1m_tokens_high"] = per_million(t["output_tokens_per_s_min"])
+    t["cost_per_1m_tokens"] = per_million(t["tokens_per_s"])
+    t["cost_per_1m_tokens_min"] = per_million(t["tokens_per_s_max"])
+    t["cost_per_1m_tokens_max"] = per_million(t["tokens_per_s_min"])
     t["cost_per_request"] = t["cost_per_1m_tokens"] / TOKENS * t["mean_output_tokens"]
     return t
 
@@ -92,7 +92,7 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
         busy = " (busy)" if bool(getattr(r, "contaminated", False)) else ""
         lines.append(
             f"| {r.engine} | {r.model} | {r.dataset} | {r.method}{busy} | {r.concurrency} "
-            f"| {r.output_tokens_per_s:.1f} [{r.output_tokens_per_s_min:.1f}, {r.output_tokens_per_s_max:.1f}] "
+            f"| {r.tokens_per_s:.1f} [{r.tokens_per_s_min:.1f}, {r.tokens_per_s_max:.1f}] "
             f"| {r.ttft_p50_ms:.1f} | {r.tpot_p50_ms:.2f} / {r.tpot_p95_ms:.2f} / {r.tpot_p99_ms:.2f} "
             f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} | {r.cost_per_request:.3g} |"
         )
@@ -112,10 +112,10 @@ def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> pd.Data
         ax = panel_axes(axes, i)
         for method, line in sub.groupby("method", sort=True):
             line = line.sort_values("concurrency")
-            x = line["output_tokens_per_s_per_device"]
+            x = line["tokens_per_s_per_device"]
             xerr = [
-                (x - line["output_tokens_per_s_min"] / line["devices"]).clip(lower=0),
-                (line["output_tokens_per_s_max"] / line["devices"] - x).clip(lower=0),
+                (x - line["tokens_per_s_min"] / line["devices"]).clip(lower=0),
+                (line["tokens_per_s_max"] / line["devices"] - x).clip(lower=0),
             ]
             style = styles[method]
             drawn_table(fig).errorbar(ax, x, line["tpot_p50_ms"], xerr=xerr, capsize=2, color=style.color,

@@ -20,7 +20,10 @@ Per line (engine x model x dataset x method x kind of load) the verdict table ad
 
 and the recommendation names, per model x dataset x load, the method with the largest speedup
 among those that pay ("no SD" where none does). Server mode judges the speedup over the rounds'
-range (min..max of each arm: a range, not a 95% interval) with the same rule.
+range (min..max of each arm: a range, not a 95% interval) with the same rule. A point carries
+the bounds it was judged on under their own names: ``speedup_ci_low``/``speedup_ci_high`` (95%
+interval, offline) or ``speedup_min``/``speedup_max`` (range over rounds, server mode), the
+other pair NaN; ``interval`` says which.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ RULE = (
 )
 LINE = ["engine", "model", "dataset", "method", "load_kind"]
 OFFLINE, SERVER = "batch size", "concurrency"
+BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
 PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
 
 
@@ -83,33 +87,42 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd.get("sd_method", sd["method"]), "num_speculative_tokens": sd.get("num_speculative_tokens"),
         "load_kind": OFFLINE, "load": sd["batch_size"].astype(int), "speedup": sd["speedup"],
-        "speedup_low": sd["speedup_ci_low"], "speedup_high": sd["speedup_ci_high"],
-        "interval": "95% bootstrap", "mean_acceptance_length": sd["mean_acceptance_length"],
+        "speedup_ci_low": sd["speedup_ci_low"], "speedup_ci_high": sd["speedup_ci_high"],
+        "speedup_min": float("nan"), "speedup_max": float("nan"),
+        "interval": BOOTSTRAP, "mean_acceptance_length": sd["mean_acceptance_length"],
         # Requests of the cell (or of its no-SD arm) waited for KV cache: the batch was not all running.
         "preempted": sd["preempted"].fillna(False).astype(bool) if "preempted" in sd else False,
     }))  # fmt: skip
     if server is not None and len(server):
         frames.append(server_points(server))
     out = pd.concat(frames, ignore_index=True)
-    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(out["speedup_low"], out["speedup_high"])]
+    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
     return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
 
 
+def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """The bounds each point is judged on: its 95% interval offline, its range over rounds in server mode."""
+    rounds = points["interval"] == ROUNDS
+    return (points["speedup_min"].where(rounds, points["speedup_ci_low"]),
+            points["speedup_max"].where(rounds, points["speedup_ci_high"]))  # fmt: skip
+
+
 def server_points(server: pd.DataFrame) -> pd.DataFrame:
-    """SD over no SD at the same concurrency in server mode; the range over rounds as the interval."""
+    """SD over no SD at the same concurrency in server mode, with its range over rounds
+    (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min)."""
     keys = ["engine", "model", "dataset", "concurrency"]
-    base = server[server["sd_method"] == "none"][[*keys, "output_tokens_per_s", "output_tokens_per_s_min",
-                                                   "output_tokens_per_s_max"]]  # fmt: skip
+    base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"]]
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
     return pd.DataFrame({
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),
         "load_kind": SERVER, "load": sd["concurrency"].astype(int),
-        "speedup": sd["output_tokens_per_s"] / sd["base_output_tokens_per_s"],
-        "speedup_low": sd["output_tokens_per_s_min"] / sd["base_output_tokens_per_s_max"],
-        "speedup_high": sd["output_tokens_per_s_max"] / sd["base_output_tokens_per_s_min"],
-        "interval": "range over rounds", "mean_acceptance_length": sd["mean_acceptance_length"],
+        "speedup": sd["tokens_per_s"] / sd["base_tokens_per_s"],
+        "speedup_ci_low": float("nan"), "speedup_ci_high": float("nan"),
+        "speedup_min": sd["tokens_per_s_min"] / sd["base_tokens_per_s_max"],
+        "speedup_max": sd["tokens_per_s_max"] / sd["base_tokens_per_s_min"],
+        "interval": ROUNDS, "mean_acceptance_length": sd["mean_acceptance_length"],
         "preempted": False,  # the server table does not count preemptions
     })  # fmt: skip
 
@@ -120,6 +133,7 @@ def lines_table(points: pd.DataFrame) -> pd.DataFrame:
     for key, line in points.groupby(LINE, sort=True):
         line = line.sort_values("load")
         loads = line["load"].astype(float).tolist()
+        low, high = judged_bounds(line)
         paying = line[line["verdict"] == PAYS]["load"]
         rows.append({
             **dict(zip(LINE, key)),
@@ -130,8 +144,8 @@ def lines_table(points: pd.DataFrame) -> pd.DataFrame:
             "largest_paying_load": float(paying.max()) if len(paying) else float("nan"),
             "break_even_load": crossing(loads, line["speedup"].tolist()),
             # The lower bound reaches 1 first (a smaller load), the upper bound last.
-            "break_even_low": crossing(loads, line["speedup_low"].tolist()),
-            "break_even_high": crossing(loads, line["speedup_high"].tolist()),
+            "break_even_low": crossing(loads, low.tolist()),
+            "break_even_high": crossing(loads, high.tolist()),
             "max_speedup": float(line["speedup"].max()),
             "mean_acceptance_length": float(line["mean_acceptance_length"].mean()),
         })  # fmt: skip
@@ -193,14 +207,17 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for method, line in sub.groupby("method", sort=True):
-            by_load = {int(r.load): r for r in line.itertuples(index=False)}
+            low, high = judged_bounds(line)
+            by_load = {int(r.load): (r, lo, hi) for r, lo, hi in zip(line.itertuples(index=False), low, high)}
             info = lines[(lines["engine"] == engine) & (lines["model"] == model) & (lines["dataset"] == dataset)
                          & (lines["method"] == method) & (lines["load_kind"] == kind)].iloc[0]  # fmt: skip
             cells = []
             for x in loads:
-                r = by_load.get(int(x))
-                cells.append("" if r is None else
-                             f"{_fmt(r.speedup)} [{_fmt(r.speedup_low)}, {_fmt(r.speedup_high)}] {mark[r.verdict]}")
+                if int(x) not in by_load:
+                    cells.append("")
+                    continue
+                r, lo, hi = by_load[int(x)]
+                cells.append(f"{_fmt(r.speedup)} [{_fmt(lo)}, {_fmt(hi)}] {mark[r.verdict]}")
             upto = _fmt(info["largest_paying_load"], "g") if not math.isnan(info["largest_paying_load"]) else "never"
             lo, hi = info["break_even_low"], info["break_even_high"]
             out.append(f"| {labels.get(method, method)} | " + " | ".join(cells)

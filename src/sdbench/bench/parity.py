@@ -352,7 +352,7 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
         found = _checks(result, ids, max_tokens, reference)
         if side == "vllm":
             match = _THROUGHPUT_LINE.search(stdout)
-            printed = result["tool_printed_output_tokens_per_s"] = float(match.group(3)) if match else None
+            printed = result["tool_printed_tokens_per_s"] = float(match.group(3)) if match else None
             if printed is None or abs(printed - result["tokens_per_s"]) > 0.01 * result["tokens_per_s"] + 0.01:
                 found.append(f"the tool printed {printed} output tok/s, captured {result['tokens_per_s']:.2f}")
         tps, tokens, secs = result["tokens_per_s"], result["output_tokens"], result["elapsed_s"]

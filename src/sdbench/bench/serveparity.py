@@ -37,7 +37,7 @@ BENCH_SNIPPET = (
 
 # What each client reports per round; the summary prints the ratio of their medians over rounds.
 METRICS = {
-    "output_tokens_per_s": "output throughput",
+    "tokens_per_s": "output throughput",
     "median_tpot_ms": "TPOT p50",
     "median_ttft_ms": "TTFT p50",
     "mean_e2el_ms": "E2E mean",
@@ -72,7 +72,7 @@ def _ours(base_url: str, prompts: list[tuple[str, list[int]]], args: argparse.Na
     tpots = [r.tpot_s for r in results if r.num_output_tokens > 1]
     latencies = [r.latency_s for r in results]
     return {
-        "output_tokens_per_s": sum(r.num_output_tokens for r in results) / wall,
+        "tokens_per_s": sum(r.num_output_tokens for r in results) / wall,
         "median_tpot_ms": float(np.median(tpots) * 1000),
         "median_ttft_ms": float(np.median([r.ttft_s for r in results]) * 1000),
         "prompt_tokens": float(sum(r.num_prompt_tokens for r in results)),
@@ -102,7 +102,7 @@ def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace,
         raise RuntimeError(f"vllm bench serve failed (exit {done.returncode}):\n{tail}")
     result = json.loads((Path(scratch) / name).read_text())
     return {
-        "output_tokens_per_s": float(result["output_throughput"]),
+        "tokens_per_s": float(result["output_throughput"]),
         "median_tpot_ms": float(result["median_tpot_ms"]),
         "median_ttft_ms": float(result["median_ttft_ms"]),
         "prompt_tokens": float(result["total_input_tokens"]),
@@ -150,7 +150,7 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
                         server.base_url, args.model_dir, jsonl, args, scratch, r)
                     server.check_alive()
                     rounds.append({"round": r, "client": who, **m})
-                    print(f"round {r} {who:>4}: {m['output_tokens_per_s']:8.1f} output tok/s, TPOT p50 "
+                    print(f"round {r} {who:>4}: {m['tokens_per_s']:8.1f} output tok/s, TPOT p50 "
                           f"{m['median_tpot_ms']:7.2f} ms, TTFT p50 {m['median_ttft_ms']:7.1f} ms, "
                           f"E2E mean {m['mean_e2el_ms']:7.1f} ms, occupancy {m['occupancy']:.3f}, "
                           f"{m['prompt_tokens']:.0f} prompt tokens", flush=True)  # fmt: skip

@@ -72,9 +72,9 @@ def summarise_level(
         "num_speculative_tokens": int(method.get("num_speculative_tokens", 0)),
         "rounds": len(walls),
         "requests_per_round": int(len(requests) // max(len(walls), 1)),
-        "output_tokens_per_s": float(np.median(tokens_per_s)),
-        "output_tokens_per_s_min": float(tokens_per_s.min()),
-        "output_tokens_per_s_max": float(tokens_per_s.max()),
+        "tokens_per_s": float(np.median(tokens_per_s)),
+        "tokens_per_s_min": float(tokens_per_s.min()),
+        "tokens_per_s_max": float(tokens_per_s.max()),
         "requests_per_s": float(np.median(reqs_per_s)),
         "mean_output_tokens": float(requests["num_output_tokens"].mean()),
         "mean_prompt_tokens": float(requests["num_prompt_tokens"].mean()),
@@ -143,7 +143,7 @@ def measure_levels(
             requests = requests.assign(contaminated=report.contaminated)
             log.info(
                 "cell %s c=%d: %.1f output tok/s, TPOT p50 %.1f ms, acceptance length %s",
-                dataset, concurrency, summary.at[0, "output_tokens_per_s"], summary.at[0, "tpot_p50_ms"],
+                dataset, concurrency, summary.at[0, "tokens_per_s"], summary.at[0, "tpot_p50_ms"],
                 "n/a" if math.isnan(summary.at[0, "mean_acceptance_length"]) else f"{summary.at[0, 'mean_acceptance_length']:.2f}",
             )
             out[cell_subdir(dataset, concurrency)] = {"requests": requests, "summary": summary}

@@ -65,8 +65,8 @@ def compare(
                 "batch_size": cell.batch_size,
                 "drafter": "" if key[0] == "ngram" else methods[cell.method]["method"],
                 "measured_speedup": cell.speedup,
-                "measured_ci_low": getattr(cell, "speedup_ci_low", float("nan")),
-                "measured_ci_high": getattr(cell, "speedup_ci_high", float("nan")),
+                "measured_speedup_ci_low": getattr(cell, "speedup_ci_low", float("nan")),
+                "measured_speedup_ci_high": getattr(cell, "speedup_ci_high", float("nan")),
                 "simulated_speedup": float(match["speedup"].iloc[0]),
                 "contaminated": bool(getattr(cell, "contaminated", False)),
             }
@@ -76,10 +76,10 @@ def compare(
         out["ratio"] = out["simulated_speedup"] / out["measured_speedup"]
         # Agreement: the simulated speedup lies inside the measured 95% interval; a cell
         # without an interval (one trial) cannot be judged.
-        inside = (out["simulated_speedup"] >= out["measured_ci_low"]) & (
-            out["simulated_speedup"] <= out["measured_ci_high"]
+        inside = (out["simulated_speedup"] >= out["measured_speedup_ci_low"]) & (
+            out["simulated_speedup"] <= out["measured_speedup_ci_high"]
         )
-        out["agrees"] = inside.where(out["measured_ci_low"].notna())
+        out["agrees"] = inside.where(out["measured_speedup_ci_low"].notna())
     return out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
 
 
