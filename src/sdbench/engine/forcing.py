@@ -20,11 +20,10 @@ rates -> the conditional rates the kernels read), as the engine argument would c
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
-from sdbench.engine.workerprobe import WRAPPER_MODULES
+from sdbench.engine.workerprobe import add_worker_method
 
 RPC_METHOD = "sdbench_force_acceptance"
 _SPEC_CONFIG = "vllm.config:SpeculativeConfig"
@@ -70,18 +69,7 @@ def force_acceptance(wrapper: Any, length: float | None) -> list[float]:
 
 def install() -> str | None:
     """Add :func:`force_acceptance` to vLLM's worker wrapper as ``RPC_METHOD``; returns the module patched."""
-    import importlib
-
-    for module_name in WRAPPER_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        wrapper = getattr(module, "WorkerWrapperBase", None)
-        if wrapper is not None:
-            setattr(wrapper, RPC_METHOD, force_acceptance)
-            return module_name
-    return None
+    return add_worker_method(RPC_METHOD, force_acceptance)
 
 
 def register() -> None:
@@ -92,7 +80,7 @@ def register() -> None:
 def forced_length_of(spec: dict[str, Any]) -> float | None:
     """A cell spec's forced accepted length (sdbench.sweeps), None for a cell that is not forced."""
     value = spec["method"].get("forced_acceptance_length")
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+    return None if value is None else float(value)
 
 
 @contextlib.contextmanager

@@ -82,8 +82,9 @@ def memory_report(wrapper: Any) -> dict[str, float]:
     }
 
 
-def install() -> str | None:
-    """Add :func:`memory_report` to vLLM's worker wrapper as ``RPC_METHOD``; returns the module patched."""
+def add_worker_method(name: str, method: Any) -> str | None:
+    """Add ``method`` to vLLM's worker wrapper as ``name`` (reached by ``LLM.collective_rpc(name)``
+    on every client); returns the module patched, None when this vLLM has no wrapper."""
     import importlib
 
     for module_name in WRAPPER_MODULES:
@@ -93,9 +94,14 @@ def install() -> str | None:
             continue
         wrapper = getattr(module, "WorkerWrapperBase", None)
         if wrapper is not None:
-            setattr(wrapper, RPC_METHOD, memory_report)
+            setattr(wrapper, name, method)
             return module_name
     return None
+
+
+def install() -> str | None:
+    """Add :func:`memory_report` to vLLM's worker wrapper as ``RPC_METHOD``; returns the module patched."""
+    return add_worker_method(RPC_METHOD, memory_report)
 
 
 def register() -> None:

@@ -14,6 +14,7 @@ param changes exactly when the spec does, and a log shows a short command.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -281,10 +282,18 @@ class Plan:
         return [self.cell_file(c, name) for c in self.cells]
 
     # ------------------------------------------------------------------ the verdict first
-    def grid_cells(self) -> list[Cell]:
-        """The grid's own cells (no sweep variant): what the verdict and Fig. 1 read."""
+    @functools.cached_property
+    def _grid_cells(self) -> list[Cell]:
         variants = sweeps.variant_keys(self.config)
         return [c for c in self.cells if c.method not in variants["methods"] and c.dataset not in variants["datasets"]]
+
+    def grid_cells(self) -> list[Cell]:
+        """The grid's own cells (no sweep variant): what the verdict and Fig. 1 read."""
+        return list(self._grid_cells)
+
+    @functools.cached_property
+    def _grid_set(self) -> frozenset[Cell]:
+        return frozenset(self._grid_cells)
 
     def grid_cell_outputs(self, name: str) -> list[str]:
         """Paths of one per-cell table for every cell of :meth:`grid_cells`."""
@@ -293,12 +302,11 @@ class Plan:
     def engine_priority(self, group: EngineGroup) -> int:
         """Snakemake priority of an engine group's job: :data:`FIRST` when it measures a cell the
         verdict reads (so that the verdict and Fig. 1 are written before the extensions are measured)."""
-        grid = set(self.grid_cells())
-        return FIRST if any(c in grid for c in self.groups[group]) else 0
+        return FIRST if any(c in self._grid_set for c in self.groups[group]) else 0
 
     def cell_priority(self, cell: Cell) -> int:
         """Snakemake priority of a cell's table job (see :meth:`engine_priority`)."""
-        return FIRST if cell in set(self.grid_cells()) else 0
+        return FIRST if cell in self._grid_set else 0
 
     def prompt_tables(self, cells_: list[Cell]) -> dict[str, str]:
         """Dataset -> prompt table of each cell (a temperature variant reads its base's)."""
