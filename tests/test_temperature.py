@@ -99,7 +99,7 @@ def test_existing_cells_keep_their_spec_and_greedy_stages() -> None:
         )
         assert "temperature" not in resolve_cell(with_sweep, cell)["dataset"]
     spec = resolve_cell(with_sweep, Cell("vllm-cpu", "tiny-target", "code-edit.t1.0", "ngram-k3", 1))
-    assert spec["dataset"] == {"max_tokens": 64, "num_prompts": 8, "temperature": 1.0}
+    assert spec["dataset"] == {"max_tokens": 128, "num_prompts": 8, "temperature": 1.0}
     assert spec["paired_baseline"]["key"] == "none"
     # Traces, the offline n-gram / BLEU baselines and breakdown stay greedy-only.
     assert trace_targets(with_sweep) == trace_targets(without)
@@ -136,7 +136,7 @@ def test_sampling_params_greedy_unchanged_and_sampled_arms_share_seeds() -> None
 
     greedy = call_sampling_params(_spec(None), ["a", "a", "a", "a"])
     assert not isinstance(greedy, list)  # one object for the call, as before temperatures
-    assert (greedy.temperature, greedy.seed, greedy.max_tokens) == (0.0, 42, 64)
+    assert (greedy.temperature, greedy.seed, greedy.max_tokens) == (0.0, 42, 128)
     sd = _spec(1.0)
     replicas = call_sampling_params(sd, ["a"] * 4)  # replicate mode: one prompt, 4 slots
     assert [p.temperature for p in replicas] == [1.0] * 4

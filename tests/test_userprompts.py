@@ -67,7 +67,7 @@ def _as_csv(path: Path) -> Path:
 def _as_pandas_csv(path: Path) -> Path:
     frame = pd.DataFrame(_rows())
     frame.assign(messages=frame["messages"].map(json.dumps)).to_csv(path, index=False)
-    assert "48.0" in path.read_text()
+    assert "96.0" in path.read_text()
     return path
 
 
@@ -96,14 +96,14 @@ def test_jsonl_csv_and_parquet_give_byte_identical_prompt_tables(llama: Any, tmp
         "jsonl": _table_bytes(_entry(CHAT), llama, tmp_path / "a.parquet"),
         "csv": _table_bytes(_entry(_as_csv(tmp_path / "p.csv")), llama, tmp_path / "b.parquet"),
         "parquet": _table_bytes(_entry(_as_parquet(tmp_path / "p.parquet")), llama, tmp_path / "c.parquet"),
-        # pandas writes max_tokens with gaps as "48.0": still an integer
+        # pandas writes max_tokens with gaps as "96.0": still an integer
         "csv-pandas": _table_bytes(_entry(_as_pandas_csv(tmp_path / "q.csv")), llama, tmp_path / "d.parquet"),
     }
     assert tables["jsonl"] == tables["csv"] == tables["parquet"] == tables["csv-pandas"]
     df = pd.read_parquet(tmp_path / "a.parquet")
     assert len(df) == 8 and df["request_id"].str.startswith("chat-").all()
     assert set(df["category"]) <= {"rename-function", "rename-variable"}
-    assert set(df["max_tokens"]) <= {128, 48} and 48 in set(df["max_tokens"])
+    assert set(df["max_tokens"]) <= {128, 96} and 96 in set(df["max_tokens"])
 
 
 def test_messages_go_through_the_chat_template_up_to_the_last_user_turn(llama: Any, plain: Any) -> None:
