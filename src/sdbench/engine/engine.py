@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from sdbench.engine.hardware import job_env
 from sdbench.engine.versions import apply_env, engine_env, quirks_for, speculative_config
@@ -65,6 +65,15 @@ class Engine:
     startup_s: float
     shared_by: int = 1  # cells measured on this engine (engine groups)
     layout: str = ""  # engine core in this process or not (engine_layout_of)
+    # What times a call: the wall clock on a real engine; a stand-in engine (a test's fake, the
+    # rehearsal engine) brings its own, so the code that times and counts is the same.
+    clock: Callable[[], float] = time.perf_counter
+
+    def prompt(self, token_ids: Any) -> Any:
+        """One prompt as the engine takes it (vLLM's ``TokensPrompt``; a stand-in's own)."""
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=[int(t) for t in token_ids])
 
 
 def engine_layout_of(llm: Any, env: dict[str, str | None]) -> str:

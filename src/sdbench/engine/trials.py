@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -199,18 +198,17 @@ class CellRun:
         return call_sampling_params(self.spec, [str(self.prompts.at[i, "request_id"]) for i in rows], budgets)
 
     def _prompt(self, i: int) -> Any:
-        from vllm.inputs import TokensPrompt
-
-        return TokensPrompt(prompt_token_ids=[int(t) for t in self.prompts.at[i, "prompt_token_ids"]])
+        return self.engine.prompt(self.prompts.at[i, "prompt_token_ids"])
 
     def warm_up(self) -> None:
         """``run.warmup_requests`` untimed calls at the cell's batch size."""
         warmup = min(int(self.spec["run"].get("warmup_requests", 1)), len(self.prompts))
-        t_warm = time.perf_counter()
+        clock = self.engine.clock
+        t_warm = clock()
         for i in range(warmup):
             rows = [i] * self.batch_size
             self.engine.llm.generate([self._prompt(r) for r in rows], self._sampling_for(rows), use_tqdm=False)
-        self.warmup_s = time.perf_counter() - t_warm
+        self.warmup_s = clock() - t_warm
         self.warmup_steps = _steps_so_far(self.steps_dir)
 
     def time_call(self, trial: int, call_index: int) -> float:
@@ -219,9 +217,9 @@ class CellRun:
         rows = self.plan[call_index]
         sampling = self._sampling_for(rows)
         before = read_counters(llm.get_metrics())
-        t0 = time.perf_counter()
+        t0 = self.engine.clock()
         outputs = llm.generate([self._prompt(i) for i in rows], sampling, use_tqdm=False)
-        duration = time.perf_counter() - t0
+        duration = self.engine.clock() - t0
         delta = read_counters(llm.get_metrics()) - before
         self.timed_s += duration
         n_out = 0
