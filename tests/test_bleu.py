@@ -98,7 +98,7 @@ def test_cli_buckets_on_parquet_keeps_input_order(tmp_path: Path, capsys: pytest
     out = tmp_path / "buckets.parquet"
     assert cli.main(["bleu", "buckets", "--input", str(src), "--output", str(out), "--order", "2"]) == 0
     df = pd.read_parquet(out)
-    assert list(df.columns) == ["request_id", "bleu_order", "bleu", "bucket"]
+    assert list(df.columns) == ["request_id", "bleu_order", "bleu", "bucket", "measured"]
     assert df["request_id"].tolist() == ["r2", "r1"]
     assert df["bleu_order"].tolist() == [2, 2]
     assert df["bleu"].iloc[0] == pytest.approx(bleu_text(PROMPT, OUTPUT, 2))

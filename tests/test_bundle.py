@@ -211,6 +211,27 @@ def test_cell_provenance_table(archive: Path, tmp_path: Path) -> None:
     assert list(cells["method"]) == ["ngram-k3", "none"] and list(cells["batch_size"]) == [2, 1]
     assert set(cells["vllm_version"]) == {"0.32.0"} and set(cells["cpu_model"]) == {"Test CPU"}
     assert cells["source"].iloc[1] == "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/summary.parquet"
+    assert cells["measured"].tolist() == [True, True]  # summaries without the column: measured
+
+
+def test_a_rehearsal_is_refused_in_one_line_unless_allowed(inputs: dict, tmp_path: Path, capsys) -> None:
+    """A run with a rehearsal cell (measured = false): `bundle create` exits 2 with one line naming
+    the run and its rehearsal cells; with --allow-rehearsal the crate says it is a rehearsal."""
+    res = inputs["results"]
+    summary = res / "runs/vllm-cpu/tiny-target/code-edit/ngram-k3/bs2/summary.parquet"
+    pd.read_parquet(summary).assign(measured=False).to_parquet(summary)
+    out = tmp_path / "out" / "bundle.tar.gz"
+    args = ["bundle", "create", "--output", str(out), "--results", str(res), "--workflow", str(inputs["workflow"])]
+    assert main(args) == 2 and not out.exists()
+    assert capsys.readouterr().err == (f"error: {res}: 1 of 2 cells is a rehearsal (measured = false), not a "
+                                       "measurement; pass --allow-rehearsal to bundle them anyway\n")  # fmt: skip
+    assert main([*args, "--allow-rehearsal"]) == 0
+    root = _unpack(out, tmp_path / "u")
+    crate = {e["@id"]: e for e in json.loads((root / sdcrate.CRATE_METADATA).read_text())["@graph"]}
+    assert crate["./"]["name"] == "sdbench results bundle (rehearsal, not measured)"
+    assert crate["./"]["description"].startswith("A rehearsal, not a measurement: 1 of 2 cells")
+    cells = pd.read_parquet(root / "provenance/cells.parquet").set_index("method")
+    assert cells["measured"].to_dict() == {"ngram-k3": False, "none": True}
 
 
 def test_provenance_columns_follow_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -114,7 +114,7 @@ def test_trace_ngram_cli_schema_and_determinism(published_traces_dir, tmp_path):
     assert out1.read_bytes() == out2.read_bytes()
 
     schema = pq.read_schema(out1)
-    assert tuple(schema.names) == TRACE_COLUMNS
+    assert tuple(schema.names) == (*TRACE_COLUMNS, "measured")  # stamped by the command (sdbench.provenance)
     assert pa.types.is_string(schema.field("request_id").type) or pa.types.is_large_string(
         schema.field("request_id").type
     )

@@ -139,3 +139,28 @@ def test_a_run_is_read_from_a_results_dir_a_checkout_or_a_bundle(tmp_path):
     assert read_run(bundle).equals(read_run(run))
     with pytest.raises(ValueError, match="no cells table"):
         read_run(tmp_path)
+
+
+def test_a_rehearsal_is_refused_in_one_line_unless_allowed(tmp_path, capsys):
+    """A real run against its rehearsal (cells with measured = false): refused with exit code 2 and
+    one line naming the run and its rehearsal cells; with --allow-rehearsal compared, and said so."""
+    from sdbench.cli import main
+
+    a = cells([("ngram", 1, 2.0, 1.9, 2.1, 3.0)])
+    ra, rb = _run_dir(tmp_path, "a", a), _run_dir(tmp_path, "b", a.assign(measured=[False, True]))
+    assert main(["compare", str(ra), str(rb)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: {rb}: 1 of 2 cells is a rehearsal (measured = false), not a measurement; "
+                   "pass --allow-rehearsal to compare anyway\n")  # fmt: skip
+    assert main(["bench", "compare-runs", "--runs", str(rb), str(rb)]) == 2  # the alias too: both sides named
+    assert capsys.readouterr().err.startswith(f"error: {rb}: 1 of 2 cells, {rb}: 1 of 2 cells are a rehearsal")
+
+    md, table = tmp_path / "compare.md", tmp_path / "compare.parquet"
+    code = main(["compare", str(ra), str(rb), "--allow-rehearsal", "--markdown", str(md), "--output", str(table)])
+    assert code == 0
+    said = f"A rehearsal, not measured: run {rb} has 1 of 2 cells with measured = false."
+    assert capsys.readouterr().out.startswith(said)
+    assert md.read_text().splitlines()[0].startswith("> **Rehearsal, not measured.**") and said in md.read_text()
+    out = pd.read_parquet(table).set_index("method")
+    assert out.loc["ngram", ["measured_a", "measured_b"]].tolist() == [True, False]
+    assert not out["measured"].any()  # the comparison as a whole is not two measurements

@@ -9,7 +9,7 @@ One ``.tar.gz`` holds, under a single top directory ``sdbench-bundle/``::
     report/<name>                 the Snakemake HTML report
     containers/images.yaml        container image digests (when the file exists)
     environments/<NAME>.txt       package versions (``pip freeze``) of each named environment
-    provenance/cells.parquet      engine versions and hardware of every cell (from summary.parquet)
+    provenance/cells.parquet      engine versions, hardware and ``measured`` of every cell (from summary.parquet)
     provenance/excluded.tsv       what was left out of results/ and why (path, bytes, sha256)
     results/...                   the results tree, minus what is excluded below
 
@@ -24,6 +24,10 @@ so a rebuilt model can still be checked against the run):
 - ``results/bundle/``: this command's own outputs (the archive, and the report, config and freeze
   that enter the bundle through their own options);
 - hidden files (``.snakemake_timestamp`` markers, ``.<name>.tmp`` files of interrupted atomic writes).
+
+A run holding rehearsal cells (``measured`` false in a ``summary.parquet``, :mod:`sdbench.provenance`)
+is refused in one line unless ``allow_rehearsal`` (``--allow-rehearsal``): then the crate's name
+and description say it is a rehearsal.
 
 Deterministic: members sorted, fixed mtime/uid/gid/owner/mode in the tar, gzip header mtime 0 and
 no file name, and the crate has fixed ids and no wall-clock date (``datePublished`` is
@@ -55,6 +59,7 @@ import yaml
 from sdbench.crate import CRATE_METADATA, MANIFEST, CrateInfo, build_crate, crate_problems, image_reference
 from sdbench.errors import ConfigError
 from sdbench.io import atomic_path, write_text
+from sdbench.provenance import MEASURED, refuse_rehearsal, rehearsal_rows
 from sdbench.workflow import paths as P
 
 if TYPE_CHECKING:  # pandas is imported where used: the workflow imports this module at parse time
@@ -170,11 +175,12 @@ def cells_provenance(results: Path) -> pd.DataFrame:
     """Engine versions and hardware of every cell, one row per ``summary.parquet`` under runs/ and breakdown/.
 
     ``kind`` is ``run`` (timed cell) or ``breakdown`` (re-run with stage timing); ``source`` is the
-    summary's path in the bundle. Columns a summary lacks are left empty.
+    summary's path in the bundle; ``measured`` the summary's (true where it has none). Columns a
+    summary lacks are left empty.
     """
     import pandas as pd
 
-    columns = ["kind", *CELL_KEYS, *CELL_EXTRA, *PROVENANCE_COLUMNS, "source"]
+    columns = ["kind", *CELL_KEYS, *CELL_EXTRA, *PROVENANCE_COLUMNS, "source", MEASURED]
     rows = []
     for kind, sub in (("run", P.stage_dir(P.CELL_DIR)), ("breakdown", P.stage_dir(P.BREAKDOWN_DIR))):
         for rel, path in _walk_files(results / sub) if (results / sub).is_dir() else ():
@@ -183,16 +189,17 @@ def cells_provenance(results: Path) -> pd.DataFrame:
             summary = pd.read_parquet(path)
             for record in summary.to_dict("records"):
                 row = {c: record.get(c) for c in columns}
-                row.update(kind=kind, source=f"results/{sub}/{rel}")
+                row.update(kind=kind, source=f"results/{sub}/{rel}", measured=record.get(MEASURED, True) is not False)
                 rows.append(row)
     if not rows:
         log.warning("no summary.parquet under %s/runs or %s/breakdown: empty cell provenance", results, results)
     table = pd.DataFrame(rows, columns=columns)
     for c in columns:
-        if c not in ("batch_size", "cpu_count"):
+        if c not in ("batch_size", "cpu_count", MEASURED):
             table[c] = table[c].astype("string")
     table["batch_size"] = pd.to_numeric(table["batch_size"]).astype("Int64")
     table["cpu_count"] = pd.to_numeric(table["cpu_count"]).astype("Int64")
+    table[MEASURED] = table[MEASURED].astype(bool)
     return table.sort_values(["kind", *CELL_KEYS], kind="stable").reset_index(drop=True)
 
 
@@ -330,8 +337,11 @@ def create_bundle(
     start_time: str | None = None,
     end_time: str | None = None,
     date_published: str | None = None,
+    allow_rehearsal: bool = False,
 ) -> int:
     """Write the bundle to ``output``; returns the number of files the manifest lists.
+
+    A run with rehearsal cells raises :class:`sdbench.errors.RehearsalError` unless ``allow_rehearsal``.
 
     ``containers_used``: the jobs ran in the images Snakemake recorded for them (``--sdm apptainer``);
     Snakemake records a rule's declared image either way, so only then are they the run's images.
@@ -381,6 +391,8 @@ def create_bundle(
     included, excluded = collect_results(results)
     result_names = [add(Member(f"results/{rel}", source=path)) for rel, path in included]
     cells = cells_provenance(results)
+    if not allow_rehearsal:
+        refuse_rehearsal([(str(results), rehearsal_rows(cells), len(cells))], "bundle them")
     provenance = [
         add(Member("provenance/cells.parquet", data=_parquet_bytes(cells))),
         add(Member("provenance/excluded.tsv", data=excluded_table(excluded))),
@@ -542,6 +554,7 @@ def _cmd_create(args: argparse.Namespace) -> int:
         start_time=args.start_time,
         end_time=args.end_time,
         date_published=args.date_published,
+        allow_rehearsal=args.allow_rehearsal,
     )
     print(f"{args.output}: {n} files")
     return 0

@@ -6,6 +6,10 @@ modules (``check-config``, ``bundle``, ``containers``). A command's ``func`` is 
 (:mod:`sdbench.lazy`): ``sdbench X`` imports X's implementation (pandas, vLLM, ...) only when
 it runs X, so ``sdbench --help`` and ``sdbench X --help`` start at once.
 
+Each command runs in a :func:`sdbench.provenance.command_scope`: a table it reads with
+``measured = False`` (a rehearsal) marks what it writes, and an analysis command stamps every
+table it writes with ``measured``.
+
 Errors end a command with one line ``error: ...`` on stderr (exit code 2 for bad input, 1 for an
 internal error); ``sdbench --debug X ...`` adds the traceback.
 """
@@ -23,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from sdbench import provenance
 from sdbench.analysis import cli as analysis_cli
 from sdbench.bench import cli as bench_cli
 from sdbench.datasets import cli as datasets_cli
@@ -106,6 +111,9 @@ def _add_bundle(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--start-time", help="run start (ISO 8601), overrides --snakemake-dir")
     c.add_argument("--end-time", help="run end (ISO 8601), overrides --snakemake-dir")
     c.add_argument("--date-published", help="root datePublished (ISO 8601; default $SOURCE_DATE_EPOCH, else end time)")
+    c.add_argument("--allow-rehearsal", action="store_true",
+                   help="bundle a run with rehearsal cells (measured = false); without it such a run is refused "
+                        "(exit code 2)")  # fmt: skip
     c.set_defaults(func=lazy("sdbench.bundle", "_cmd_create"))
 
     v = sub.add_parser("verify", help="re-check every checksum of a bundle (archive or unpacked directory)")
@@ -302,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
-        return int(args.func(args) or 0)
+        with provenance.command_scope(stamp=provenance.stamps(getattr(args.func, "module", ""))):
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if debug:
             traceback.print_exc()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from sdbench.engine.hardware import package_version
+from sdbench.provenance import MARK, MEASURED
 
 if TYPE_CHECKING:  # pandas is imported where used: the workflow imports sdbench.bundle at parse time
     import pandas as pd
@@ -115,6 +116,11 @@ def build_crate(members: Sequence[BundleFile], digests: dict[str, str], info: Cr
         "Results, figures, tables, report and provenance of one run of the sdbench speculative-decoding "
         "benchmark workflow. MANIFEST.sha256 checksums every file; `sdbench bundle verify` checks them."
     )
+    rehearsed = int((~info.cells[MEASURED]).sum()) if MEASURED in info.cells else 0
+    if rehearsed:  # bundled with --allow-rehearsal: the crate says so before anything else
+        root["name"] += f" ({MARK})"
+        root["description"] = (f"A rehearsal, not a measurement: {rehearsed} of {len(info.cells)} cells were "
+                               f"written by a stand-in engine (measured = false). " + root["description"])
     # The library stamps the wall clock; a bundle's date comes from its inputs or is left out.
     if info.date_published:
         root["datePublished"] = info.date_published

@@ -1,5 +1,10 @@
 """Atomic file and directory writing (a result is either complete or absent, never half-written) and
-parquet reading whose errors name the file."""
+parquet reading whose errors name the file.
+
+Inside a command (:func:`sdbench.provenance.command_scope`) the readers record whether a table is a
+rehearsal (its ``measured`` column) and the writers carry that on: a ``measured`` column and schema
+metadata on the tables of an analysis command, a first line on its Markdown (:mod:`sdbench.provenance`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from sdbench import provenance
 
 if TYPE_CHECKING:  # pandas is imported by the functions that need it: light modules use atomic_path
     import pandas as pd
@@ -81,7 +88,9 @@ def read_parquet(
             missing = [c for c in columns if c not in have]
             if missing:
                 raise ValueError(f"{path}: {what} lacks column(s) {', '.join(missing)} (has: {', '.join(have)})")
-        return pd.read_parquet(path, columns=columns, engine="pyarrow")
+        frame = pd.read_parquet(path, columns=columns, engine="pyarrow")
+        provenance.observe_parquet(path, frame)
+        return frame
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         raise
     except (pa.ArrowException, OSError) as exc:
@@ -97,20 +106,49 @@ def read_parquet(
         ) from exc
 
 
+def read_csv(path: str | os.PathLike[str], what: str = "CSV table") -> pd.DataFrame:
+    """``pd.read_csv(path)`` whose errors name ``path`` and what was expected (an input of the
+    running command, :func:`sdbench.provenance.observe`)."""
+    import pandas as pd
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(errno.ENOENT, f"no such file (expected a {what})", str(path))
+    try:
+        frame = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not a readable {what} ({' '.join(str(exc).split())})") from exc
+    provenance.observe(frame, path)
+    return frame
+
+
 def write_parquet(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
     """Write ``df`` to parquet atomically, without the pandas index.
 
-    Same frame in, same bytes out: no creation timestamps are embedded.
+    Same frame in, same bytes out: no creation timestamps are embedded. In an analysis command
+    the table gets its ``measured`` column and schema metadata (:func:`sdbench.provenance.stamp`).
     """
+    df = provenance.stamp(df)
+    metadata = provenance.table_metadata(df)
     with atomic_path(path) as tmp:
         try:
-            df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
+            if metadata:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                table = pa.Table.from_pandas(df, preserve_index=False)
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+                pq.write_table(table, tmp, compression="zstd")
+            else:
+                df.to_parquet(tmp, index=False, engine="pyarrow", compression="zstd")
         except OSError as exc:  # disk full, quota: name the output, not the temporary file
             raise write_error(exc, path) from exc
 
 
 def write_text(text: str, path: str | os.PathLike[str]) -> None:
-    """Write ``text`` to ``path`` atomically."""
+    """Write ``text`` to ``path`` atomically (a Markdown file of a rehearsal command starts with
+    :func:`sdbench.provenance.banner`)."""
+    if str(path).endswith(".md"):
+        text = provenance.mark_markdown(text)
     with atomic_path(path) as tmp:
         try:
             tmp.write_text(text)

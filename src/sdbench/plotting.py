@@ -11,6 +11,10 @@ Every figure of the figure index also hands back what it drew: its :class:`Drawn
 (:func:`drawn_table`) is filled by the drawing calls themselves (``drawn.errorbar(ax, ...)`` draws
 and records the same values), and :func:`save_png` writes it beside the PNG as ``<name>.csv``
 (:data:`DRAWN_COLUMNS`, one row per mark; docs/schema.md) and returns it.
+
+A figure drawn from rehearsal data (:mod:`sdbench.provenance`) is marked by :func:`save_png`,
+the one place every figure is saved: "rehearsal, not measured" across it, in its title and in the
+PNG's ``Warning`` text chunk; its drawn table says ``measured`` false.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from sdbench import provenance
 from sdbench.io import atomic_path
+
+# The PNG text chunk that names a rehearsal figure (read back with PIL: ``Image.open(p).text``).
+PNG_MARK_KEY = "Warning"
 
 
 def pyplot() -> Any:
@@ -47,7 +55,8 @@ def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs:
 
     ``savefig_kwargs`` go to ``Figure.savefig`` (e.g. ``bbox_inches="tight"``). A figure wider
     than :data:`MAX_WIDTH_PX` at ``dpi`` is saved at the dpi that fits (every figure a reader opens
-    stays at most that wide).
+    stays at most that wide). A figure of a rehearsal command gets the rehearsal mark
+    (:func:`sdbench.provenance.mark_figure`; :data:`PNG_MARK_KEY` in the PNG).
     """
     width = fig.get_figwidth()
     if width * dpi > MAX_WIDTH_PX:
@@ -55,11 +64,14 @@ def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs:
     drawn = getattr(fig, _DRAWN_ATTR, None)
     try:
         frame = None if drawn is None else drawn.frame()
+        metadata = {"Software": None}
+        if provenance.mark_figure(fig):  # after the drawn table: its panels keep their own titles
+            metadata[PNG_MARK_KEY] = provenance.MARK
         with contextlib.ExitStack() as stack:
             if frame is not None:  # renamed into place only after the PNG is: both or neither
                 frame.to_csv(stack.enter_context(atomic_path(drawn_path(path))), index=False)
             with atomic_path(path) as tmp:
-                fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None}, **savefig_kwargs)
+                fig.savefig(tmp, format="png", dpi=dpi, metadata=metadata, **savefig_kwargs)
     finally:
         pyplot().close(fig)
     return frame
@@ -69,8 +81,10 @@ def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs:
 DRAWN_SUFFIX = ".csv"
 # panel/xlabel/ylabel: the axes' title and axis labels as drawn; mark: line, point, bar, box,
 # whisker, band, cell, square, ring, text, reference; lo/hi: the interval drawn on y (error bar,
-# band, box, whisker), x_lo/x_hi: on x; note: what else the mark shows (its colour's class, its text).
-DRAWN_COLUMNS = ("panel", "xlabel", "ylabel", "mark", "series", "label", "x", "y", "lo", "hi", "x_lo", "x_hi", "note")
+# band, box, whisker), x_lo/x_hi: on x; note: what else the mark shows (its colour's class, its text);
+# measured: false when the figure was drawn from rehearsal data (sdbench.provenance).
+DRAWN_COLUMNS = ("panel", "xlabel", "ylabel", "mark", "series", "label", "x", "y", "lo", "hi", "x_lo", "x_hi", "note",
+                 "measured")  # fmt: skip
 _DRAWN_ATTR = "_sdbench_drawn"
 
 
@@ -243,7 +257,8 @@ class DrawnTable:
         return {"label": str(label) if legend else "_nolegend_"}
 
     def frame(self) -> Any:
-        """The table: :data:`DRAWN_COLUMNS`, one row per mark in drawing order."""
+        """The table: :data:`DRAWN_COLUMNS`, one row per mark in drawing order (``measured``:
+        :func:`sdbench.provenance.measured` of the command drawing it)."""
         import pandas as pd
 
         records = []
@@ -252,6 +267,7 @@ class DrawnTable:
             records.append({"panel": title.replace("\n", " / "), "xlabel": ax.get_xlabel().replace("\n", " "),
                             "ylabel": ax.get_ylabel().replace("\n", " "), **row})  # fmt: skip
         frame = pd.DataFrame.from_records(records, columns=list(DRAWN_COLUMNS))
+        frame[provenance.MEASURED] = pd.Series(provenance.measured(), index=frame.index, dtype=bool)
         for col in ("y", "lo", "hi", "x_lo", "x_hi"):
             frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
         return frame

@@ -94,9 +94,11 @@ rule bundle:
             in workflow.deployment_settings.deployment_method
             else ""
         ),
+        # A rehearsal's cells (measured = false) are refused unless the config allows them.
+        allow_rehearsal="--allow-rehearsal" if config.get("allow_rehearsal") else "",
     shell:
         "sdbench bundle create --output {output} --results results "
         "--workflow {params.snakefile} --workflow-files {params.sources} "
         "--config {input.config} --report {input.report} --containers {params.images} "
         "--environment host={input.freeze} --snakemake-dir .snakemake {params.containers_used} "
-        "> {log} 2>&1"
+        "{params.allow_rehearsal} > {log} 2>&1"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from sdbench.engine.steptiming import STAGE_COLUMNS
-from sdbench.io import write_parquet
+from sdbench.io import read_csv, read_parquet, write_parquet
 from sdbench.plotting import drawn_table, method_style, save_png, subplots
 
 # Stages of the breakdown, in plot order (bottom to top), with Fig. 3's labels.
@@ -131,7 +131,7 @@ def read_step_tables(paths: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
     minus ``other_s`` plus ``method`` and ``batch_size``; ``ValueError`` names the file lacking a column."""
     frames = []
     for path in map(Path, paths):
-        df = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+        df = read_csv(path, "step table") if path.suffix == ".csv" else read_parquet(path, what="step table")
         need = (*GROUP_COLUMNS, "step_s", *STAGE_COLUMNS)
         missing = [c for c in need if c not in df.columns]
         if missing:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdbench.io import write_parquet, write_text
+from sdbench.io import read_parquet, write_parquet, write_text
 
 
 KEYS = ["engine", "model", "dataset", "method", "batch_size"]
@@ -135,7 +135,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         raise ValueError(f"cost.price_per_device_hour: not a price: {bad}")
     from sdbench.analysis.endtoend import grid_cells
 
-    table = cost_table(grid_cells(pd.read_parquet(args.cells)), prices, devices, args.currency)
+    table = cost_table(grid_cells(read_parquet(args.cells, what="cells table")), prices, devices, args.currency)
     write_parquet(table, args.output)
     write_text(cost_markdown(table, args.source), args.markdown)
     plot_cost(table, args.figure)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sdbench.io import write_parquet, write_text
+from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
 
 GROUP = ["engine", "model", "dataset", "batch_size"]
@@ -296,13 +296,13 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     if by_requests and not args.requests:
         flags = ", ".join("--" + o.replace("_", "-") for o in by_requests)
         raise ValueError(f"aggregate: {flags} need --requests (the cells' requests.parquet)")
-    cells = mark_sweeps(join_cells([pd.read_parquet(p) for p in args.summaries], args.baseline), json.loads(args.sweeps))
+    cells = mark_sweeps(join_cells([read_parquet(p, what="summary table") for p in args.summaries], args.baseline), json.loads(args.sweeps))
     write_parquet(cells, args.cells)
     if args.speedups_md:
         write_text(speedup_markdown(cells), args.speedups_md)
     if not by_requests:
         return 0
-    requests = pd.concat([pd.read_parquet(p) for p in args.requests], ignore_index=True)
+    requests = pd.concat([read_parquet(p, what="requests table") for p in args.requests], ignore_index=True)
     lengths = generation_length_table(requests)
     if args.lengths:
         write_parquet(lengths, args.lengths)
@@ -319,7 +319,7 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
 def _cmd_plot(args: argparse.Namespace) -> int:
     if not (args.output or args.acceptance):
         raise ValueError("plot-throughput: give --output (Fig. 1/2) and/or --acceptance")
-    cells = pd.read_parquet(args.cells)
+    cells = read_parquet(args.cells, what="cells table")
     if args.output:
         plot_throughput(cells, args.output)
     if args.acceptance:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.io import write_parquet, write_text
+from sdbench.io import read_parquet, write_parquet, write_text
 
 POINT = ["engine", "model", "dataset", "batch_size", "base_method", "num_speculative_tokens"]
 MEMORY = ["analytical_static_gib", "analytical_per_token_kib", "peak_memory_gib"]
@@ -98,7 +98,8 @@ def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> pd.DataFra
 
 def _cmd_proposal_length(args: argparse.Namespace) -> int:
     points = {k: (v[0], int(v[1])) for k, v in json.loads(args.points).items()}
-    table = proposal_length_table(pd.read_parquet(args.cells), pd.read_parquet(args.memory), points, json.loads(args.scope))
+    table = proposal_length_table(read_parquet(args.cells, what="cells table"), read_parquet(args.memory, what="memory table"),
+                                  points, json.loads(args.scope))
     write_parquet(table, args.output)
     write_text(proposal_length_markdown(table), args.markdown)
     plot_proposal_length(table, args.figure)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sdbench.io import write_parquet, write_text
+from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
 
 KEYS = ["engine", "model", "method", "batch_size"]
@@ -109,7 +109,7 @@ def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> pd.DataFram
 
 
 def _cmd_random_inputs(args: argparse.Namespace) -> int:
-    table = random_vs_real(pd.read_parquet(args.cells), json.loads(args.pairs))
+    table = random_vs_real(read_parquet(args.cells, what="cells table"), json.loads(args.pairs))
     write_parquet(table, args.output)
     write_text(random_vs_real_markdown(table), args.markdown)
     plot_random_vs_real(table, args.figure)

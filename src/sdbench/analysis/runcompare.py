@@ -15,6 +15,10 @@ named apart from a speed change. With ``--threshold T`` a cell *regresses* when 
 than A by more than the fraction T in speedup or throughput (``--gate``: either, or only one)
 *and* the intervals are disjoint; the command then exits 1, so it can gate a CI job.
 
+A rehearsal (cells with ``measured`` false, :mod:`sdbench.provenance`) is refused in one line
+(exit code 2) unless ``--allow-rehearsal``: then a real run is compared with its rehearsal cell by
+cell (a simulator validation at the grid's scale), and every output says which run is the rehearsal.
+
 A run is given as its ``results/`` directory (``tables/cells.parquet`` in it), a checkout or an
 unpacked bundle holding ``results/tables/cells.parquet``, a ``.tar.gz`` bundle
 (``sdbench bundle create``), or the parquet file itself.
@@ -29,6 +33,8 @@ import tarfile
 from pathlib import Path
 
 import pandas as pd
+
+from sdbench.provenance import MEASURED
 
 KEY = ["engine", "model", "dataset", "method", "batch_size"]
 SPEED = ["speedup", "speedup_ci_low", "speedup_ci_high"]
@@ -85,6 +91,8 @@ def _cells(cells: pd.DataFrame, name: str) -> pd.DataFrame:
         raise ValueError(f"{name}: a cell appears twice")
     keep = KEY + VALUE + [c for c in ("sd_method", "num_speculative_tokens") if c in cells]
     out = cells[keep].copy()
+    # Per run (measured_a / measured_b after the join): whether the cell was measured or rehearsed.
+    out[MEASURED] = cells[MEASURED].fillna(True).astype(bool) if MEASURED in cells else True
     out.loc[out["method"] == "none", SPEED] = float("nan")  # no-SD: throughput only
     return out
 
@@ -269,10 +277,28 @@ def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A"
     return save_png(fig, out_png, dpi=110)
 
 
+def rehearsal_line(runs: list[tuple[str, pd.DataFrame]]) -> str:
+    """The line saying which run is a rehearsal and how many of its cells ("" when none is)."""
+    from sdbench.provenance import rehearsal_rows
+
+    parts = [f"run {name} has {rehearsal_rows(cells)} of {len(cells)} cells with measured = false"
+             for name, cells in runs if rehearsal_rows(cells)]  # fmt: skip
+    if not parts:
+        return ""
+    return f"A rehearsal, not measured: {'; '.join(parts)}. This compares a rehearsal with a run cell by cell."
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from sdbench import provenance
+
     a_path, b_path = args.runs
-    table = compare(read_run(a_path), read_run(b_path), (str(a_path), str(b_path)), args.common, args.threshold,
-                    args.gate)
+    runs = [(str(a_path), read_run(a_path)), (str(b_path), read_run(b_path))]
+    if not args.allow_rehearsal:
+        provenance.refuse_rehearsal([(n, provenance.rehearsal_rows(c), len(c)) for n, c in runs], "compare")
+    for name, cells in runs:
+        provenance.observe(cells, name)
+    (_, a), (_, b) = runs
+    table = compare(a, b, (str(a_path), str(b_path)), args.common, args.threshold, args.gate)
     labels = {}
     if args.config:
         from sdbench.config import load_config
@@ -281,6 +307,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     text = markdown(table, labels)
     s = summary(table, args.max_half_width)
     report = text + "\n\n" + format_summary(s, args.threshold, args.gate)
+    if rehearsal := rehearsal_line(runs):
+        report = f"{rehearsal}\n\n{report}"
     if args.common:
         report += "\ncells left out (in one run only): " + ", ".join(f"{k} {v}" for k, v in table.attrs["only"].items())
     print(report)

@@ -28,7 +28,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.analysis.verdict import BREAK_EVEN, LOSES, NO_INTERVAL, PAYS, verdict  # noqa: F401 - one rule
-from sdbench.io import write_parquet, write_text
+from sdbench.io import read_parquet, write_parquet, write_text
 
 SCOPE = ["engine", "model", "base_dataset", "batch_size"]
 LINE = ["engine", "model", "base_dataset", "method", "batch_size"]
@@ -147,7 +147,7 @@ def plot_temperature(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
 
 def _cmd_temperature(args: argparse.Namespace) -> int:
     points = {k: (v[0], float(v[1])) for k, v in json.loads(args.points).items()}
-    table = temperature_table(pd.read_parquet(args.cells), points, json.loads(args.scope))
+    table = temperature_table(read_parquet(args.cells, what="cells table"), points, json.loads(args.scope))
     recommendation = recommendation_table(table)
     write_parquet(table, args.output)
     write_parquet(recommendation, args.recommendation)

@@ -146,6 +146,9 @@ def compare_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-half-width", type=float, default=0.05, help="median half-width criterion (default 0.05)")
     p.add_argument("--check", action="store_true", help="also exit 1 unless the runs agree and both are narrow")
     p.add_argument("--common", action="store_true", help="compare the cells both runs measured (a grid that grew)")
+    p.add_argument("--allow-rehearsal", action="store_true",
+                   help="compare a rehearsal's cells (measured = false) too: a real run against its rehearsal, "
+                        "cell by cell (without it such a run is refused, exit code 2)")  # fmt: skip
     p.set_defaults(func=lazy("sdbench.analysis.runcompare", "_cmd_compare"))
 
 

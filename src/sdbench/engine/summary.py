@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.engine.counters import SDCounters, acceptance_stats
+from sdbench.provenance import frame_measured
 
 # Summary columns of a cell timed in pairs with a no-SD engine (sdbench.engine.paired).
 PAIRED_COLUMNS = (
@@ -80,6 +81,8 @@ def summarise(
         # Timed calls during which the scheduler preempted requests (the KV cache was full).
         "num_preemptions": int(calls["num_preemptions"].sum()) if "num_preemptions" in calls else 0,
         **acc,
+        # False for a rehearsal (a stand-in engine, spec engine_mode; or rows it wrote): never a measurement.
+        "measured": spec.get("engine_mode", "measured") != "rehearsal" and frame_measured(calls) and frame_measured(requests),
     }
     return pd.DataFrame([row])
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sdbench.io import write_text
+from sdbench.io import read_csv, write_text
 from sdbench.simulator.core import simulate, write_results
 from sdbench.simulator.costmodel import load_cost_model
 from sdbench.simulator.figures import figure_adaptive, figure_combining, figure_compare, figure_fixed_vs_oracle
@@ -100,7 +100,7 @@ def _cmd_adaptive(args: argparse.Namespace) -> int:
 def _cmd_figures(args: argparse.Namespace) -> int:
     if not (args.fixed_vs_oracle or args.combining):
         raise ValueError("simulate figures: give --fixed-vs-oracle (Fig. 9) and/or --combining (Fig. 11)")
-    results = pd.concat([pd.read_csv(p) for p in args.results], ignore_index=True)
+    results = pd.concat([read_csv(p, "simulator table") for p in args.results], ignore_index=True)
     if args.fixed_vs_oracle:
         figure_fixed_vs_oracle(results, args.fixed_vs_oracle)
         print(f"wrote {args.fixed_vs_oracle}")

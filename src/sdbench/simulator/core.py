@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from sdbench import provenance
 from sdbench.io import atomic_path
 from sdbench.simulator.causal import CausalPolicy
 from sdbench.simulator.compat import COMPAT_NGRAM_MATCH_PROBABILITY, COMPAT_NUM_REQUESTS, COMPAT_SEED, sample_requests
@@ -266,6 +267,8 @@ def _training_arrays(
 
 
 def write_results(df: pd.DataFrame, path: str | os.PathLike[str]) -> None:
-    """Write result rows as CSV atomically (fixed float format, so reruns are byte-identical)."""
+    """Write result rows as CSV atomically (fixed float format, so reruns are byte-identical),
+    with their ``measured`` column in an analysis command (:func:`sdbench.provenance.stamp`)."""
+    df = provenance.stamp(df)
     with atomic_path(path) as tmp:
         df.to_csv(tmp, index=False, float_format="%.6f")

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sdbench import provenance
 from sdbench.io import write_text
 from sdbench.packagedata import data_file, list_data
 
@@ -236,7 +237,10 @@ def load_cost_model(name_or_path: str | os.PathLike[str]) -> CostModel:
             f"{path}: expected a cost-model mapping (name, target, drafters, overhead_per_step), "
             f"got {'an empty file' if data is None else type(data).__name__}"
         )
-    return cost_model_from_dict(data, source=str(path))
+    model = cost_model_from_dict(data, source=str(path))
+    # A model fitted from rehearsal step tables is an input of a rehearsal (fit.measured, save_cost_model).
+    provenance.observe(None, str(path), measured=model.fit.get("measured") is not False)
+    return model
 
 
 def dump_cost_model(model: CostModel) -> str:
@@ -245,7 +249,10 @@ def dump_cost_model(model: CostModel) -> str:
 
 
 def save_cost_model(model: CostModel, path: str | os.PathLike[str]) -> None:
-    """Validate and write ``model`` to ``path`` atomically."""
+    """Validate and write ``model`` to ``path`` atomically; fitted by an analysis command, its
+    ``fit.measured`` says whether its step tables were measured (:mod:`sdbench.provenance`)."""
+    if provenance.stamping():
+        model = CostModel(**{**model.__dict__, "fit": {**model.fit, "measured": provenance.measured()}})
     cost_model_from_dict(model.to_dict(), source=str(path))
     write_text(dump_cost_model(model), path)
 
@@ -276,6 +283,7 @@ def read_step_table(path: str | os.PathLike[str]) -> pd.DataFrame:
             df = pd.read_csv(path)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: not a readable CSV step table ({' '.join(str(exc).split())})") from exc
+        provenance.observe(df, path)
     else:
         df = read_parquet(path, what="step table")
     missing = [c for c in STEP_COLUMNS if c not in df.columns]

@@ -68,11 +68,12 @@ def _load_trace_table(path: Path, token_requests: dict[str, tuple[list[int], lis
     ``token_requests`` (request id -> (prompt ids, output ids))."""
     import pyarrow.parquet as pq
 
+    from sdbench.io import read_parquet
     from sdbench.traces.table import read_trace_table
 
     df = read_trace_table(path)
     extra_cols = [c for c in ("prompt_len", "dataset") if c in pq.read_schema(path).names]
-    extra = pd.read_parquet(path, columns=extra_cols) if extra_cols else pd.DataFrame(index=df.index)
+    extra = read_parquet(path, columns=extra_cols) if extra_cols else pd.DataFrame(index=df.index)
     dataset = published.dataset_name(path)
     if "dataset" in extra and extra["dataset"].nunique() == 1:
         dataset = str(extra["dataset"].iloc[0])

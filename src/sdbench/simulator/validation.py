@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.io import write_parquet, write_text
+from sdbench.io import read_csv, read_parquet, write_parquet, write_text
 
 # vLLM method -> simulator proposer (any learned drafter stands in for "eagle").
 PROPOSER = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "eagle", "mtp": "eagle"}
@@ -84,8 +84,8 @@ def compare(
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    cells = pd.read_parquet(args.cells)
-    simulated = pd.concat([pd.read_csv(p) for p in args.simulated], ignore_index=True)
+    cells = read_parquet(args.cells, what="cells table")
+    simulated = pd.concat([read_csv(p, "simulator table") for p in args.simulated], ignore_index=True)
     table = compare(cells, simulated, json.loads(args.methods))
     write_parquet(table, args.output)
     write_text(table.to_markdown(index=False, floatfmt=".2f") + "\n", args.markdown)
