@@ -73,6 +73,15 @@ def test_a_measured_run_has_no_mark(tmp_path: Path, measured: bool | None) -> No
     assert pd.read_csv(out / "fig01.csv")["measured"].eq(True).all()
 
 
+def test_a_table_without_the_column_is_a_measurement() -> None:
+    with provenance.command_scope(stamp=True):
+        provenance.observe(pd.DataFrame({"a": [1]}), "older-run.parquet")  # written before the column existed
+        provenance.observe(pd.DataFrame({"measured": [True, None]}), "partly-filled.parquet")
+        assert provenance.measured()
+        provenance.observe(pd.DataFrame({"measured": [True, False]}), "rehearsal.parquet")
+        assert provenance.rehearsal_sources() == ["rehearsal.parquet"]
+
+
 def test_one_rehearsal_row_makes_the_whole_output_a_rehearsal(tmp_path: Path) -> None:
     paths = summaries(tmp_path, measured=True)
     pd.read_parquet(paths[1]).assign(measured=False).to_parquet(paths[1])  # the n-gram cell only
