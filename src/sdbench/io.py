@@ -89,7 +89,7 @@ def read_parquet(
             if missing:
                 raise ValueError(f"{path}: {what} lacks column(s) {', '.join(missing)} (has: {', '.join(have)})")
         frame = pd.read_parquet(path, columns=columns, engine="pyarrow")
-        provenance.observe_parquet(path, frame)
+        provenance.observe_parquet(path, frame, every_column=columns is None)
         return frame
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         raise

@@ -94,12 +94,12 @@ def observe(frame: pd.DataFrame | None, source: str | os.PathLike[str], measured
         _scope.rehearsal.append(str(source))
 
 
-def observe_parquet(path: str | os.PathLike[str], frame: pd.DataFrame) -> None:
-    """:func:`observe` a parquet input read into ``frame``: its ``measured`` column, else the
-    file's schema metadata and column (a read of other columns only still sees the flag)."""
+def observe_parquet(path: str | os.PathLike[str], frame: pd.DataFrame, every_column: bool = True) -> None:
+    """:func:`observe` a parquet input read into ``frame``: its ``measured`` column; when only some
+    columns were read (not ``every_column``), the file's schema metadata or column instead."""
     if _scope is None:
         return
-    if MEASURED in frame.columns or not os.path.isfile(path):
+    if MEASURED in frame.columns or every_column or not os.path.isfile(path):
         observe(frame, path)
         return
     import pyarrow.parquet as pq
