@@ -113,7 +113,8 @@ def test_save_png_marks_a_rehearsal_figure_across_it_and_in_its_title(tmp_path: 
         titled, untitled = _figure("Fig. 1"), _figure(None)
         save_png(titled, tmp_path / "a.png", dpi=50)
         save_png(untitled, tmp_path / "b.png", dpi=50)
-    assert "REHEARSAL, NOT MEASURED" in _texts(titled) and titled._suptitle.get_text() == "Fig. 1 (rehearsal, not measured)"
+    assert "REHEARSAL, NOT MEASURED" in _texts(titled)
+    assert titled._suptitle.get_text() == "Fig. 1 (rehearsal, not measured)"
     assert "REHEARSAL, NOT MEASURED" in _texts(untitled) and "(rehearsal, not measured)" in _texts(untitled)
     with provenance.command_scope(stamp=True):
         provenance.observe(rehearsal.assign(measured=True), "cells.parquet")

@@ -296,7 +296,8 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     if by_requests and not args.requests:
         flags = ", ".join("--" + o.replace("_", "-") for o in by_requests)
         raise ValueError(f"aggregate: {flags} need --requests (the cells' requests.parquet)")
-    cells = mark_sweeps(join_cells([read_parquet(p, what="summary table") for p in args.summaries], args.baseline), json.loads(args.sweeps))
+    summaries = [read_parquet(p, what="summary table") for p in args.summaries]
+    cells = mark_sweeps(join_cells(summaries, args.baseline), json.loads(args.sweeps))
     write_parquet(cells, args.cells)
     if args.speedups_md:
         write_text(speedup_markdown(cells), args.speedups_md)

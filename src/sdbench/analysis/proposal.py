@@ -98,8 +98,8 @@ def plot_proposal_length(table: pd.DataFrame, out_png: str | Path) -> pd.DataFra
 
 def _cmd_proposal_length(args: argparse.Namespace) -> int:
     points = {k: (v[0], int(v[1])) for k, v in json.loads(args.points).items()}
-    table = proposal_length_table(read_parquet(args.cells, what="cells table"), read_parquet(args.memory, what="memory table"),
-                                  points, json.loads(args.scope))
+    cells, memory = read_parquet(args.cells, what="cells table"), read_parquet(args.memory, what="memory table")
+    table = proposal_length_table(cells, memory, points, json.loads(args.scope))
     write_parquet(table, args.output)
     write_text(proposal_length_markdown(table), args.markdown)
     plot_proposal_length(table, args.figure)

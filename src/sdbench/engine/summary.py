@@ -82,7 +82,9 @@ def summarise(
         "num_preemptions": int(calls["num_preemptions"].sum()) if "num_preemptions" in calls else 0,
         **acc,
         # False for a rehearsal (a stand-in engine, spec engine_mode; or rows it wrote): never a measurement.
-        "measured": spec.get("engine_mode", "measured") != "rehearsal" and frame_measured(calls) and frame_measured(requests),
+        "measured": spec.get("engine_mode", "measured") != "rehearsal"
+        and frame_measured(calls)
+        and frame_measured(requests),
     }
     return pd.DataFrame([row])
 
