@@ -148,8 +148,8 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     # What the DAG asks is what the plan says (sdbench check-config --jobs).
     from sdbench.scheduling import engine_jobs
 
-    planned = {(j.rule, tuple(j.wildcards.values())): (j.runtime, j.mem_mb) for j in engine_jobs(plan)}
-    dag = {(j.rule.name, tuple(j.wildcards.values())): (j.resources["runtime"], j.resources["mem_mb"])
+    planned = {(j.rule, tuple(j.wildcards.items())): (j.runtime, j.mem_mb) for j in engine_jobs(plan)}
+    dag = {(j.rule.name, tuple(dict(j.wildcards.items()).items())): (j.resources["runtime"], j.resources["mem_mb"])
            for j in paper_jobs if j.rule.name in ENGINE_RULES}  # fmt: skip
     assert planned == dag
 

@@ -230,10 +230,13 @@ def test_a_job_holds_its_largest_cell_and_a_trace_group_every_dataset() -> None:
 
     cells = [Cell("gpu", "small", "d", "none", bs) for bs in (1, 64)]
     assert job_mem_mb(CONFIG, "run", cells) == cell_mem_mb(CONFIG, cells[1])
-    traces = [Cell("gpu", "small", d, "ng", 8) for d in ("d", "tiny")]
-    # 100 x (64 + 3 x 512) + 2 x (8 + 3 x 16) token ids at 44 B, kept until the group ends.
-    held = (100 * (64 + 3 * 512) + 2 * (8 + 3 * 16)) * 44
-    assert job_mem_mb(CONFIG, "trace", traces) == math.ceil((64000 + held / 2**20) / 100) * 100
+    config = deepcopy(CONFIG)
+    config["datasets"]["long"] = {"num_prompts": 1000, "max_tokens": 4096, "expected_prompt_tokens": 2048}
+    traces = [Cell("gpu", "small", d, "ng", 8) for d in ("d", "long")]
+    # Prompt, output and two trace arrays per position, kept until the group ends, at 44 B:
+    # 100 x (64 + 3 x 512) + 1,000 x (2,048 + 3 x 4,096) token ids.
+    held = (100 * (64 + 3 * 512) + 1000 * (2048 + 3 * 4096)) * 44
+    assert job_mem_mb(config, "trace", traces) == math.ceil((64000 + held / 2**20) / 100) * 100 == 64700
 
 
 # ------------------------------------------------------------------ analysis jobs
