@@ -200,7 +200,8 @@ def test_the_model_size_scales_a_gpu_step() -> None:
     assert glm.compute == pytest.approx(13.42 / 8.03 / 3.2, rel=1e-3)
     assert model_scale(config, "l70", "cpu").weights == 1.0  # CPU costs are not scaled
     cell = {m: [Cell("gpu", m, "d", "none", 16)] for m in ("l8", "l70")}
-    assert estimate_breakdown(config, "run", cell["l70"]).decode_s > 2 * estimate_breakdown(config, "run", cell["l8"]).decode_s
+    decode = {m: estimate_breakdown(config, "run", cs).decode_s for m, cs in cell.items()}
+    assert decode["l70"] > 2 * decode["l8"]
 
 
 # ------------------------------------------------------------------ host memory

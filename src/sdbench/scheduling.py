@@ -306,7 +306,8 @@ def _generate(config: dict[str, Any], engine: str, model: str, method: str, *, s
     prefill = (
         costs.token_s * scale.compute * prefill_tokens
         + costs.token_s * scale.attention * sequences * prompt**2
-        + math.ceil(prefill_tokens / PREFILL_CHUNK_TOKENS) * (costs.step_fixed_s * scale.weights + costs.step_overhead_s)
+        + math.ceil(prefill_tokens / PREFILL_CHUNK_TOKENS)
+        * (costs.step_fixed_s * scale.weights + costs.step_overhead_s)
     )
     context = prompt + output / 2  # a decode step's mean context
     verify = _step_s(costs, scale, running, 1 + k, context)
@@ -432,9 +433,10 @@ def _trace_job(config: dict[str, Any], cells_: list[Cell]) -> JobEstimate:
     k = int(traces.get("num_speculative_tokens", 20))
     work = Work()
     for c in cells_:  # greedy to EOS whatever run.ignore_eos says (sdbench.engine.tracegroup)
-        work += _generate(config, c.engine, c.model, c.method, sequences=_num_prompts(config, c.dataset, _cell_run(config, c)),
-                          running=c.batch_size, prompt=prompt_tokens(config, c.dataset),
-                          output=output_tokens(config, c.dataset, {}), draft_tokens=k)  # fmt: skip
+        prompts = _num_prompts(config, c.dataset, _cell_run(config, c))
+        work += _generate(config, c.engine, c.model, c.method, sequences=prompts, running=c.batch_size,
+                          prompt=prompt_tokens(config, c.dataset), output=output_tokens(config, c.dataset, {}),
+                          draft_tokens=k)  # fmt: skip
     startup = _costs(config, cells_[0].engine).startup_min * 60
     return JobEstimate("trace", 1, startup, 0.0, work.prefill_s, work.decode_s, work.call_s, 1.0)
 
@@ -795,10 +797,9 @@ def engine_jobs_table(jobs: list[EngineJob], limit: int | None) -> list[str]:
     full = sum(limit is not None and j.runtime >= limit for j in jobs)
     hours = sum(j.runtime * max(j.gpus, 1) for j in jobs) / 60
     device = "GPU" if any(j.gpus for j in jobs) else "device"
-    lines.append(
-        f"engine jobs: {len(jobs)}; asking the full limit ({limit if limit is not None else 'none'} min): {full}; "
-        f"{device}-hours asked at the first attempt: {hours:,.0f}"
-    )
+    cap = f"the full limit ({limit} min)" if limit is not None else "the full limit (no site limit)"
+    lines.append(f"engine jobs: {len(jobs)}; asking {cap}: {full}; "
+                 f"{device}-hours asked at the first attempt: {hours:,.0f}")  # fmt: skip
     return lines
 
 
@@ -900,7 +901,9 @@ def input_reads(config: dict[str, Any], path: str, num_cells: int = 0) -> Reads:
             return _server_reads(config)
         if name in ("published_jsonl", "published_trace"):
             n, p, o = PUBLISHED_TRACES.get(w["published"], (500, DEFAULT_PROMPT_TOKENS, 8192))
-            return _reads(n, n * (p + 3 * o), PY_TOKEN_BYTES) if name == "published_jsonl" else _trace_rows(2 * n * (o + 1))
+            if name == "published_jsonl":  # parsed into Python ints
+                return _reads(n, n * (p + 3 * o), PY_TOKEN_BYTES)
+            return _trace_rows(2 * n * (o + 1))
         if w.get("dataset") not in config["datasets"]:
             return Reads()
         n, p, o = _dataset_shape(config, w["dataset"])
