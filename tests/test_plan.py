@@ -162,14 +162,14 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
     config = paper_at_site.config
     limits = scheduling.site_limits(config)
     assert (limits.partition, limits.max_runtime, limits.gpus_per_node, limits.budget) == ("gpu", 2880, 8, 2304)
-    # The same cells; 46 engine groups before the split, 370 after it (by dataset, then by runs
-    # of batch sizes; runtimes estimated from each dataset's expected_output_tokens).
+    # The same cells; 46 engine groups before the split, 208 after it (by dataset, then by runs
+    # of batch sizes; runtimes estimated by sdbench.scheduling.estimate_breakdown).
     assert paper_at_site.cells == paper.cells
-    assert (len(paper.groups), len(paper_at_site.groups)) == (46, 370)
+    assert (len(paper.groups), len(paper_at_site.groups)) == (46, 208)
     assert sorted(c for cs in paper_at_site.groups.values() for c in cs) == sorted(paper.cells)
     asks = [
         *(scheduling.group_runtime_minutes(config, cs, a) for cs in paper_at_site.groups.values() for a in (1, 2, 3)),
-        *(scheduling.one_engine_runtime_minutes(config, paper_at_site.trace_cells(g), a)
+        *(scheduling.trace_runtime_minutes(config, paper_at_site.trace_cells(g), a)
           for g in paper_at_site.trace_groups for a in (1, 2, 3)),
         *(scheduling.server_runtime_minutes(config, paper_at_site.server_cell(g), a)
           for g in paper_at_site.server_groups for a in (1, 2, 3)),
@@ -180,28 +180,32 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
         assert len(cells_) == 1 or scheduling.group_estimate_minutes(config, cells_) <= limits.budget
     # The plan says which groups were split, one line each, and which unsplit groups ask for the limit.
     splits = [n for n in paper_at_site.site_notes if n.startswith("site: engine group ")]
-    assert len(splits) == 42
-    assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 16,809 min > 2,304 = 80% of partition gpu's 2,880) " \
-           "split into 9 jobs: all.cnn.bs1-16 (1,671), all.cnn.bs32-64 (2,195), " in "\n".join(splits)  # fmt: skip
-    assert sum(n.startswith("site: trace group ") for n in paper_at_site.site_notes) == 15
-    assert sum(n.startswith("site: server group ") for n in paper_at_site.site_notes) == 4
+    assert len(splits) == 24
+    assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 5,206 min > 2,304 = 80% of partition gpu's 2,880) " \
+           "split into 4 jobs: all.cnn (1,954), all.gsm8k (430), " in "\n".join(splits)  # fmt: skip
+    # Trace and server groups fit: none asks for the limit.
+    assert not [n for n in paper_at_site.site_notes if n.startswith(("site: trace group ", "site: server group "))]
 
 
 def test_split_groups_keep_the_unsplit_engine_and_their_cells_paths(paper: Plan, paper_at_site: Plan) -> None:
-    cell = Cell("vllm-0.10.1.1", "llama3.1-8b", "cnn", "eagle3-k3", 8)
-    assert paper.group_dir_of_cell(cell) == "results/engines/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all"
-    assert paper_at_site.group_dir_of_cell(cell) == "results/engines/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all.cnn.bs1-16"
-    gsm8k = Cell("vllm-0.10.1.1", "llama3.1-8b", "gsm8k", "eagle3-k3", 8)  # a whole dataset fits one job
-    assert paper_at_site.group_dir_of_cell(gsm8k) == "results/engines/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all.gsm8k"
-    group = EngineGroup("vllm-0.10.1.1", "llama3.1-8b", "eagle3-k3", "all.cnn.bs1-16")
+    cell = Cell("vllm-0.10.1.1", "qwen3-8b-thinking", "aime", "eagle3-k3", 2)
+    assert paper.group_dir_of_cell(cell) == "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all"
+    assert paper_at_site.group_dir_of_cell(cell) == (
+        "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.aime.bs1-2"
+    )
+    gsm8k = Cell("vllm-0.10.1.1", "qwen3-8b-thinking", "gsm8k", "eagle3-k3", 8)  # a whole dataset fits one job
+    assert paper_at_site.group_dir_of_cell(gsm8k) == (
+        "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.gsm8k"
+    )
+    group = EngineGroup("vllm-0.10.1.1", "qwen3-8b-thinking", "eagle3-k3", "all.aime.bs1-2")
     spec = paper_at_site.group_spec(group)
     # max_num_seqs of the unsplit group (its largest batch size): the same engine arguments.
-    assert spec["max_num_seqs"] == 128 and [s["cell"]["batch_size"] for s in spec["cells"]] == [1, 8, 16]
-    whole = EngineGroup("vllm-0.10.1.1", "llama3.1-8b", "eagle3-k3", "all")
+    assert spec["max_num_seqs"] == 128 and [s["cell"]["batch_size"] for s in spec["cells"]] == [1, 2]
+    whole = EngineGroup("vllm-0.10.1.1", "qwen3-8b-thinking", "eagle3-k3", "all")
     assert "max_num_seqs" not in paper.group_spec(whole)  # unsplit specs (and digests) as before
-    assert "all.cnn.bs1-16" in paper_at_site.shares and paper.shares == ["all", "all-temperature"]
+    assert "all.aime.bs1-2" in paper_at_site.shares and paper.shares == ["all", "all-temperature"]
     assert paper_at_site.group_checkpoint_dir(group) == (
-        "results/engine_checkpoints/vllm-0.10.1.1/llama3.1-8b/eagle3-k3/all.cnn.bs1-16"
+        "results/engine_checkpoints/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.aime.bs1-2"
     )
 
 
@@ -216,7 +220,7 @@ def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
 
     assert main(["check-config", str(REPO / "config" / "paper.yaml"), "--profile", str(REPO / "profiles" / "slurm")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 370 engine groups")
-    assert sum(line.startswith("site: engine group ") for line in lines) == 42
+    assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 208 engine groups")
+    assert sum(line.startswith("site: engine group ") for line in lines) == 24
     assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
     assert capsys.readouterr().out.endswith("valid; 107 cells on 21 engine groups\n")  # no site: no split

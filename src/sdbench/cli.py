@@ -47,6 +47,9 @@ def _add_check_config(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--profile", default=None,
                    help="also apply this Snakemake profile's config entries (a site's limits) and print how "
                         "engine groups are split to fit")
+    p.add_argument("--jobs", action="store_true",
+                   help="also print every engine job (rule, wildcards, GPUs, mem_mb, the estimate's parts in "
+                        "minutes, its runtime request) as a tab-separated table, and their totals")
     p.set_defaults(func=lazy("sdbench.workflow.plan", "_cmd_check_config"))
 
 

@@ -741,12 +741,12 @@ def job_asks(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) -
             for cs in plan.groups.values()
         ],
         "trace_group": [
-            (lambda a, cs=plan.trace_cells(g): scheduling.one_engine_runtime_minutes(config, cs, a),
+            (lambda a, cs=plan.trace_cells(g): scheduling.trace_runtime_minutes(config, cs, a),
              scheduling.cell_gpus(config, plan.trace_cells(g)[0]))
             for g in plan.trace_groups
         ],
         "breakdown_group": [
-            (lambda a, cs=cs: scheduling.one_engine_runtime_minutes(config, cs, a),
+            (lambda a, cs=cs: scheduling.breakdown_runtime_minutes(config, cs, a),
              scheduling.cell_gpus(config, cs[0]))
             for cs in plan.breakdown_groups.values()
         ],

@@ -20,7 +20,7 @@ rule trace_group:
         # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
         nodes=1,
         gpu=cell_gpus,
-        mem_mb=cell_mem_mb,
+        mem_mb=trace_group_mem_mb,
         runtime=trace_group_runtime,
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
@@ -60,6 +60,9 @@ rule trace_ngram_offline:
         P.OFFLINE_NGRAM,
     log:
         "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
@@ -75,6 +78,9 @@ rule trace_suffix_offline:
         P.OFFLINE_SUFFIX,
     log:
         "logs/trace_suffix_offline/{engine}/{model}/{dataset}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
@@ -105,6 +111,9 @@ rule published_trace_table:
         P.PUBLISHED_TRACE,
     log:
         "logs/published_trace_table/{published}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
     shell:
@@ -124,6 +133,9 @@ rule tab04_generated_length:
         markdown=paper_report("tab04_generated_length"),
     log:
         "logs/tab04_generated_length/{source}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
         labels=acceptance_labels,
@@ -140,6 +152,9 @@ rule fig04_acceptance_heatmap:
         drawn=drawn_table("fig04_acceptance_heatmap"),
     log:
         "logs/fig04_acceptance_heatmap/{scope}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
         labels=acceptance_labels,
@@ -157,6 +172,9 @@ rule fig05_position_deciles:
         data=P.ACCEPTANCE_DECILES,
     log:
         "logs/fig05_position_deciles/{scope}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
         labels=acceptance_labels,
@@ -174,6 +192,9 @@ rule fig06_request_acceptance:
         data=P.ACCEPTANCE_BOXES,
     log:
         "logs/fig06_request_acceptance/{source}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
         labels=acceptance_labels,
@@ -191,6 +212,9 @@ rule fig10_ngram_minus_eagle:
         data=P.ACCEPTANCE_DIFFERENCE,
     log:
         "logs/fig10_ngram_minus_eagle/{scope}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.acceptance"),
         labels=acceptance_labels,

@@ -11,6 +11,9 @@ rule join_grid_cells:
     log:
         "logs/join_grid_cells.log",
     priority: FIRST
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
         baseline=PLAN.baseline,
@@ -33,6 +36,9 @@ rule aggregate:
         divergence_md=paper_report("ext06_output_divergence"),
     log:
         "logs/aggregate.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
         baseline=PLAN.baseline,
@@ -57,6 +63,9 @@ rule ext00_verdict:
     log:
         "logs/ext00_verdict.log",
     priority: FIRST
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.verdict"),
         labels=quoted(PLAN.method_labels()),
@@ -77,6 +86,9 @@ rule fig01_end_to_end:
     log:
         "logs/fig01_end_to_end.log",
     priority: FIRST
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
     shell:
@@ -91,6 +103,9 @@ rule ext02_acceptance_per_position:
         drawn=drawn_table("ext02_acceptance_per_position"),
     log:
         "logs/ext02_acceptance_per_position.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),
     shell:
@@ -108,6 +123,9 @@ rule tab02_memory:
         drawn=drawn_table("tab02_memory"),
     log:
         "logs/tab02_memory.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.memory"),
         models=quoted(PLAN.memory_model_names()),
@@ -127,6 +145,9 @@ rule ext07_cost:
         drawn=drawn_table("ext07_cost"),
     log:
         "logs/ext07_cost.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.cost"),
         prices=quoted(PLAN.cost_prices()),
@@ -150,6 +171,9 @@ rule ext08_proposal_length:
         drawn=drawn_table("ext08_proposal_length"),
     log:
         "logs/ext08_proposal_length.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.proposal"),
         points=quoted(PLAN.proposal_length_points()),
@@ -171,6 +195,9 @@ rule ext09_random_inputs:
         drawn=drawn_table("ext09_random_inputs"),
     log:
         "logs/ext09_random_inputs.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.randominputs"),
         pairs=quoted(PLAN.random_pairs),
@@ -191,6 +218,9 @@ rule ext10_temperature:
         drawn=drawn_table("ext10_temperature"),
     log:
         "logs/ext10_temperature.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.temperature"),
         points=quoted(PLAN.temperature_points()),
@@ -213,6 +243,9 @@ rule ext12_speed_bench_categories:
         drawn=drawn_table("ext12_speed_bench_categories"),
     log:
         "logs/ext12_speed_bench_categories.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.categories"),
         seed=config["seed"],

@@ -9,6 +9,9 @@ rule bleu_buckets:
         P.BLEU_BUCKETS,
     log:
         "logs/bleu_buckets/{engine}/{model}/{dataset}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         order=BLEU.get("order", 4),
@@ -29,6 +32,9 @@ rule fig08_bleu_measured:
         drawn=drawn_table("fig08_bleu_measured"),
     log:
         "logs/fig08_bleu_measured/{engine}/{model}/{dataset}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         baseline=PLAN.baseline,
@@ -48,6 +54,9 @@ rule bleu_buckets_published:
         P.BLEU_PUBLISHED_BUCKETS,
     log:
         "logs/bleu_buckets_published/{published}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         order=BLEU.get("order", 4),
@@ -65,6 +74,12 @@ rule fig08_bleu_simulated:
         drawn=drawn_table("fig08_bleu_simulated"),
     log:
         "logs/fig08_bleu_simulated/{published}/{ngram_policy}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=simulation_runtime(
+            lambda w: [w.ngram_policy, BLEU.get("published_versus_policy", "fixed-3")],
+            lambda w: SIMULATOR.get("batch_sizes", []),
+        ),
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         versus=BLEU.get("published_versus_policy", "fixed-3"),

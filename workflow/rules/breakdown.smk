@@ -20,7 +20,7 @@ rule breakdown_group:
         # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
         nodes=1,
         gpu=cell_gpus,
-        mem_mb=cell_mem_mb,
+        mem_mb=breakdown_group_mem_mb,
         runtime=breakdown_group_runtime,
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
@@ -62,6 +62,9 @@ rule fig03_runtime_breakdown:
         table=P.table("breakdown"),
     log:
         "logs/fig03_runtime_breakdown.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.breakdown"),
     shell:

@@ -160,8 +160,8 @@ def cell_gpus(w):
     return scheduling.cell_gpus(config, _engine_cell(w))
 
 
-def cell_mem_mb(w):
-    return scheduling.cell_mem_mb(config, _engine_cell(w))
+def group_mem_mb(w):
+    return scheduling.job_mem_mb(config, "run", PLAN.groups[_group(w)])
 
 
 def group_inputs(w):
@@ -182,7 +182,11 @@ def trace_group_inputs(w):
 
 def trace_group_runtime(w, attempt):
     cells_ = PLAN.trace_cells(_trace_group(w))
-    return scheduling.one_engine_runtime_minutes(config, cells_, attempt)
+    return scheduling.trace_runtime_minutes(config, cells_, attempt)
+
+
+def trace_group_mem_mb(w):
+    return scheduling.job_mem_mb(config, "trace", PLAN.trace_cells(_trace_group(w)))
 
 
 def breakdown_group_inputs(w):
@@ -192,7 +196,11 @@ def breakdown_group_inputs(w):
 
 def breakdown_group_runtime(w, attempt):
     cells_ = PLAN.breakdown_groups[_group(w)]
-    return scheduling.one_engine_runtime_minutes(config, cells_, attempt)
+    return scheduling.breakdown_runtime_minutes(config, cells_, attempt)
+
+
+def breakdown_group_mem_mb(w):
+    return scheduling.job_mem_mb(config, "breakdown", PLAN.breakdown_groups[_group(w)])
 
 
 def server_runtime(w, attempt):
@@ -200,8 +208,37 @@ def server_runtime(w, attempt):
     return scheduling.server_runtime_minutes(config, cell, attempt)
 
 
+def server_mem_mb(w):
+    return scheduling.job_mem_mb(config, "server", [PLAN.server_cell(_server_group(w))])
+
+
 def server_prompts_arg(w, input):
     return quoted({d: input[f"prompts_{d}"] for d in PLAN.server["datasets"]})
+
+
+# --- analysis jobs: memory and time from what their inputs hold (sdbench.scheduling) -----
+def _reads(input):
+    return scheduling.total_reads(config, list(input), num_cells=len(CELLS))
+
+
+def analysis_mem_mb(w, input):
+    return scheduling.analysis_mem_mb(_reads(input))
+
+
+def analysis_runtime(w, input, attempt):
+    return scheduling.analysis_runtime_minutes(config, _reads(input), attempt)
+
+
+def simulation_runtime(policies, batch_sizes):
+    """A simulation's runtime: one pass over its inputs per policy and batch size."""
+
+    def runtime(w, input, attempt):
+        passes = max(1, len(policies(w))) * max(1, len(batch_sizes(w)))
+        return scheduling.analysis_runtime_minutes(
+            config, _reads(input), attempt, passes
+        )
+
+    return runtime
 
 
 # --- traces and acceptance items ----------------------------------------------------------

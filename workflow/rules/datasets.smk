@@ -23,6 +23,9 @@ rule prepare_dataset:
         P.PROMPTS,
     log:
         "logs/prepare_dataset/{model}/{dataset}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest(
             "sdbench.datasets.cli",

@@ -17,6 +17,9 @@ rule ext13_forced_acceptance:
         gap_drawn=drawn_table("ext14_sd_gap"),
     log:
         "logs/ext13_forced_acceptance.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.forced"),
         methods=quoted(config["methods"]),
@@ -40,6 +43,9 @@ rule ext15_simulator_at_forced:
         drawn=drawn_table("ext15_simulator_at_forced"),
     log:
         "logs/ext15_simulator_at_forced.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.forcedcheck"),
         num_requests=PLAN.forced.get("num_requests") or 0,

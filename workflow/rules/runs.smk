@@ -29,7 +29,7 @@ rule run_engine:
         # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
         nodes=1,
         gpu=cell_gpus,
-        mem_mb=cell_mem_mb,
+        mem_mb=group_mem_mb,
         runtime=group_runtime,
     params:
         code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),

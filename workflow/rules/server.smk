@@ -21,9 +21,7 @@ rule serve_group:
         # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
         nodes=1,
         gpu=lambda w: scheduling.cell_gpus(config, PLAN.server_cell(_server_group(w))),
-        mem_mb=lambda w: scheduling.cell_mem_mb(
-            config, PLAN.server_cell(_server_group(w))
-        ),
+        mem_mb=server_mem_mb,
         runtime=server_runtime,
     params:
         code=code_digest(
@@ -53,6 +51,9 @@ rule ext11_latency_throughput:
     log:
         "logs/ext11_latency_throughput.log",
     priority: FIRST
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency"),
         prices=quoted(PLAN.cost_prices()),

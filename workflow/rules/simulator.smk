@@ -10,6 +10,12 @@ rule simulate_published:
         P.SIM_PUBLISHED,
     log:
         "logs/simulate_published/{mode}/{proposer}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=simulation_runtime(
+            lambda w: PLAN.sim_policies(w.proposer, w.mode),
+            lambda w: SIMULATOR.get("batch_sizes", []),
+        ),
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         policies=lambda w: " ".join(PLAN.sim_policies(w.proposer, w.mode)),
@@ -31,6 +37,9 @@ rule ext03_compat_vs_exact:
         drawn=drawn_table("ext03_compat_vs_exact"),
     log:
         "logs/ext03_compat_vs_exact.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         cost_model=SIMULATOR.get("published_cost_model", "llama3.1-8b-h100"),
@@ -47,6 +56,9 @@ rule fit_cost_model:
         P.MEASURED_COST_MODEL,
     log:
         "logs/fit_cost_model.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.costmodel"),
     shell:
@@ -61,6 +73,9 @@ rule simulation_traces:
         P.SIM_STACKED,
     log:
         "logs/simulation_traces/{engine}/{model}/{dataset}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
     shell:
@@ -76,6 +91,12 @@ rule simulate_cells:
         P.SIM_CELL,
     log:
         "logs/simulate_cells/{engine}/{model}/{dataset}/{proposer}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=simulation_runtime(
+            lambda w: PLAN.sim_cell_policies(w.proposer),
+            lambda w: PLAN.sim_cell_batch_sizes(w.engine, w.model, w.dataset),
+        ),
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
@@ -97,6 +118,12 @@ rule simulate_drafter_cells:
         P.SIM_DRAFTER,
     log:
         "logs/simulate_drafter_cells/{engine}/{model}/{dataset}/{method}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=simulation_runtime(
+            lambda w: PLAN.sim_cell_policies("eagle"),
+            lambda w: PLAN.sim_cell_batch_sizes(w.engine, w.model, w.dataset),
+        ),
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         batch_sizes=sim_cell_batch_sizes,
@@ -118,6 +145,9 @@ rule ext05_simulated_vs_measured:
         markdown=paper_report("ext05_simulated_vs_measured"),
     log:
         "logs/ext05_simulated_vs_measured.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.validation"),
         methods=quoted(config["methods"]),
@@ -140,6 +170,9 @@ rule fig09_fixed_vs_oracle:
         drawn=drawn_table("fig09_fixed_vs_oracle"),
     log:
         "logs/fig09_fixed_vs_oracle/{scope}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
@@ -154,6 +187,9 @@ rule fig11_oracle_combine:
         drawn=drawn_table("fig11_oracle_combine"),
     log:
         "logs/fig11_oracle_combine/{scope}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
     shell:
@@ -170,6 +206,9 @@ rule ext04_adaptive_policies:
         drawn=drawn_table("ext04_adaptive_policies"),
     log:
         "logs/ext04_adaptive_policies/{scope}.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.simulator.cli", "sdbench.simulator.commands"),
         args=adaptive_args,

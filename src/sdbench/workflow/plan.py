@@ -110,7 +110,7 @@ class Plan:
         self.groups, splits = scheduling.split_to_fit(config, unsplit, scheduling.group_estimate_minutes)
         unsplit_breakdown = breakdown_groups(config)
         self.breakdown_groups, breakdown_splits = scheduling.split_to_fit(
-            config, unsplit_breakdown, scheduling.one_engine_estimate_minutes
+            config, unsplit_breakdown, scheduling.breakdown_estimate_minutes
         )
         limits = scheduling.site_limits(config)
         #: One line per split group (``sdbench check-config --profile``, the DAG's log).
@@ -129,7 +129,7 @@ class Plan:
         self.trace_groups = trace_groups(config)
         if limits is not None and limits.budget is not None:  # one engine per traced method: not split
             for group in self.trace_groups:
-                minutes = scheduling.one_engine_estimate_minutes(config, self.trace_cells(group))
+                minutes = scheduling.trace_estimate_minutes(config, self.trace_cells(group))
                 self._note_unsplit("trace", group, minutes, limits)
         self.offline_tracers = self.trace_settings.get("offline", ["ngram"])
         self.baseline_cells = {(c.engine, c.model, c.dataset): c for c in baseline_cells(config)}
@@ -233,8 +233,9 @@ class Plan:
 
     def dataset_entry(self, dataset: str) -> dict[str, Any]:
         """A dataset's entry as ``prepare-dataset`` reads it: a hub dataset's ``local_path`` is the
-        copy ``download_dataset`` made, so the compute job needs no network."""
-        entry = self.config["datasets"][dataset]
+        copy ``download_dataset`` made, so the compute job needs no network. The keys that only size
+        jobs (:data:`sdbench.scheduling.SIZING_KEYS`) are left out: re-estimating reruns nothing."""
+        entry = {k: v for k, v in self.config["datasets"][dataset].items() if k not in scheduling.SIZING_KEYS}
         if dataset in self.hub_datasets:
             return {**entry, "local_path": self.dataset_copy(dataset)}
         return entry
@@ -712,22 +713,29 @@ def profile_config(profile_dir: str) -> dict[str, Any]:
 
 
 def _cmd_check_config(args: Any) -> int:
-    """``sdbench check-config FILE [--profile DIR]``: validate and count; with a profile, also apply
-    its config entries (a site's limits) and print how engine groups are split to fit."""
+    """``sdbench check-config FILE [--profile DIR] [--jobs]``: validate and count; with a profile, also
+    apply its config entries (a site's limits) and print how engine groups are split to fit; with
+    ``--jobs``, every engine job's estimate and request (:func:`sdbench.scheduling.engine_jobs_table`)."""
     import yaml
 
     from sdbench.config import load_config, validate_config
     from sdbench.grid import _cmd_check
 
-    if not args.profile:
+    if not args.profile and not args.jobs:
         return _cmd_check(args)
     load_config(args.config)  # errors name the file and key
     raw = yaml.safe_load(Path(args.config).read_text())
-    config = validate_config({**raw, **profile_config(args.profile)}, source=f"{args.config} + {args.profile}")
+    entries = profile_config(args.profile) if args.profile else {}
+    config = validate_config({**raw, **entries}, source=" + ".join(filter(None, [args.config, args.profile])))
     plan = Plan(config)
     for line in plan.site_notes:
         print(line)
-    print(f"{args.config} with {args.profile}: valid; {len(plan.cells)} cells on {len(plan.groups)} engine groups")
+    if args.jobs:
+        limits = scheduling.site_limits(config)
+        for line in scheduling.engine_jobs_table(scheduling.engine_jobs(plan), limits and limits.max_runtime):
+            print(line)
+    where = f" with {args.profile}" if args.profile else ""
+    print(f"{args.config}{where}: valid; {len(plan.cells)} cells on {len(plan.groups)} engine groups")
     return 0
 
 
