@@ -36,6 +36,7 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     ``baseline_tokens_per_s`` is always the no-SD cell's. ``contaminated`` is true when
     either cell's quiet-machine guard flagged its timed part.
     """
+    from sdbench.analysis.energy import add_energy_ratio
     from sdbench.analysis.stats import ratio_interval
 
     cells = pd.concat(summaries, ignore_index=True)
@@ -88,6 +89,7 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     out["preempted"] = (own + other) > 0
     out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "_base_layout", "_base_preemptions",
                             "tokens_per_s_boot"])  # fmt: skip
+    out = add_energy_ratio(out, cells, baseline)  # joules per token over no SD's, as the speedup (analysis.energy)
     return out.sort_values(SORT, kind="stable").reset_index(drop=True)
 
 

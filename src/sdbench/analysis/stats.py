@@ -19,6 +19,9 @@ the same indices (:func:`paired_bootstrap`), so the process-to-process factor ca
 Without pairing, the resamples of the SD cell and of its separately measured no-SD cell
 are paired by index (independent runs, independent resamples) and the ratio's
 percentiles are its interval. The draws are seeded: the same calls give the same interval.
+
+Joules per output token and the paired energy ratio are estimated the same way, on another
+per-call column (``column``; sdbench.engine.energy).
 """
 
 from __future__ import annotations
@@ -30,27 +33,31 @@ NUM_RESAMPLES = 2000
 CONFIDENCE = 0.95
 
 
-def _per_prompt_trials(calls: pd.DataFrame) -> list[np.ndarray]:
-    """Tokens/s of each prompt's trials (one array per prompt, in call order)."""
+def _per_prompt_trials(calls: pd.DataFrame, column: str = "tokens_per_s") -> list[np.ndarray]:
+    """``column`` (tokens/s) of each prompt's trials (one array per prompt, in call order)."""
     key = "call_index" if "call_index" in calls else "request_id"
-    return [g["tokens_per_s"].to_numpy(dtype=float) for _, g in calls.groupby(key, sort=True)]
+    return [g[column].to_numpy(dtype=float) for _, g in calls.groupby(key, sort=True)]
 
 
-def point_estimate(calls: pd.DataFrame) -> float:
-    """Mean over prompts of each prompt's median tokens/s across trials."""
-    groups = _per_prompt_trials(calls)
+def point_estimate(calls: pd.DataFrame, column: str = "tokens_per_s") -> float:
+    """Mean over prompts of each prompt's median ``column`` (tokens/s; joules/token) across trials."""
+    groups = _per_prompt_trials(calls, column)
     return float(np.mean([np.median(g) for g in groups])) if groups else float("nan")
 
 
-def bootstrap(calls: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES) -> np.ndarray:
+def bootstrap(calls: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES, column: str = "tokens_per_s") -> np.ndarray:
     """Bootstrap draws of :func:`point_estimate`: engine starts (if several), then trials within each prompt."""
     if calls.empty:
         return np.full(resamples, np.nan)
-    return _draws([_start_trials(calls)], seed, resamples)[0]
+    return _draws([_start_trials(calls, column)], seed, resamples)[0]
 
 
 def paired_bootstrap(
-    numerator: pd.DataFrame, denominator: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES
+    numerator: pd.DataFrame,
+    denominator: pd.DataFrame,
+    seed: int,
+    resamples: int = NUM_RESAMPLES,
+    column: str = "tokens_per_s",
 ) -> np.ndarray:
     """Bootstrap draws of the ratio of two arms measured in pairs (a paired speedup).
 
@@ -66,15 +73,15 @@ def paired_bootstrap(
     denominator = denominator.sort_values(keys, kind="stable")
     if not numerator[keys].reset_index(drop=True).equals(denominator[keys].reset_index(drop=True)):
         raise ValueError("paired bootstrap: the two arms did not time the same calls and trials")
-    num, den = _draws([_start_trials(numerator), _start_trials(denominator)], seed, resamples)
+    num, den = _draws([_start_trials(numerator, column), _start_trials(denominator, column)], seed, resamples)
     return num / den
 
 
-def _start_trials(calls: pd.DataFrame) -> list[list[np.ndarray]]:
+def _start_trials(calls: pd.DataFrame, column: str = "tokens_per_s") -> list[list[np.ndarray]]:
     """Per engine start (one if there is no ``engine_start`` column), each prompt's trials."""
     if "engine_start" not in calls:
-        return [_per_prompt_trials(calls)]
-    return [_per_prompt_trials(g) for _, g in calls.groupby("engine_start", sort=True)]
+        return [_per_prompt_trials(calls, column)]
+    return [_per_prompt_trials(g, column) for _, g in calls.groupby("engine_start", sort=True)]
 
 
 def _draws(arms: list[list[list[np.ndarray]]], seed: int, resamples: int) -> np.ndarray:

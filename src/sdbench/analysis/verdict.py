@@ -24,6 +24,12 @@ range (min..max of each arm: a range, not a 95% interval) with the same rule. A 
 the bounds it was judged on under their own names: ``speedup_ci_low``/``speedup_ci_high`` (95%
 interval, offline) or ``speedup_min``/``speedup_max`` (range over rounds, server mode), the
 other pair NaN; ``interval`` says which.
+
+Energy: each offline point carries its energy ratio (SD's joules per output token over no SD's,
+:mod:`sdbench.analysis.energy`) and ``energy``, the same rule on that ratio's 95% interval
+(``saves`` below 1, ``costs`` above 1, ``even`` containing 1, ``not measured`` without a meter);
+``time_not_energy`` marks a point where SD pays in time but not in energy, and the Markdown names
+each such point on a line of its own.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ LINE = ["engine", "model", "dataset", "method", "load_kind"]
 OFFLINE, SERVER = "batch size", "concurrency"
 BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
 PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
+# A point's energy ratio (SD's joules per token over no SD's, sdbench.analysis.energy) and its meter.
+ENERGY_POINT_COLUMNS = ("energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high", "energy_meter")
 
 
 def verdict(low: float | None, high: float | None) -> str:
@@ -78,7 +86,7 @@ def crossing(loads: list[float], values: list[float]) -> str:
 def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per SD point: offline cells (``cells.parquet``, sweep variants left out) and
     server cells (``server.parquet``) with the speedup, its interval and the verdict."""
-    frames = []
+    frames, nan = [], float("nan")
     sd = cells[(cells["speedup_design"].fillna("") != "") & cells["speedup"].notna()] if "speedup_design" in cells \
         else cells[cells["method"] != "none"]
     if "sweep" in sd:
@@ -92,12 +100,46 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         "interval": BOOTSTRAP, "mean_acceptance_length": sd["mean_acceptance_length"],
         # Requests of the cell (or of its no-SD arm) waited for KV cache: the batch was not all running.
         "preempted": sd["preempted"].fillna(False).astype(bool) if "preempted" in sd else False,
+        **{c: sd[c] if c in sd else nan for c in ENERGY_POINT_COLUMNS},
     }))  # fmt: skip
     if server is not None and len(server):
         frames.append(server_points(server))
     out = pd.concat(frames, ignore_index=True)
     out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
+    out = judge_energy(out)
     return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
+
+
+def judge_energy(points: pd.DataFrame) -> pd.DataFrame:
+    """``energy`` (saves / even / costs / not measured: the energy ratio's interval vs 1) and
+    ``time_not_energy``: SD pays in time while its energy ratio's interval does not lie below 1."""
+    from sdbench.analysis.energy import NOT_MEASURED, energy_word
+
+    points = points.assign(energy_meter=points["energy_meter"].fillna(NOT_MEASURED))
+    points["energy"] = [energy_word(lo, hi) for lo, hi in zip(points["energy_ratio_ci_low"],
+                                                               points["energy_ratio_ci_high"])]  # fmt: skip
+    points["time_not_energy"] = (points["verdict"] == PAYS) & points["energy"].isin(["even", "costs"])
+    return points
+
+
+def time_not_energy_lines(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
+    """The verdict's energy section: one line per point where SD pays in time but not in energy."""
+    from sdbench.analysis.energy import fmt_energy
+
+    measured = points[points["energy"] != "not measured"]
+    if measured.empty:
+        return ["Energy not measured on this run (no energy meter: `energy_meter` = not measured)."]
+    cases = points[points["time_not_energy"]]
+    if cases.empty:
+        return [f"Wherever SD pays in time it also saves energy per token ({len(measured)} point(s) measured)."]
+    out = []
+    for r in cases.itertuples(index=False):
+        what = "costs more energy per token" if r.energy == "costs" else "saves no energy per token measurably"
+        out.append(f"- {r.model} / {r.dataset} ({r.engine}), {labels.get(r.method, r.method)} at {r.load_kind} "
+                   f"{int(r.load)}: pays in time ({_fmt(r.speedup)}x) but {what} (energy ratio "
+                   f"{fmt_energy(r.energy_ratio, r.energy_ratio_ci_low, r.energy_ratio_ci_high, '.2f')}, "
+                   f"{r.energy_meter}).")  # fmt: skip
+    return out
 
 
 def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -196,7 +238,7 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
     """The verdict as Markdown: the advice in words, then one table per model x dataset x kind of load."""
     out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n", "## Which method to use where\n"]
     out += [f"- {sentence}" for sentence in advice(recs)]
-    out.append("")
+    out += ["", "## Where SD pays in time but not in energy\n", *time_not_energy_lines(points, labels), ""]
     mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", NO_INTERVAL: "n/a"}
     for (engine, model, dataset, kind), sub in points.groupby(["engine", "model", "dataset", "load_kind"], sort=True):
         loads = sorted(sub["load"].unique())

@@ -10,9 +10,10 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from sdbench.engine.energy import Meter, NoMeter, engine_meter
 from sdbench.engine.hardware import job_env
 from sdbench.engine.versions import apply_env, engine_env, quirks_for, speculative_config
 
@@ -68,6 +69,8 @@ class Engine:
     # What times a call: the wall clock on a real engine; a stand-in engine (a test's fake, the
     # rehearsal engine) brings its own, so the code that times and counts is the same.
     clock: Callable[[], float] = time.perf_counter
+    # What a timed call's joules are read from (sdbench.engine.energy): NVML, RAPL or none.
+    meter: Meter = field(default_factory=NoMeter)
 
     def prompt(self, token_ids: Any) -> Any:
         """One prompt as the engine takes it (vLLM's ``TokensPrompt``; a stand-in's own)."""
@@ -114,7 +117,8 @@ def start_engine(
     log.info("LLM kwargs: %s", json.dumps(kwargs, sort_keys=True))
     t_start = time.perf_counter()
     llm = LLM(**kwargs)
-    return Engine(llm, kwargs, time.perf_counter() - t_start, layout=engine_layout_of(llm, env))
+    startup = time.perf_counter() - t_start
+    return Engine(llm, kwargs, startup, layout=engine_layout_of(llm, env), meter=engine_meter(spec))
 
 
 # ----------------------------------------------------------------------------- touchpoints

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.engine.energy import paired_energy_columns
 from sdbench.engine.summary import PAIRED_COLUMNS, cell_seed
 from sdbench.engine.trials import CellRun, timed_part
 
@@ -46,7 +47,8 @@ def baseline_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def paired_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int) -> dict[str, float]:
-    """Summary columns of a paired cell: the baseline arm's throughput, the speedup and its 95% interval."""
+    """Summary columns of a paired cell: the baseline arm's throughput, the speedup and its 95% interval
+    (and the energy ratio with its interval)."""
     from sdbench.analysis import stats
 
     if baseline_calls.empty:
@@ -58,6 +60,7 @@ def paired_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int)
         "paired_speedup": stats.point_estimate(calls) / base,
         "paired_speedup_ci_low": low,
         "paired_speedup_ci_high": high,
+        **paired_energy_columns(calls, baseline_calls, seed),  # the energy ratio, the same way
     }
 
 

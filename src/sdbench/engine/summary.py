@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.engine.counters import SDCounters, acceptance_stats
+from sdbench.engine.energy import PAIRED_ENERGY_COLUMNS, energy_columns
 from sdbench.provenance import frame_measured
 
 # Summary columns of a cell timed in pairs with a no-SD engine (sdbench.engine.paired).
@@ -23,6 +24,7 @@ PAIRED_COLUMNS = (
     "paired_speedup",
     "paired_speedup_ci_low",
     "paired_speedup_ci_high",
+    *PAIRED_ENERGY_COLUMNS,
 )
 
 
@@ -81,6 +83,8 @@ def summarise(
         # Timed calls during which the scheduler preempted requests (the KV cache was full).
         "num_preemptions": int(calls["num_preemptions"].sum()) if "num_preemptions" in calls else 0,
         **acc,
+        # Joules per output token [95% interval] and the meter ("not measured": NaN; sdbench.engine.energy).
+        **energy_columns(calls, cell_seed(spec)),
         # False for a rehearsal (a stand-in engine, spec engine_mode; or rows it wrote): never a measurement.
         "measured": spec.get("engine_mode", "measured") != "rehearsal"
         and frame_measured(calls)

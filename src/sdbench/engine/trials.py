@@ -217,9 +217,11 @@ class CellRun:
         rows = self.plan[call_index]
         sampling = self._sampling_for(rows)
         before = read_counters(llm.get_metrics())
+        e0 = self.engine.meter.read()  # joules (sdbench.engine.energy; NaN without a meter)
         t0 = self.engine.clock()
         outputs = llm.generate([self._prompt(i) for i in rows], sampling, use_tqdm=False)
         duration = self.engine.clock() - t0
+        energy_j = self.engine.meter.read() - e0
         delta = read_counters(llm.get_metrics()) - before
         self.timed_s += duration
         n_out = 0
@@ -254,6 +256,8 @@ class CellRun:
                 "duration_s": duration,
                 "num_output_tokens": n_out,
                 "tokens_per_s": n_out / duration,
+                "energy_j": energy_j,
+                "energy_meter": self.engine.meter.kind,
                 "num_drafts": delta.num_drafts,
                 "num_draft_tokens": delta.num_draft_tokens,
                 "num_accepted_tokens": delta.num_accepted_tokens,

@@ -1,20 +1,35 @@
 """Test double of the NVML Python binding (pynvml): GPUs cannot exist here.
 
 ``NVMLDouble(devices)`` answers the calls :func:`sdbench.engine.quietguard.nvml_gpu_processes`
-makes, for devices given as ``(uuid, [pids], free_mib)``, in index order.
+makes, for devices given as ``(uuid, [pids], free_mib)``, in index order, and with ``energy_mj``
+(device index -> its total-energy counter in millijoules now) the energy meter's
+(:mod:`sdbench.engine.energy`); without it the counter is unsupported, as on GPUs before Volta:
+:class:`NVMLNotSupported` (pynvml's ``NVMLError_NotSupported``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
+
+
+class NVMLNotSupported(Exception):
+    """What pynvml raises for a counter the GPU does not have (``NVMLError_NotSupported``)."""
+
+    def __str__(self) -> str:
+        return "Not Supported"
 
 
 class NVMLDouble:
     """Stands in for the ``pynvml`` module."""
 
-    def __init__(self, devices: list[tuple[str, list[int], float]]) -> None:
+    def __init__(
+        self, devices: list[tuple[str, list[int], float]], energy_mj: Callable[[int], int] | None = None
+    ) -> None:
         self.devices = devices
+        self.energy_mj = energy_mj
         self.initialised = 0
+        self.energy_reads = 0
 
     def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
         self.initialised += 1
@@ -36,3 +51,9 @@ class NVMLDouble:
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:  # noqa: N802
         return SimpleNamespace(free=int(self.devices[handle][2] * 2**20), total=80 * 2**30)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:  # noqa: N802
+        if self.energy_mj is None:
+            raise NVMLNotSupported()
+        self.energy_reads += 1
+        return int(self.energy_mj(handle))

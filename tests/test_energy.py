@@ -1,0 +1,160 @@
+"""Energy per cell (sdbench.engine.energy, sdbench.analysis.energy): meters read around every timed
+call, joules per output token with its interval, SD's energy ratio over no SD, and "not measured".
+
+No GPU and no RAPL exist here: the cells run on the LLM double with the NVML double or a RAPL tree
+in a temporary directory as the meter (tests/support/energycells.py gives the costs, known by hand).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sdbench.engine.energy import NOT_MEASURED, NoMeter, RaplMeter, meter_for
+from tests.support import energycells
+from tests.support.doubles.llm import Bench
+from tests.support.doubles.nvml import NVMLDouble
+
+ENERGY = ["energy_j", "mean_power_w", "joules_per_token", "joules_per_token_ci_low", "joules_per_token_ci_high"]
+RATIO = ["energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high"]
+
+
+def nvml_meter(bench: Bench) -> object:
+    """An NVML meter over GPUs 0 and 1 (the engine's, tensor-parallel 2): GPU 0 spends three
+    quarters of the bench's energy, GPU 1 a quarter; GPU 2 is another job's and must not count."""
+    def counter(i: int) -> float:
+        return (5_000_000 + 750 * bench.joules, 250 * bench.joules, 10**9 + 10**6 * bench.t)[i]
+
+    nvml = NVMLDouble([("GPU-a", [], 1e3), ("GPU-b", [], 1e3), ("GPU-c", [], 1e3)], energy_mj=counter)
+    return meter_for({"device": "cuda"}, 2, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def cell(cells: list[dict[str, pd.DataFrame]], method: str, bs: int) -> dict[str, pd.DataFrame]:
+    return next(c for c in cells if (c["summary"].at[0, "method"], c["summary"].at[0, "batch_size"]) == (method, bs))
+
+
+def row(table: pd.DataFrame, method: str, bs: int) -> pd.Series:
+    return table[(table["method"] == method) & (table["batch_size"] == bs)].iloc[0]
+
+
+def test_nvml_double_gives_each_call_its_joules_and_each_cell_its_joules_per_token_and_ratio() -> None:
+    cells = energycells.measure(nvml_meter)
+    sd1 = cell(cells, "ngram-k3", 1)
+    calls = sd1["calls"]
+    assert set(calls["energy_meter"]) == {"nvml"}
+    assert calls.sort_values(["trial", "call_index"])["energy_j"].tolist() == [6.0, 12.0] * 3
+    assert sd1["baseline_calls"]["energy_j"].tolist() == [4.0, 12.0] * 3  # the paired no-SD arm's own calls
+    # Joules per token: mean over prompts of each prompt's median (6/10, 12/20 -> 0.6; 4/10, 12/20 -> 0.5).
+    for method, bs, jpt, watts in (("none", 1, 0.5, 16 / 2), ("none", 2, 0.4, 24 / 2), ("ngram-k3", 1, 0.6, 18 / 1),
+                                   ("ngram-k3", 2, 0.2, 12 / 1)):  # fmt: skip
+        s = cell(cells, method, bs)["summary"].iloc[0]
+        assert s["energy_meter"] == "nvml"
+        assert s["joules_per_token"] == pytest.approx(jpt, rel=1e-12)
+        assert (s["joules_per_token_ci_low"], s["joules_per_token_ci_high"]) == pytest.approx((jpt, jpt), rel=1e-12)
+        assert s["mean_power_w"] == pytest.approx(watts, rel=1e-12)
+        assert s["energy_j"] == pytest.approx(3 * watts * (2 if method == "none" else 1), rel=1e-12)
+    s = sd1["summary"].iloc[0]
+    assert s["paired_baseline_joules_per_token"] == pytest.approx(0.5, rel=1e-12)
+    assert [s[f"paired_{c}"] for c in RATIO] == pytest.approx([1.2, 1.2, 1.2], rel=1e-12)
+    table = energycells.joined(cells)
+    assert [row(table, "ngram-k3", 1)[c] for c in RATIO] == pytest.approx([1.2] * 3, rel=1e-12)
+    assert [row(table, "ngram-k3", 2)[c] for c in RATIO] == pytest.approx([0.5] * 3, rel=1e-12)
+    assert row(table, "ngram-k3", 2)["baseline_joules_per_token"] == pytest.approx(0.4, rel=1e-12)
+    assert row(table, "none", 1)[RATIO].isna().all() and "joules_per_token_boot" not in table
+
+
+def rapl_tree(root: Path, bench: Bench) -> None:
+    """A powercap tree: packages 0 and 1 (0.6 and 0.4 of the bench's energy; package 0 starts near
+    its wrap at 10 J and wraps every 16.7 J), a core subzone and the psys domain (not counted)."""
+    domains = {"intel-rapl:0": ("package-0", 9_000_000, 600_000), "intel-rapl:0:0": ("core", 0, 500_000),
+               "intel-rapl:1": ("package-1", 0, 400_000), "intel-rapl:2": ("psys", 0, 2_000_000)}  # fmt: skip
+    (root / "intel-rapl").mkdir()  # the control type's own directory: no counter
+    for name, (label, _, _) in domains.items():
+        (root / name).mkdir()
+        (root / name / "name").write_text(label + "\n")
+        (root / name / "max_energy_range_uj").write_text("10000000\n")
+
+    def write(b: Bench) -> None:
+        for name, (_, start, per_joule) in domains.items():
+            (root / name / "energy_uj").write_text(f"{(start + round(per_joule * b.joules)) % 10_000_000}\n")
+
+    write(bench)
+    bench.listeners.append(write)
+
+
+def test_a_rapl_tree_with_a_wraparound_gives_the_same_joules_and_the_independent_ratio(tmp_path: Path) -> None:
+    roots: list[Path] = []
+
+    def meter(bench: Bench) -> object:
+        root = tmp_path / f"powercap{len(roots)}"
+        root.mkdir()
+        roots.append(root)
+        rapl_tree(root, bench)
+        return meter_for({"device": "cpu"}, rapl_root=root)
+
+    cells = energycells.measure(meter, device="cpu", paired=False)
+    calls = cell(cells, "ngram-k3", 1)["calls"]
+    assert set(calls["energy_meter"]) == {"rapl"}
+    assert calls.sort_values(["trial", "call_index"])["energy_j"].tolist() == pytest.approx([6.0, 12.0] * 3, rel=1e-12)
+    for method, bs, jpt in (("none", 1, 0.5), ("none", 2, 0.4), ("ngram-k3", 1, 0.6), ("ngram-k3", 2, 0.2)):
+        s = cell(cells, method, bs)["summary"].iloc[0]
+        assert (s["energy_meter"], s["joules_per_token"]) == ("rapl", pytest.approx(jpt, rel=1e-12))
+    table = energycells.joined(cells)
+    assert set(table.loc[table["method"] != "none", "speedup_design"]) == {"independent"}
+    assert [row(table, "ngram-k3", 1)[c] for c in RATIO] == pytest.approx([1.2] * 3, rel=1e-12)
+    assert [row(table, "ngram-k3", 2)[c] for c in RATIO] == pytest.approx([0.5] * 3, rel=1e-12)
+    # The wrap itself: 9.5 J on a counter at 9 J of its 10 J range reads as 9.5 J.
+    root = tmp_path / "one"
+    (root / "intel-rapl:0").mkdir(parents=True)
+    (root / "intel-rapl:0" / "max_energy_range_uj").write_text("10000000")
+    (root / "intel-rapl:0" / "energy_uj").write_text("9000000")
+    rapl = RaplMeter([root / "intel-rapl:0"])
+    (root / "intel-rapl:0" / "energy_uj").write_text("8500000")
+    assert rapl.read() == pytest.approx(9.5, rel=1e-12)
+
+
+def test_without_a_meter_every_energy_column_says_not_measured_never_zero(tmp_path: Path) -> None:
+    cells = energycells.measure(lambda bench: None)
+    for c in cells:
+        assert set(c["calls"]["energy_meter"]) == {NOT_MEASURED} and c["calls"]["energy_j"].isna().all()
+        s = c["summary"].iloc[0]
+        assert s["energy_meter"] == NOT_MEASURED and all(math.isnan(s[k]) for k in ENERGY)
+    table = energycells.joined(cells)
+    assert (table["energy_meter"] == NOT_MEASURED).all() and table[ENERGY[1:] + RATIO].isna().all().all()
+    from sdbench.analysis.energy import energy_markdown, energy_table
+
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in energy_markdown(energy_table(table)).splitlines()
+            if line.startswith("| e |")]  # fmt: skip
+    assert len(rows) == 4  # J/token, mean W, energy ratio (SD), meter
+    assert all(r[6] == r[7] == r[10] == NOT_MEASURED and r[9] in (NOT_MEASURED, "1") for r in rows)
+    # On this machine: no RAPL, no NVML; the default config's engine (vllm-cpu) gets no meter.
+    from sdbench.config import load_config
+    from sdbench.engine.energy import RAPL_ROOT, engine_meter
+
+    default = load_config("config/config.yaml")["engines"]["vllm-cpu"]
+    if not RAPL_ROOT.exists():
+        assert engine_meter({"engine": default, "model": {}}).kind == NOT_MEASURED
+    assert isinstance(meter_for({"device": "cpu"}, rapl_root=tmp_path / "absent"), NoMeter)
+    unsupported = meter_for({"device": "cuda"}, nvml=NVMLDouble([("GPU-a", [], 1e3)]))
+    assert unsupported.kind == NOT_MEASURED and "Not Supported" in unsupported.reason
+
+
+def test_the_verdict_names_where_sd_pays_in_time_but_not_in_energy() -> None:
+    from sdbench.analysis.verdict import lines_table, points_table, recommendations, verdict_markdown
+
+    points = points_table(energycells.joined(energycells.measure(nvml_meter)))
+    at = points.set_index("load")
+    assert at.loc[1, ["verdict", "energy", "time_not_energy"]].tolist() == ["pays", "costs", True]
+    assert at.loc[2, ["verdict", "energy", "time_not_energy"]].tolist() == ["pays", "saves", False]
+    labels = {"ngram-k3": "n-gram k=3"}
+    text = verdict_markdown(points, lines_table(points), recommendations(points, labels), labels)
+    assert ("- m / d (e), n-gram k=3 at batch size 1: pays in time (2.00x) but costs more energy per token "
+            "(energy ratio 1.20 [1.20, 1.20], nvml).") in text  # fmt: skip
+    assert "at batch size 2: pays in time" not in text
+    unmeasured = points_table(energycells.joined(energycells.measure(lambda bench: None)))
+    assert set(unmeasured["energy"]) == {NOT_MEASURED} and not unmeasured["time_not_energy"].any()
+    text = verdict_markdown(unmeasured, lines_table(unmeasured), recommendations(unmeasured, {}), {})
+    assert "Energy not measured on this run" in text
