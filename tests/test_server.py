@@ -83,6 +83,7 @@ def test_level_summary_percentiles_throughput_and_acceptance() -> None:
     assert s["ttft_p50_ms"] == pytest.approx(250.0)
     assert s["mean_acceptance_length"] == pytest.approx(2.5) and s["acceptance_rate"] == pytest.approx(0.5)
     assert s["rounds"] == 2 and s["requests_per_round"] == 2
+    assert s["round_wall_s"] == [2.0, 4.0]  # goodput divides by them (sdbench latency)
 
 
 def _config() -> dict:
@@ -220,8 +221,16 @@ def test_server_mode_measures_every_cell_and_stops_its_servers(served: Path) -> 
     requests = pd.read_parquet(served / "results/server/vllm-cpu/tiny-target/ngram-k3/code-edit/c2/requests.parquet")
     assert len(requests) == 8 and (requests["num_output_tokens"] > 0).all()
     assert (requests["ttft_s"] <= requests["latency_s"]).all()
+    # One gap per chunk after the first; with SD fewer chunks than tokens (a step's tokens in one chunk).
+    assert (requests["chunk_gaps_s"].map(len) == requests["num_chunks"] - 1).all()
+    assert (requests["num_chunks"] <= requests["num_output_tokens"]).all()
+    # Goodput under the test config's targets (global, and the dataset's own e2e_ms).
+    assert (table["slo_tpot_ms"] == 50).all() and (table["slo_e2e_ms"] == 10000).all()
+    assert (table["goodput_rps"] <= table["requests_per_s"] * 1.5).all() and (table["goodput_rps"] >= 0).all()
+    assert (table["goodput_rps_ci_low"] <= table["goodput_rps_ci_high"]).all() and table["itl_p90_ms"].notna().all()
     md = (served / "results/paper/ext11_latency_throughput.md").read_text()
     assert re.search(r"\| vllm-cpu \| tiny-target \| code-edit \| ngram-k3( \(busy\))? \| 2 \|", md), md
+    assert "| tiny-target | code-edit | ngram-k3 | 2 | 2000 / 50 / 10000 |" in md, md
     assert (served / "results/paper/ext11_latency_throughput.png").stat().st_size > 0
     for method in ("none", "ngram-k3"):  # the server's own log is kept beside the job's
         server_log = (served / f"logs/serve_group/vllm-cpu/tiny-target/{method}.server.log").read_text()

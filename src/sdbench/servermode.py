@@ -63,10 +63,26 @@ def resolve_server_group(config: dict[str, Any], group: ServerGroup) -> dict[str
         # As sdbench.grid.drafter_of (not imported: the config module imports this one).
         "drafter": config["methods"][group.method].get("drafter", {}).get(group.model),
         "datasets": datasets,
-        "server": {k: v for k, v in section.items() if k not in ("engine", "models", "methods", "datasets")},
+        # The latency targets are the analysis's (sdbench latency): editing them measures nothing again.
+        "server": {k: v for k, v in section.items() if k not in ("engine", "models", "methods", "datasets", "slo")},
         # Only what shapes a request; pairing and trial settings are the offline runner's.
         "run": {k: run[k] for k in ("ignore_eos", "enable_prefix_caching") if k in run},
     }
+
+
+def slo_for(section: dict[str, Any], dataset: str) -> dict[str, float]:
+    """The latency targets (``ttft_ms``, ``tpot_ms``, ``e2e_ms``) of a dataset's server cells: the
+    ``slo`` section's global ones, each overridden by the dataset's own entry under ``slo.datasets``."""
+    slo = section.get("slo") or {}
+    targets = {k: v for k, v in slo.items() if k != "datasets"}
+    targets.update(slo.get("datasets", {}).get(dataset, {}))
+    return targets
+
+
+def server_slos(config: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Dataset -> its latency targets, for every dataset of the ``server`` section (empty without one)."""
+    section = config.get(SECTION)
+    return {d: slo_for(section, d) for d in section["datasets"]} if section else {}
 
 
 def server_problems(config: dict[str, Any], drafter_methods: frozenset[str]) -> list[str]:
@@ -87,6 +103,9 @@ def server_problems(config: dict[str, Any], drafter_methods: frozenset[str]) -> 
         for i, name in enumerate(section[key]):
             if name not in config[key]:
                 problems.append(f"{SECTION}.{key}[{i}]: unknown {key[:-1]} {name!r}")
+    for name in (section.get("slo") or {}).get("datasets", {}):
+        if name not in section["datasets"]:
+            problems.append(f"{SECTION}.slo.datasets.{name}: not one of {SECTION}.datasets ({', '.join(section['datasets'])})")
     for i, name in enumerate(section["methods"]):
         method = config["methods"].get(name)
         if method is None:

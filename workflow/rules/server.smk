@@ -55,12 +55,15 @@ rule ext11_latency_throughput:
         mem_mb=analysis_mem_mb,
         runtime=analysis_runtime,
     params:
-        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency", "sdbench.analysis.goodput"),
         prices=quoted(PLAN.cost_prices()),
         devices=quoted(PLAN.model_devices()),
         currency=COST.get("currency", "USD"),
         source=COST.get("source", ""),
+        slo=quoted(PLAN.server_slos()),
+        seed=config["seed"],
     shell:
         "sdbench latency --groups {input} --prices {params.prices} --devices {params.devices} "
-        "--currency={params.currency:q} --source={params.source:q} --output {output.table} "
+        "--currency={params.currency:q} --source={params.source:q} --slo {params.slo} "
+        "--seed {params.seed} --output {output.table} "
         "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"

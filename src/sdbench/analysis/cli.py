@@ -109,6 +109,8 @@ def add_latency(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--devices", default="{}", help="JSON: model key -> devices per engine instance (default 1)")
     c.add_argument("--currency", default="USD")
     c.add_argument("--source", default="", help="where the prices come from (printed above the table)")
+    c.add_argument("--slo", default="{}", help="JSON: dataset -> latency targets {ttft_ms, tpot_ms, e2e_ms} (goodput)")
+    c.add_argument("--seed", type=int, default=42, help="seed of goodput's bootstrap (the config's)")
     add_table_outputs(c, "TPOT p50 vs output tokens/s per device, per method")
     c.set_defaults(func=lazy("sdbench.analysis.latency", "_cmd_latency"))
 

@@ -1,8 +1,9 @@
 """Server mode's latency-throughput trade-off and what a token costs at each concurrency.
 
 Reads the server groups' cell summaries (sdbench.engine.servegroup) into one table, one row per
-engine x model x dataset x method x concurrency, adds throughput per device and the cost per 1M
-output tokens and per request at the configured price (the same formula as
+engine x model x dataset x method x concurrency, adds goodput under the configured latency targets
+(:mod:`sdbench.analysis.goodput`, from the cells' requests), throughput per device and the cost per
+1M output tokens and per request at the configured price (the same formula as
 :mod:`sdbench.analysis.cost`), and draws, per engine x model x dataset, TPOT p50 against output
 tokens/s per device: one curve per method, each point labelled by its concurrency. Up and to
 the left is worse; a method whose curve lies below another's at the same throughput gives
@@ -131,11 +132,22 @@ def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> pd.Data
     return save_png(fig, out_png, dpi=110)
 
 
+def read_server_requests(group_dirs: list[str | Path]) -> pd.DataFrame:
+    """Every timed request of the server cells under the group directories."""
+    paths = sorted(p for group in group_dirs for p in Path(group).glob("*/c*/requests.parquet"))
+    frames = [read_parquet(p, what="server requests table") for p in paths]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=KEYS)
+
+
 def _cmd_latency(args: argparse.Namespace) -> int:
+    from sdbench.analysis.goodput import add_goodput, goodput_markdown
+
     prices = json.loads(args.prices)
     devices = json.loads(args.devices)
-    table = latency_table(read_server_cells(args.groups), prices, devices, args.currency)
+    cells = read_server_cells(args.groups)
+    cells = add_goodput(cells, read_server_requests(args.groups), json.loads(args.slo), args.seed)
+    table = latency_table(cells, prices, devices, args.currency)
     write_parquet(table, args.output)
-    write_text(latency_markdown(table, args.source), args.markdown)
+    write_text(latency_markdown(table, args.source) + "\n" + goodput_markdown(table), args.markdown)
     plot_latency_throughput(table, args.figure)
     return 0

@@ -30,6 +30,11 @@ Energy: each offline point carries its energy ratio (SD's joules per output toke
 (``saves`` below 1, ``costs`` above 1, ``even`` containing 1, ``not measured`` without a meter);
 ``time_not_energy`` marks a point where SD pays in time but not in energy, and the Markdown names
 each such point on a line of its own.
+
+Goodput (server mode, :mod:`sdbench.analysis.goodput`): each server point carries SD's goodput
+under the configured latency targets over no SD's at the same concurrency (``goodput_ratio``, the
+interval of the ratio of the two cells' bootstrap draws) and ``goodput_verdict``, the same rule on
+that interval (``no targets`` without ``server.slo``); the Markdown gives a table per model x dataset.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import pandas as pd
 from sdbench.io import write_parquet, write_text
 
 PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
+NO_TARGETS = "no targets"  # goodput's verdict where the config set no latency target (server.slo)
 RULE = (
     "SD pays at a load when the speedup's 95% interval lies entirely above 1, loses when it lies "
     "entirely below 1, and breaks even when it contains 1"
@@ -107,6 +113,8 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
     out = pd.concat(frames, ignore_index=True)
     out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
     out = judge_energy(out)
+    if "goodput_verdict" in out:  # server points only
+        out["goodput_verdict"] = out["goodput_verdict"].fillna("")
     return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
 
 
@@ -153,7 +161,12 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
     """SD over no SD at the same concurrency in server mode, with its range over rounds
     (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min)."""
     keys = ["engine", "model", "dataset", "concurrency"]
-    base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"]]
+    server = server.copy()
+    for column, default in (("goodput_rps", float("nan")), ("goodput_rps_boot", None)):
+        if column not in server:
+            server[column] = [default] * len(server)
+    base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max",
+                                                  "goodput_rps", "goodput_rps_boot"]]  # fmt: skip
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
     return pd.DataFrame({
@@ -166,7 +179,51 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
         "speedup_max": sd["tokens_per_s_max"] / sd["base_tokens_per_s_min"],
         "interval": ROUNDS, "mean_acceptance_length": sd["mean_acceptance_length"],
         "preempted": False,  # the server table does not count preemptions
+        **goodput_points(sd),
     })  # fmt: skip
+
+
+def goodput_points(sd: pd.DataFrame) -> dict[str, Any]:
+    """Server points' goodput under the latency targets (sdbench.analysis.goodput): SD's and no SD's,
+    their ratio with the interval of the ratio of their draws, and the verdict's rule on it
+    (``goodput_verdict``; ``no targets`` where the config set none)."""
+    from sdbench.analysis.goodput import ratio_interval
+
+    sized = lambda x: hasattr(x, "__len__") and len(x) > 0  # noqa: E731
+    bounds = [ratio_interval(a, b) if sized(a) and sized(b) else (float("nan"),) * 2
+              for a, b in zip(sd["goodput_rps_boot"], sd["base_goodput_rps_boot"])]  # fmt: skip
+    good, base = sd["goodput_rps"].astype(float), sd["base_goodput_rps"].astype(float)
+    ratio = [g / b if b > 0 else (float("inf") if g > 0 else 1.0) for g, b in zip(good, base)]
+    return {
+        "goodput_rps": good, "baseline_goodput_rps": base,
+        "goodput_ratio": [r if not (math.isnan(g) or math.isnan(b)) else float("nan") for r, g, b in zip(ratio, good, base)],
+        "goodput_ratio_ci_low": [lo for lo, _ in bounds], "goodput_ratio_ci_high": [hi for _, hi in bounds],
+        "goodput_verdict": [NO_TARGETS if math.isnan(lo) else verdict(lo, hi) for lo, hi in bounds],
+    }  # fmt: skip
+
+
+def goodput_sections(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
+    """The verdict on goodput in server mode: per model x dataset, a method x concurrency table of
+    SD's goodput over no SD's [95% interval] and the verdict, with no SD's goodput beside it."""
+    server = points[(points["load_kind"] == SERVER)] if "goodput_verdict" in points else points.iloc[:0]
+    out: list[str] = []
+    for (engine, model, dataset), sub in server.groupby(["engine", "model", "dataset"], sort=True):
+        loads = sorted(sub["load"].unique())
+        out.append(f"## Goodput under the latency targets: {model} / {dataset} ({engine}), by {SERVER}\n")
+        out.append("SD's goodput (requests/s meeting every `server.slo` target) over no SD's [95% interval of the "
+                   "ratio] and the verdict on it; no SD's goodput in req/s.\n")  # fmt: skip
+        out.append("| method | " + " | ".join(f"{SERVER} {x}" for x in loads) + " |")
+        out.append("|" + "---|" * (len(loads) + 1))
+        base = sub.drop_duplicates("load").set_index("load")["baseline_goodput_rps"]
+        out.append("| no SD (req/s) | " + " | ".join(_fmt(base.get(x), ".3g") for x in loads) + " |")
+        for method, line in sub.groupby("method", sort=True):
+            at = line.set_index("load")
+            cells = [f"{_fmt(at.at[x, 'goodput_ratio'])} [{_fmt(at.at[x, 'goodput_ratio_ci_low'])}, "
+                     f"{_fmt(at.at[x, 'goodput_ratio_ci_high'])}] {at.at[x, 'goodput_verdict']}" if x in at.index else ""
+                     for x in loads]  # fmt: skip
+            out.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
+        out.append("")
+    return out
 
 
 def lines_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -265,6 +322,7 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
             out.append(f"| {labels.get(method, method)} | " + " | ".join(cells)
                        + f" | {upto} | {info['break_even_load']} [{lo}, {hi}] | {_fmt(info['mean_acceptance_length'])} |")
         out.append("")
+    out += goodput_sections(points, labels)
     return "\n".join(out) + "\n"
 
 

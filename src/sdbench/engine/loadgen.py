@@ -10,8 +10,10 @@ one finishes) until ``num_requests`` are done. Each request posts the prompt's t
 - output tokens: the final usage chunk's ``completion_tokens``;
 - TPOT: (latency - TTFT) / (output tokens - 1), for requests with more than one token.
 
-TPOT, not inter-token latency: with SD the accepted tokens of a step arrive in one chunk, so
-gaps between chunks are not per-token times.
+- chunk gaps: the time between consecutive chunks that carry a choice (vLLM's ``itl``).
+
+TPOT is the time per token; with SD the accepted tokens of a step arrive in one chunk, so a gap
+between chunks is the wait between steps, not a per-token time (ITL, :mod:`sdbench.analysis.goodput`).
 
 The SD counters come from the server's Prometheus text (``GET /metrics``) read before and
 after a level; their difference is that level's drafts and acceptances.
@@ -48,6 +50,7 @@ class RequestResult:
     latency_s: float
     tpot_s: float  # NaN for a single-token output
     num_chunks: int
+    chunk_gaps_s: list[float]  # between consecutive chunks with a choice (vLLM's itl)
 
 
 def _payload(prompt_ids: list[int], max_tokens: int, ignore_eos: bool, model: str) -> dict[str, Any]:
@@ -67,6 +70,8 @@ async def _one(
 ) -> RequestResult:
     """Send one streamed completion and time it (the parsing follows vLLM's bench client)."""
     ttft, chunks, output_tokens, prompt_tokens = float("nan"), 0, None, len(payload["prompt"])
+    gaps: list[float] = []
+    last = 0.0
     buffer = ""
     t0 = time.perf_counter()
     async with session.post(url, json=payload) as resp:
@@ -88,6 +93,9 @@ async def _one(
                     now = time.perf_counter()
                     if chunks == 0:
                         ttft = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
                     chunks += 1
                 elif event.get("usage"):
                     output_tokens = event["usage"].get("completion_tokens")
@@ -97,7 +105,8 @@ async def _one(
         raise RequestFailed(f"request {request_id}: the stream ended without tokens or usage")
     tpot = (latency - ttft) / (output_tokens - 1) if output_tokens > 1 else float("nan")
     return RequestResult(
-        round_, index, request_id, int(prompt_tokens), int(output_tokens), t0 - level_t0, ttft, latency, tpot, chunks
+        round_, index, request_id, int(prompt_tokens), int(output_tokens), t0 - level_t0, ttft, latency, tpot, chunks,
+        gaps,
     )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.analysis.goodput import latency_percentiles
 from sdbench.engine.hardware import provenance
 from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
 from sdbench.engine.counters import acceptance_stats
@@ -43,19 +44,11 @@ from sdbench.engine.server import (
 from sdbench.io import atomic_dir, read_spec, write_parquet
 
 log = logging.getLogger(__name__)
-PERCENTILES = (50, 95, 99)
 
 
 def cell_subdir(dataset: str, concurrency: int) -> str:
     """A server cell's directory inside its group's output."""
     return f"{dataset}/c{concurrency}"
-
-
-def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
-    values = values[~np.isnan(values)]
-    return {
-        f"{name}_p{p}_ms": float(np.percentile(values, p) * 1000) if len(values) else float("nan") for p in PERCENTILES
-    }
 
 
 def summarise_level(
@@ -78,9 +71,9 @@ def summarise_level(
         "requests_per_s": float(np.median(reqs_per_s)),
         "mean_output_tokens": float(requests["num_output_tokens"].mean()),
         "mean_prompt_tokens": float(requests["num_prompt_tokens"].mean()),
-        **_percentiles(requests["ttft_s"].to_numpy(dtype=float), "ttft"),
-        **_percentiles(requests["tpot_s"].to_numpy(dtype=float), "tpot"),
-        **_percentiles(requests["latency_s"].to_numpy(dtype=float), "e2e"),
+        **latency_percentiles(requests),  # TTFT, TPOT, E2E, ITL (sdbench.analysis.goodput)
+        # Each round's wall time: goodput under the config's targets divides by it (sdbench latency).
+        "round_wall_s": [float(w) for w in walls],
         "num_drafts": delta.num_drafts,
         "num_draft_tokens": delta.num_draft_tokens,
         "num_accepted_tokens": delta.num_accepted_tokens,

@@ -46,7 +46,7 @@ from sdbench.grid import (
     trace_groups,
     trace_targets,
 )
-from sdbench.servermode import ServerGroup, resolve_server_group, server_groups
+from sdbench.servermode import ServerGroup, resolve_server_group, server_groups, server_slos
 from sdbench.simulator import choices as simulator_choices
 from sdbench.workflow import paths as P
 
@@ -531,6 +531,10 @@ class Plan:
 
     def server_group_dirs(self) -> list[str]:
         return [P.SERVER_GROUP_DIR.format(**g.as_dict()) for g in self.server_groups]
+
+    def server_slos(self) -> dict[str, dict[str, float]]:
+        """Dataset -> the latency targets its server cells' goodput is judged on (``server.slo``)."""
+        return server_slos(self.config)
 
     # ------------------------------------------------------------------ BLEU and simulator
     def bleu_targets(self) -> list[tuple[str, str, str]]:

@@ -1,0 +1,107 @@
+"""Goodput under latency targets in server mode (sdbench.analysis.goodput), counted by hand on
+server request tables made here, and the server-mode verdict on it (sdbench.analysis.verdict)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sdbench.analysis.goodput import add_goodput, goodput_columns, goodput_markdown, latency_percentiles, meets_targets
+
+SLO = {"ttft_ms": 100, "tpot_ms": 2.5, "e2e_ms": 420}
+
+
+def requests() -> pd.DataFrame:
+    """Two rounds of four requests (walls 2 s and 4 s); which meet SLO, and why, per row."""
+    rows = [  # round, ttft s, tpot s, e2e s, output tokens: verdict
+        (0, 0.100, 0.0025, 0.420, 128),  # every value exactly at its target: good
+        (0, 0.050, np.nan, 0.060, 1),    # one token: TPOT counts as 0, as vLLM's: good
+        (0, 0.020, 0.0020, 0.300, 128),  # good
+        (0, 0.101, 0.0010, 0.200, 128),  # TTFT above: not good
+        (1, 0.010, 0.0026, 0.350, 128),  # TPOT above: not good
+        (1, 0.010, 0.0020, 0.421, 128),  # E2E above: not good
+        (1, 0.030, 0.0024, 0.330, 128),  # good
+        (1, 0.090, 0.0015, 0.280, 128),  # good
+    ]  # fmt: skip
+    frame = pd.DataFrame(rows, columns=["round", "ttft_s", "tpot_s", "latency_s", "num_output_tokens"])
+    return frame.assign(engine="e", model="m", dataset="d", concurrency=2,
+                        chunk_gaps_s=[[0.001, 0.002], [], [0.003], [0.004]] * 2)  # fmt: skip
+
+
+def test_a_request_is_good_when_it_meets_every_target_and_goodput_counts_them_per_second() -> None:
+    reqs = requests()
+    assert meets_targets(reqs, SLO).tolist() == [True, True, True, False, False, False, True, True]
+    # A target left out is not judged: without e2e the sixth request is good too.
+    assert meets_targets(reqs, {"ttft_ms": 100, "tpot_ms": 2.5}).sum() == 6
+    c = goodput_columns(reqs, [2.0, 4.0], SLO, seed=3)
+    assert c["goodput_rps"] == pytest.approx(5 / 6.0)  # 3 + 2 good over 2 s + 4 s
+    assert (c["goodput_rps_min"], c["goodput_rps_max"]) == pytest.approx((2 / 4.0, 3 / 2.0))
+    assert c["slo_attainment"] == pytest.approx(5 / 8)
+    assert (c["slo_ttft_ms"], c["slo_tpot_ms"], c["slo_e2e_ms"]) == (100.0, 2.5, 420.0)
+    # The interval: at least the worst round alone, at most the best (rounds and requests resampled).
+    assert 0.0 <= c["goodput_rps_ci_low"] < 5 / 6.0 < c["goodput_rps_ci_high"] <= 4 / 2.0
+    assert len(c["goodput_rps_boot"]) == 2000
+    # Every request good and equal walls: no spread, the interval is the point.
+    steady = goodput_columns(reqs, [2.0, 2.0], {"ttft_ms": 1000}, seed=3)
+    assert (steady["goodput_rps"], steady["goodput_rps_ci_low"], steady["goodput_rps_ci_high"]) == (2.0, 2.0, 2.0)
+    # No targets: NaN, never a goodput of 0.
+    none = goodput_columns(reqs, [2.0, 4.0], {}, seed=3)
+    assert math.isnan(none["goodput_rps"]) and math.isnan(none["slo_tpot_ms"]) and none["goodput_rps_boot"] == []
+
+
+def test_percentiles_of_ttft_tpot_and_itl_pooled_over_chunk_gaps() -> None:
+    p = latency_percentiles(requests())
+    # ITL: every chunk gap of every request pooled, as vLLM's itls: 1, 2, 3, 4 ms twice.
+    assert p["itl_p50_ms"] == pytest.approx(2.5) and p["itl_p90_ms"] == pytest.approx(4.0)
+    assert p["tpot_p50_ms"] == pytest.approx(2.0)  # the one-token request's NaN left out
+    assert p["ttft_p90_ms"] == pytest.approx(np.percentile([100, 50, 20, 101, 10, 10, 30, 90], 90))
+    assert set(p) == {f"{m}_p{q}_ms" for m in ("ttft", "tpot", "e2e", "itl") for q in (50, 90, 95, 99)}
+
+
+def server_cell(method: str, good: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A server cell whose rounds (walls 2 s) each have ``good`` of 4 requests meeting SLO."""
+    reqs = pd.concat([requests().iloc[:4].assign(round=r) for r in (0, 1)], ignore_index=True)
+    fast = [True] * good + [False] * (4 - good)
+    reqs["ttft_s"] = [0.01 if f else 1.0 for f in fast * 2]
+    reqs["tpot_s"], reqs["latency_s"] = 0.001, 0.2
+    reqs = reqs.assign(method=method)
+    cell = pd.DataFrame([dict(engine="e", model="m", dataset="d", method=method, concurrency=2,
+                              sd_method="none" if method == "none" else "ngram", num_speculative_tokens=3,
+                              tokens_per_s=100.0, tokens_per_s_min=90.0, tokens_per_s_max=110.0,
+                              mean_acceptance_length=2.0, round_wall_s=[2.0, 2.0])])  # fmt: skip
+    return cell, reqs
+
+
+def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
+    from sdbench.analysis.verdict import goodput_sections, server_points
+
+    (base, base_reqs), (sd, sd_reqs) = server_cell("none", 1), server_cell("ngram-k3", 4)
+    cells = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {"d": SLO}, 42)
+    assert cells.set_index("method")["goodput_rps"].to_dict() == pytest.approx({"none": 2 / 4.0, "ngram-k3": 8 / 4.0})
+    point = server_points(cells).iloc[0]
+    assert point["goodput_ratio"] == pytest.approx(4.0) and point["baseline_goodput_rps"] == pytest.approx(0.5)
+    assert 1.0 < point["goodput_ratio_ci_low"] <= 4.0 <= point["goodput_ratio_ci_high"]
+    assert point["goodput_verdict"] == "pays"
+    text = "\n".join(goodput_sections(server_points(cells).assign(load_kind="concurrency", load=2), {"ngram-k3": "n-gram"}))
+    assert "| no SD (req/s) | 0.5 |" in text and "| n-gram | 4.00 [" in text and "] pays |" in text
+    # Without targets for the dataset: no goodput, and no verdict on it.
+    bare = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {}, 42)
+    assert server_points(bare).iloc[0]["goodput_verdict"] == "no targets"
+    assert "no targets" in goodput_markdown(bare)
+    assert "| m | d | ngram-k3 | 2 | 100 / 2.5 / 420 | 2 [" in goodput_markdown(cells)
+
+
+def test_targets_are_global_or_per_dataset_and_a_stray_dataset_is_named() -> None:
+    from sdbench.servermode import server_problems, slo_for
+
+    section = {"datasets": ["a", "b"], "slo": {"ttft_ms": 100, "tpot_ms": 2.5, "datasets": {"b": {"tpot_ms": 5}}}}
+    assert slo_for(section, "a") == {"ttft_ms": 100, "tpot_ms": 2.5}
+    assert slo_for(section, "b") == {"ttft_ms": 100, "tpot_ms": 5}
+    assert slo_for({"datasets": ["a"]}, "a") == {}
+    config = {"server": {**section, "engine": "e", "models": [], "methods": [],
+                         "slo": {"datasets": {"c": {"ttft_ms": 1}}}}, "engines": {"e": {}}, "models": {},
+              "datasets": {"a": {}, "b": {}}, "methods": {}}  # fmt: skip
+    assert server_problems(config, frozenset()) == ["server.slo.datasets.c: not one of server.datasets (a, b)"]
