@@ -250,6 +250,48 @@ def test_host_gpus_are_checked_for_cuda_engines_only(tmp_path: Path, monkeypatch
     assert doctor.host_gpu_checks(cpu) == []
 
 
+def test_gpu_energy_meter_reads_joules_and_watts_around_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The meter check with the NVML double (no GPU here) and a load that advances a fake clock and
+    the double's counter: 2.5 s at 700 W -> 1750 J. A GPU run of the same check is
+    ``scripts/gpu-meter-check.py``'s or ``sdbench doctor``'s on a GPU node."""
+    from tests.support.doubles.llm import Bench
+    from tests.support.doubles.nvml import NVMLDouble
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    bench = Bench()
+    nvml = NVMLDouble([("GPU-a", [], 1e3), ("GPU-b", [], 1e3)],
+                      energy_mj=lambda i: 10**7 + 1000 * bench.joules * (1 if i == 0 else 3))  # fmt: skip
+    asked: list[float] = []
+
+    def load(seconds: float) -> None:
+        asked.append(seconds)
+        bench.spend(2.5, 700 * 2.5)
+
+    line = doctor.gpu_meter_check(nvml, load, clock=bench.clock).line()
+    assert line == f"{doctor.METER_CHECK}: 1750.0 J over 2.50 s of GPU load, mean 700 W | ok"  # GPU 0 only
+    assert asked == [2.0]
+    still = doctor.gpu_meter_check(nvml, lambda s: bench.spend(2.0, 0.0), clock=bench.clock).line()
+    assert still == f"{doctor.METER_CHECK} | FAILED: the counter did not advance over 2.00 s of GPU load | {doctor.METER_FIX}"
+    unsupported = doctor.gpu_meter_check(NVMLDouble([("GPU-a", [], 1e3)]), load, clock=bench.clock).line()
+    assert unsupported == (f"{doctor.METER_CHECK} | FAILED: the counter cannot be read: NVMLNotSupported: Not Supported "
+                           f"| {doctor.METER_FIX}")  # fmt: skip
+    no_load = doctor.gpu_meter_check(nvml, "torch 2.9.0+cpu sees no CUDA device").line()
+    assert no_load == (f"{doctor.METER_CHECK} | skipped: the counter reads, but no GPU load to meter (torch 2.9.0+cpu "
+                       "sees no CUDA device): run scripts/gpu-meter-check.py inside the engine's image")  # fmt: skip
+
+    class NoDriver(NVMLDouble):
+        def nvmlInit(self) -> None:  # noqa: N802
+            raise OSError("NVML Shared Library Not Found")
+
+    assert doctor.gpu_meter_check(NoDriver([]), load).line() == (
+        f"{doctor.METER_CHECK} | skipped: NVML does not start here (NVML Shared Library Not Found): no NVIDIA driver")
+    # Only a grid with CUDA engines asks for the meter.
+    cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    assert doctor.energy_meter_checks(cpu) == []
+    gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
+    assert [r.check for r in doctor.energy_meter_checks(gpu)] == [doctor.METER_CHECK]
+
+
 def test_gpus_inside_an_image(site_images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`apptainer exec --nv IMAGE nvidia-smi`: the double runs the command on the host."""
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3")

@@ -21,7 +21,9 @@ Snakemake reads ``<PROFILE_DIR>/config.yaml``. What is checked:
   unreachable);
 * with ``executor: slurm``: ``sinfo``/``scontrol`` answer, the profile's partitions exist, their
   MaxTime covers the longest runtime the plan asks (:mod:`sdbench.scheduling`, every retry
-  included) and their GPUs (GRES) the ``gpu_model`` and tensor-parallel size of the engine jobs.
+  included) and their GPUs (GRES) the ``gpu_model`` and tensor-parallel size of the engine jobs;
+* with CUDA engines: NVML's energy counter read around ~2 s of matmuls on the first GPU, printed
+  as joules and mean watts (the meter of every timed call, :mod:`sdbench.engine.energy`).
 
 Every check is a small function returning :class:`Result` (or a list of them), so tests call
 them one by one; :func:`run_checks` runs them in order and :func:`_cmd_doctor` prints them.
@@ -889,6 +891,76 @@ def host_gpu_checks(site: Site) -> list[Result]:
     return [driver_check("GPUs on this host (nvidia-smi)", [], cuda_images(site))]
 
 
+METER_CHECK = "GPU energy meter (NVML total-energy counter)"
+METER_FIX = ("energy needs a Volta or later GPU whose driver exposes nvmlDeviceGetTotalEnergyConsumption; "
+             "without it every energy column says 'not measured' (docs/measurement.md, Energy)")
+
+
+def matmul_load() -> Callable[[float], None] | str:
+    """A GPU load: bf16 matmuls on the first CUDA device for a given number of seconds; or why
+    there is none here (no torch, or a torch without CUDA: the host's CPU build)."""
+    try:
+        import torch
+    except ImportError:
+        return "no torch here"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device"
+
+    def load(seconds: float) -> None:
+        import time
+
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(8):
+                a @ a
+            torch.cuda.synchronize()
+
+    return load
+
+
+def gpu_meter_check(nvml: Any = None, load: Callable[[float], None] | str | None = None, seconds: float = 2.0,
+                    clock: Callable[[], float] | None = None) -> Result:  # fmt: skip
+    """NVML's total-energy counter of the first visible GPU read around ``seconds`` of GPU load
+    (:func:`matmul_load`): its joules and mean watts. FAILED when the counter is unsupported or does
+    not move; skipped without an NVML library (no driver: the GPU check says so) or without a load."""
+    import time
+
+    from sdbench.engine.energy import nvml_meter, nvml_module
+    from sdbench.engine.quietguard import visible_gpus
+
+    nvml = nvml if nvml is not None else nvml_module()
+    if nvml is None:
+        return failed(METER_CHECK, "no NVML binding (pynvml, or the copy vLLM ships)", "pip install nvidia-ml-py")
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound / DriverNotLoaded
+        return skipped(METER_CHECK, f"NVML does not start here ({exc}): no NVIDIA driver")
+    try:
+        meter = nvml_meter(nvml, visible_gpus(), 1)
+    except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported and kin
+        return failed(METER_CHECK, f"the counter cannot be read: {type(exc).__name__}: {exc}", METER_FIX)
+    load = matmul_load() if load is None else load
+    if isinstance(load, str):
+        return skipped(METER_CHECK, f"the counter reads, but no GPU load to meter ({load}): run "
+                                    "scripts/gpu-meter-check.py inside the engine's image")  # fmt: skip
+    clock = clock or time.perf_counter
+    e0, t0 = meter.read(), clock()
+    load(seconds)
+    joules, elapsed = meter.read() - e0, clock() - t0
+    if not joules > 0:
+        return failed(METER_CHECK, f"the counter did not advance over {elapsed:.2f} s of GPU load", METER_FIX)
+    return ok(f"{METER_CHECK}: {joules:.1f} J over {elapsed:.2f} s of GPU load, mean {joules / elapsed:.0f} W")
+
+
+def energy_meter_checks(site: Site) -> list[Result]:
+    """With CUDA engines in the grid: the GPU energy meter works (:func:`gpu_meter_check`)."""
+    if site.config is None or not any(site.config["engines"][c.engine].get("device") == "cuda"
+                                      for c in site.plan.cells):
+        return []
+    return [gpu_meter_check()]
+
+
 def apptainer_checks(site: Site) -> list[Result]:
     """Runtime, then per image: built, matching images.yaml, GPUs inside (CUDA images)."""
     from sdbench.containers import load_images
@@ -1010,6 +1082,7 @@ def run_checks(site: Site) -> list[Result]:
     results += snakemake_plugins(site.profile)
     results.append(config_check(site))
     results += host_gpu_checks(site)
+    results += energy_meter_checks(site)
     results += apptainer_checks(site)
     results += hub_checks(site)
     results += slurm_checks(site)
