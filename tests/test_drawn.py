@@ -427,6 +427,25 @@ def test_ext07_draws_cost_per_million_tokens_with_its_interval(tmp_path: Path) -
                          "cost_per_1m_tokens", "cost_per_1m_tokens_ci_low", "cost_per_1m_tokens_ci_high")  # fmt: skip
 
 
+@covers("ext16_energy_per_token")
+def test_ext16_draws_tokens_per_s_and_joules_per_token_from_cells_metered_by_the_nvml_double(tmp_path: Path) -> None:
+    """Cells timed on the LLM double with the NVML double as their meter (tests/support/energycells.py:
+    joules per token by hand 0.5 / 0.4 without SD, 0.6 / 0.2 with it, at batch sizes 1 / 2)."""
+    from sdbench.analysis.energy import energy_table, plot_energy
+    from tests.support import energycells
+
+    table = energy_table(energycells.joined(energycells.measure(energycells.nvml_meter)))
+    png = tmp_path / "ext16.png"
+    drawn = drawn_of(plot_energy(table, png), png)
+    panel = pd.Series("m / d / e", index=table.index)
+    _assert_method_lines(drawn, table, panel, "batch_size", "output tokens / s", "tokens_per_s",
+                         "tokens_per_s_ci_low", "tokens_per_s_ci_high")  # fmt: skip
+    _assert_method_lines(drawn, table, panel, "batch_size", "joules / output token", "joules_per_token",
+                         "joules_per_token_ci_low", "joules_per_token_ci_high")  # fmt: skip
+    joules = by(drawn, mark="line", ylabel="joules / output token").set_index(["series", "x"])["y"]
+    same(joules.sort_index(), [0.6, 0.2, 0.5, 0.4])  # (ngram-k3, 1), (ngram-k3, 2), (none, 1), (none, 2)
+
+
 @covers("ext08_proposal_length")
 def test_ext08_draws_speedup_and_accepted_length_against_k(tmp_path: Path) -> None:
     from sdbench.analysis.proposal import plot_proposal_length

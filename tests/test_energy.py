@@ -15,21 +15,12 @@ import pytest
 
 from sdbench.engine.energy import NOT_MEASURED, NoMeter, RaplMeter, meter_for
 from tests.support import energycells
+from tests.support.energycells import nvml_meter
 from tests.support.doubles.llm import Bench
 from tests.support.doubles.nvml import NVMLDouble
 
 ENERGY = ["energy_j", "mean_power_w", "joules_per_token", "joules_per_token_ci_low", "joules_per_token_ci_high"]
 RATIO = ["energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high"]
-
-
-def nvml_meter(bench: Bench) -> object:
-    """An NVML meter over GPUs 0 and 1 (the engine's, tensor-parallel 2): GPU 0 spends three
-    quarters of the bench's energy, GPU 1 a quarter; GPU 2 is another job's and must not count."""
-    def counter(i: int) -> float:
-        return (5_000_000 + 750 * bench.joules, 250 * bench.joules, 10**9 + 10**6 * bench.t)[i]
-
-    nvml = NVMLDouble([("GPU-a", [], 1e3), ("GPU-b", [], 1e3), ("GPU-c", [], 1e3)], energy_mj=counter)
-    return meter_for({"device": "cuda"}, 2, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "0,1"})
 
 
 def cell(cells: list[dict[str, pd.DataFrame]], method: str, bs: int) -> dict[str, pd.DataFrame]:

@@ -118,6 +118,8 @@ ITEMS: tuple[Item, ...] = (
          (".png", ".md"), "simulator.forcedcheck.check_table", SEC8),
     Item("ext07_cost", "", "cost per 1M output tokens and per request, per method x batch size",
          (".png", ".md"), "analysis.cost.cost_table", PRODUCTION),
+    Item("ext16_energy_per_token", "", "joules per output token and tokens/s vs batch size per method; SD's energy ratio",
+         (".png", ".md"), "analysis.energy.energy_table", PRODUCTION),
     Item("ext08_proposal_length", "", "accepted length, acceptance rate, speedup and memory vs k, per method",
          (".png", ".md"), "analysis.proposal.proposal_length_table", PRODUCTION),
     Item("ext09_random_inputs", "", "random-token prompts vs the real prompts they match: acceptance, speedup",

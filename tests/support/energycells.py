@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 
 from tests.support.doubles.llm import Bench, LLMDouble, engine
+from tests.support.doubles.nvml import NVMLDouble
 
 TOKENS = {0: 10, 1: 20}
 COSTS = {("sd", 1): (0.5, 6.0, 12.0), ("none", 1): (1.0, 4.0, 12.0),
@@ -86,3 +87,15 @@ def joined(cells: list[dict[str, pd.DataFrame]]) -> pd.DataFrame:
     from sdbench.analysis.endtoend import join_cells
 
     return join_cells([c["summary"] for c in cells], "none")
+
+
+def nvml_meter(bench: Bench) -> Any:
+    """An NVML meter (the NVML double) over GPUs 0 and 1, the engine's (tensor-parallel 2): GPU 0
+    spends three quarters of the bench's energy, GPU 1 a quarter; GPU 2 is another job's and must not count."""
+    from sdbench.engine.energy import meter_for
+
+    def counter(i: int) -> float:
+        return (5_000_000 + 750 * bench.joules, 250 * bench.joules, 10**9 + 10**6 * bench.t)[i]
+
+    nvml = NVMLDouble([("GPU-a", [], 1e3), ("GPU-b", [], 1e3), ("GPU-c", [], 1e3)], energy_mj=counter)
+    return meter_for({"device": "cuda"}, 2, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "0,1"})

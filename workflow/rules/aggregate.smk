@@ -160,6 +160,27 @@ rule ext07_cost:
         "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
 
 
+# Joules per output token beside tokens/s, and SD's energy ratio (the meter of every timed call).
+rule ext16_energy_per_token:
+    input:
+        cells=P.CELLS_TABLE,
+    output:
+        table=P.table("energy"),
+        markdown=paper_report("ext16_energy_per_token", ".md"),
+        figure=paper_report("ext16_energy_per_token", ".png"),
+        drawn=drawn_table("ext16_energy_per_token"),
+    log:
+        "logs/ext16_energy_per_token.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.energy"),
+    shell:
+        "sdbench energy --cells {input.cells} --output {output.table} "
+        "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
+
+
 rule ext08_proposal_length:
     input:
         cells=P.CELLS_TABLE,

@@ -101,6 +101,14 @@ def add_cost(subparsers: argparse._SubParsersAction) -> None:
     c.set_defaults(func=lazy("sdbench.analysis.cost", "_cmd_cost"))
 
 
+def add_energy(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench energy``."""
+    c = subparsers.add_parser("energy", help="joules per output token beside tokens/s per cell; SD's energy ratio")
+    c.add_argument("--cells", required=True, help="cells.parquet (sdbench aggregate)")
+    add_table_outputs(c, "tokens/s and joules per output token vs batch size, per method")
+    c.set_defaults(func=lazy("sdbench.analysis.energy", "_cmd_energy"))
+
+
 def add_latency(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench latency``."""
     c = subparsers.add_parser("latency", help="server mode: latency-throughput trade-off and cost per concurrency")
@@ -330,6 +338,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_plot_throughput,
         add_memory_table,
         add_cost,
+        add_energy,
         add_latency,
         add_proposal_length,
         add_random_inputs,

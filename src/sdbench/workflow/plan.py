@@ -667,6 +667,7 @@ class Plan:
             "ext04_adaptive_policies": [{"scope": s} for s in adaptive_scopes],
             "ext05_simulated_vs_measured": one if self.breakdown and self.validation_targets() else [],
             "ext07_cost": one if self.cost else [],
+            "ext16_energy_per_token": one,
             "ext08_proposal_length": one if self.config.get("proposal_length") else [],
             "ext09_random_inputs": one if self.random_pairs else [],
             "ext10_temperature": one if self.config.get("temperature") else [],

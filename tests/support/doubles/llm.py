@@ -60,6 +60,9 @@ class LLMDouble:
     def get_metrics(self) -> list[Any]:
         return []
 
+    def collective_rpc(self, method: Any, args: tuple[Any, ...] = ()) -> list[Any]:
+        return []  # no workers: no memory report (sdbench.engine.versions.engine_memory)
+
 
 def engine(llm: LLMDouble, meter: Any = None) -> Any:
     """An ``Engine`` around the double, timed by its bench's clock, reading ``meter`` (None: no meter)."""
