@@ -54,7 +54,26 @@ def test_nvml_double_gives_each_call_its_joules_and_each_cell_its_joules_per_tok
     assert [row(table, "ngram-k3", 1)[c] for c in RATIO] == pytest.approx([1.2] * 3, rel=1e-12)
     assert [row(table, "ngram-k3", 2)[c] for c in RATIO] == pytest.approx([0.5] * 3, rel=1e-12)
     assert row(table, "ngram-k3", 2)["baseline_joules_per_token"] == pytest.approx(0.4, rel=1e-12)
+    # Which GPUs: the first tensor_parallel_size of those CUDA_VISIBLE_DEVICES names, else of the node's.
+    bench = Bench(joules=8.0, t=1.0)
+    nvml = NVMLDouble([("GPU-a", [], 1e3), ("GPU-b", [], 1e3), ("GPU-c", [], 1e3)],
+                      energy_mj=lambda i: (1000, 2000, 4000)[i] * bench.joules)  # fmt: skip
+    assert meter_for({"device": "cuda"}, 2, nvml=nvml, env={}).read() == 8.0 + 16.0
+    assert meter_for({"device": "cuda"}, 1, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "GPU-c,GPU-a"}).read() == 8.0
     assert row(table, "none", 1)[RATIO].isna().all() and "joules_per_token_boot" not in table
+
+
+def test_an_independent_energy_ratio_takes_the_interval_of_the_ratio_of_the_two_cells_draws() -> None:
+    def summary(method: str, jpt: float, boot: list[float]) -> pd.DataFrame:
+        return pd.DataFrame([dict(engine="e", model="m", dataset="d", method=method, batch_size=1, tokens_per_s=10.0,
+                                  tokens_per_s_pooled=10.0, energy_meter="rapl", joules_per_token=jpt,
+                                  joules_per_token_boot=boot)])  # fmt: skip
+
+    from sdbench.analysis.endtoend import join_cells
+
+    table = join_cells([summary("none", 1.0, [1.0, 1.0, 1.0, 1.0]), summary("sd", 2.5, [1.0, 2.0, 3.0, 4.0])], "none")
+    # Ratios of the draws 1, 2, 3, 4: percentiles 2.5 and 97.5 interpolated, 1 + 0.025 x 3 and 4 - 0.075.
+    assert [row(table, "sd", 1)[c] for c in RATIO] == pytest.approx([2.5, 1.075, 3.925])
 
 
 def rapl_tree(root: Path, bench: Bench) -> None:

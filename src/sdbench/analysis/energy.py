@@ -86,7 +86,7 @@ def fmt_energy(value: float, low: float, high: float, spec: str = ".3g") -> str:
 def energy_table(cells: pd.DataFrame) -> pd.DataFrame:
     """The grid's cells with throughput and energy side by side (one row per cell)."""
     cells = cells[cells["sweep"].fillna("") == ""] if "sweep" in cells else cells  # the grid's own (a sweep's: its item)
-    keep = [*SORT, "sd_method", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "energy_meter",
+    keep = [*SORT, "sd_method", "num_speculative_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "energy_meter",
             "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low", f"{JOULES_PER_TOKEN}_ci_high", "speedup",
             "speedup_ci_low", "speedup_ci_high", *RATIO]  # fmt: skip
     missing = [c for c in keep if c not in cells]
@@ -118,7 +118,18 @@ def energy_markdown(table: pd.DataFrame) -> str:
             f"| {fmt_energy(r.energy_ratio, r.energy_ratio_ci_low, r.energy_ratio_ci_high, '.2f') if sd else '1'} "
             f"| {r.energy_meter} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n\n" + power_model_line(table) + "\n"
+
+
+def power_model_line(table: pd.DataFrame) -> str:
+    """The power model fitted from the measured cells (sdbench.simulator.powermodel), or why none is."""
+    from sdbench.simulator.powermodel import cell_power_points, fit_power_model
+
+    points = cell_power_points(table)
+    if points["tokens_per_step"].nunique() < 2 or len(points) < 3:
+        return f"Power model: none ({len(points)} cell(s) with a meter; needs 3 at 2 or more batched-token counts)."
+    return "Power model fitted from the cells' mean power: " + fit_power_model(
+        points["tokens_per_step"], points["mean_power_w"]).describe() + "."
 
 
 def plot_energy(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
