@@ -55,7 +55,7 @@ rule ext11_latency_throughput:
         mem_mb=analysis_mem_mb,
         runtime=analysis_runtime,
     params:
-        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency", "sdbench.analysis.goodput"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.latency"),
         prices=quoted(PLAN.cost_prices()),
         devices=quoted(PLAN.model_devices()),
         currency=COST.get("currency", "USD"),
