@@ -168,3 +168,21 @@ def test_the_verdict_names_where_sd_pays_in_time_but_not_in_energy() -> None:
     assert set(unmeasured["energy"]) == {NOT_MEASURED} and not unmeasured["time_not_energy"].any()
     text = verdict_markdown(unmeasured, lines_table(unmeasured), recommendations(unmeasured, {}), {})
     assert "Energy not measured on this run" in text
+
+
+def test_the_energy_command_writes_its_table_markdown_and_figure(tmp_path: Path) -> None:
+    from sdbench.cli import main
+
+    energycells.joined(energycells.measure(nvml_meter)).to_parquet(tmp_path / "cells.parquet")
+    out = {k: tmp_path / f"energy.{k}" for k in ("parquet", "md", "png")}
+    argv = ["energy", "--cells", str(tmp_path / "cells.parquet"), "--output", str(out["parquet"]),
+            "--markdown", str(out["md"]), "--figure", str(out["png"])]  # fmt: skip
+    assert main(argv) == 0
+    table = pd.read_parquet(out["parquet"])
+    assert table.set_index(["method", "batch_size"])["joules_per_token"].to_dict() == pytest.approx(
+        {("ngram-k3", 1): 0.6, ("ngram-k3", 2): 0.2, ("none", 1): 0.5, ("none", 2): 0.4})
+    text = out["md"].read_text()
+    assert "| e | m | d | ngram-k3 | 1 | 30.0 [30.0, 30.0] | 0.6 [0.6, 0.6] | 18.0 | 2.00 [2.00, 2.00] " \
+           "| 1.20 [1.20, 1.20] | nvml |" in text  # fmt: skip
+    assert "Power model fitted from the cells' mean power: P(n) = " in text
+    assert out["png"].stat().st_size > 5_000 and out["png"].with_suffix(".csv").is_file()

@@ -193,6 +193,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "download-dataset": models_cli.add_download_dataset,
     "memory-table": analysis_cli.add_memory_table,
     "cost": analysis_cli.add_cost,
+    "energy": analysis_cli.add_energy,
     "latency": analysis_cli.add_latency,
     "proposal-length": analysis_cli.add_proposal_length,
     "random-inputs": analysis_cli.add_random_inputs,

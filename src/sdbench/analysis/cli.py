@@ -104,7 +104,7 @@ def add_cost(subparsers: argparse._SubParsersAction) -> None:
 def add_energy(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench energy``."""
     c = subparsers.add_parser("energy", help="joules per output token beside tokens/s per cell; SD's energy ratio")
-    c.add_argument("--cells", required=True, help="cells.parquet (sdbench aggregate)")
+    add_cells(c)
     add_table_outputs(c, "tokens/s and joules per output token vs batch size, per method")
     c.set_defaults(func=lazy("sdbench.analysis.energy", "_cmd_energy"))
 
