@@ -268,7 +268,8 @@ def baseline_cells(config: dict[str, Any]) -> list[Cell]:
 
 def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
     """Grid cells re-run in breakdown mode: those matching ``breakdown`` methods, datasets, batch
-    sizes and (when given) models, on greedy datasets (the cost model is fitted to greedy steps)."""
+    sizes and (when given) engine and models, on greedy datasets (the cost model is fitted to
+    greedy steps)."""
     spec = config.get("breakdown")
     if not spec:
         return []
@@ -279,6 +280,7 @@ def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
         and c.dataset in spec["datasets"]
         and c.batch_size in spec["batch_sizes"]
         and c.model in spec.get("models", [c.model])
+        and c.engine == spec.get("engine", c.engine)
         and not is_sampled(config, c.dataset)
     ]
 

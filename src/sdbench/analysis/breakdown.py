@@ -25,11 +25,14 @@ STAGE_LABELS: dict[str, str] = {
 }
 FRACTION_COLUMNS: tuple[str, ...] = tuple(f"{s}_frac" for s in STAGES)
 GROUP_COLUMNS: tuple[str, ...] = ("method", "batch_size")
+# Whose steps: never pooled across engines or models (kept as group keys where present).
+TARGET_COLUMNS: tuple[str, ...] = ("engine", "model")
 BASELINE_METHODS = ("none", "baseline", "no_sd", "")
 
 
 def breakdown_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Fraction of total step time per stage, per ``method`` x ``batch_size`` when present.
+    """Fraction of total step time per stage, per ``engine`` x ``model`` x ``method`` x
+    ``batch_size`` (those present).
 
     Sums each stage over the steps of a group and divides by the summed ``step_s``, so long
     steps weigh more (the share of execution time, as in Fig. 3). Columns: the group keys,
@@ -45,7 +48,7 @@ def breakdown_table(steps: pd.DataFrame) -> pd.DataFrame:
     df = steps.copy()
     if "other_s" not in df.columns:
         df["other_s"] = df["step_s"] - df[list(STAGE_COLUMNS)].sum(axis=1)
-    keys = [c for c in GROUP_COLUMNS if c in df.columns]
+    keys = [c for c in (*TARGET_COLUMNS, *GROUP_COLUMNS) if c in df.columns]
     sums_cols = ["step_s", "propose_s", "verify_s", "sample_s", "other_s"]
     if keys:
         grouped = df.groupby(keys, sort=True, dropna=False)
@@ -84,6 +87,9 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
         raise ValueError(f"breakdown table lacks column(s) {', '.join(missing)}")
     if table.empty:
         raise ValueError("breakdown table has no rows")
+    from sdbench.simulator.costmodel import one_target
+
+    one_target(table, "Fig. 3")  # one engine x model per figure: its bars are keyed by method and batch size only
     rows = []
     for method in _method_order(table["method"].astype(str)):
         sub = table[table["method"].astype(str) == method].sort_values("batch_size")

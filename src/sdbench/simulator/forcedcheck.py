@@ -198,23 +198,23 @@ def check_markdown(table: pd.DataFrame, before: CostModel, after: CostModel, lab
         f"{after.fit.get('refit', {}).get('relative_rms_error', float('nan')):.3f}), beside the measured speedup",
         "and its 95% interval. ✓: inside the interval.",
         "",
-        "| method | bs | τ forced | τ measured | measured [95% CI] | predicted | error | | refitted | error | |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | method | bs | τ forced | τ measured | measured [95% CI] | predicted | error | | refitted | error | |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.itertuples(index=False):
         lines.append(
-            f"| {labels.get(r.base_method, r.base_method)} | {r.batch_size} | {r.forced_acceptance_length:g} "
+            f"| {r.model} ({r.engine}) | {labels.get(r.base_method, r.base_method)} | {r.batch_size} | {r.forced_acceptance_length:g} "
             f"| {r.mean_acceptance_length:.2f} | {r.speedup:.2f} [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}] "
             f"| {_num(r.predicted, '.2f')} | {_num(r.error, '+.0%')} | {'✓' if r.inside else ''} "
             f"| {_num(r.predicted_refit, '.2f')} | {_num(r.error_refit, '+.0%')} | {'✓' if r.inside_refit else ''} |"
         )
-    lines += ["", "| method | bs | inside (step-timing fit) | inside (refitted) | median error before | after |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for (base, b), sub in table.groupby(["base_method", "batch_size"], sort=True):
+    lines += ["", "| model | method | bs | inside (step-timing fit) | inside (refitted) | median error before | after |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (engine, model, base, b), sub in table.groupby(["engine", "model", "base_method", "batch_size"], sort=True):
         priced = sub["predicted"].notna()
         before_inside = f"{int(sub['inside'].sum())} of {len(sub)}" if priced.any() else "not priced"
         lines.append(
-            f"| {labels.get(base, base)} | {b} | {before_inside} "
+            f"| {model} ({engine}) | {labels.get(base, base)} | {b} | {before_inside} "
             f"| {int(sub['inside_refit'].sum())} of {len(sub)} | {_num(sub['error'].median(), '+.0%')} "
             f"| {_num(sub['error_refit'].median(), '+.0%')} |"
         )
