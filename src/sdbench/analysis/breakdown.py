@@ -77,7 +77,8 @@ def _method_order(methods: Iterable[str]) -> list[str]:
 def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: str | None = None) -> pd.DataFrame:
     """Fig. 3 style: a stacked bar of stage fractions per method x batch size, written atomically.
     Returns the drawn table: a ``bar`` per stage x method x batch size (series the stage, x
-    ``<method> bs<N>``, y its fraction, stacked in :data:`STAGES` order).
+    ``<method's label> <batch size>`` as the figure reads it, y its fraction, stacked in
+    :data:`STAGES` order) and a ``group`` per method (its label under its bars).
 
     ``table`` needs ``method``, ``batch_size`` and :data:`FRACTION_COLUMNS` (e.g. from
     :func:`breakdown_table`). Bars are grouped by method, one per batch size.
@@ -107,11 +108,10 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     colors = {"propose": "#4c72b0", "verify": "#dd8452", "sample": "#55a868", "other": "#8c8c8c"}
     bottom = [0.0] * len(rows)
     drawn = drawn_table(fig)
-    at = [f"{r.method} bs{r.batch_size}" for r in rows]
     for stage in STAGES:
         values = [float(getattr(r, f"{stage}_frac")) for r in rows]
         drawn.bar(ax, positions, values, bottom=bottom, width=0.8, color=colors[stage], label=STAGE_LABELS[stage],
-                  series=stage, at=at)  # fmt: skip
+                  series=stage)  # fmt: skip
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(positions, ticks)
     ax.set_ylabel("fraction of execution time")
@@ -119,11 +119,9 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     # Method names under each group's batch-size ticks.
     for method in dict.fromkeys(r.method for r in rows):
         xs = [p for p, r in zip(positions, rows) if r.method == method]
-        ax.text(
-            sum(xs) / len(xs), -0.1, method_style(str(method)).label, ha="center", va="top", fontsize=8,
-            color=method_style(str(method)).color,
-            transform=ax.get_xaxis_transform(),
-        )  # fmt: skip
+        drawn.text(ax, sum(xs) / len(xs), -0.1, method_style(str(method)).label, mark="group", series=method,
+                   ha="center", va="top", fontsize=8, color=method_style(str(method)).color,
+                   transform=ax.get_xaxis_transform())  # fmt: skip
     ax.set_xlabel("batch size, per method", labelpad=16)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False, fontsize=8)
     if title:

@@ -231,7 +231,7 @@ def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> pd.Dat
             ]
             offset = (i - (len(here) - 1) / 2) * width
             drawn.bar(ax, x + offset, y, width=width, yerr=err, capsize=2, color=styles[method].color,
-                      label=styles[method].label, series=method, at=[c or "(none)" for c in categories])  # fmt: skip
+                      label=styles[method].label, series=method)  # fmt: skip
         drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="reference")
         ax.set_xticks(x, [c or "(none)" for c in categories], fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("acceptance length, per-request mean")

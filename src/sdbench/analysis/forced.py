@@ -259,7 +259,7 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
                 lo, hi = sub[f"{y}_ci_low"], sub[f"{y}_ci_high"]
                 err = [(sub[y] - lo).clip(lower=0).fillna(0), (hi - sub[y]).clip(lower=0).fillna(0)]
             drawn_table(fig).bar(ax, xs + (j - 1.5) * width, sub[y].fillna(0), width, yerr=err, color=color, capsize=2,
-                                 series=y, label=label, legend=False, at=sub["batch_size"])  # fmt: skip
+                                 series=y, label=label, legend=False)  # fmt: skip
         drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
         ax.set_xticks(xs, [str(b) for b in sub["batch_size"]])
         ax.set_xlabel("batch size", fontsize=8)

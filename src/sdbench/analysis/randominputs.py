@@ -96,7 +96,7 @@ def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> pd.DataFram
             name = sub["dataset_real"].iloc[0] if side == "real" else rnd
             drawn_table(fig).bar(ax, x + offset, y, width=0.4, yerr=err, capsize=2, label=name, color=colors,
                                  hatch=hatch, alpha=0.9 if side == "real" else 0.5, edgecolor="black", linewidth=0.4,
-                                 series=sub["method"], at=[lab.replace("\n", " ") for lab in labels],
+                                 series=sub["method"],
                                  note=side)  # fmt: skip
         drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="reference")
         ax.set_xticks(x, labels, fontsize=7)

@@ -229,7 +229,9 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
 def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, str]) -> pd.DataFrame:
     """A panel per model x dataset x kind of load: methods x loads, each square colored by verdict
     and labelled with its speedup; the accepted length beside each method. Returns the drawn
-    table: a ``square`` per point (y its speedup, note its verdict), a ``text`` per method (y τ)."""
+    table read back from the figure: a ``square`` per point (x its load and label its method as
+    the ticks read, y the speedup written in it, color its verdict's, note the verdict it was
+    given), a ``text`` per method (y τ as written)."""
     from matplotlib.patches import Patch, Rectangle
 
     from sdbench.plotting import drawn_table, method_styles, panel_axes, panel_grid, save_png
@@ -250,17 +252,14 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
             line = sub[sub["method"] == method]
             for r in line.itertuples(index=False):
                 x = loads.index(r.load)
-                ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"))
+                drawn.patch(ax, Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"), mark="square",
+                            series=method, note=r.verdict)  # fmt: skip
                 ax.text(x, y, f"{r.speedup:.2f}x", ha="center", va="center", fontsize=7)
-                drawn.add(ax, "square", method, r.load, r.speedup, label=labels.get(method, styles[method].label),
-                          note=r.verdict)  # fmt: skip
                 if r.preempted:  # an orange frame: part of the batch waited for KV cache
-                    ax.add_patch(Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5))
-                    drawn.add(ax, "preempted", method, r.load, r.speedup,
-                              label=labels.get(method, styles[method].label), note="requests preempted (KV cache full)")
+                    drawn.patch(ax, Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5),
+                                mark="preempted", series=method, note="requests preempted (KV cache full)")  # fmt: skip
             acc = line["mean_acceptance_length"].mean()
-            ax.text(len(loads) - 0.35, y, f"τ={acc:.2f}", ha="left", va="center", fontsize=7)
-            drawn.add(ax, "text", method, None, acc, label=labels.get(method, styles[method].label), note=f"τ={acc:.2f}")
+            drawn.text(ax, len(loads) - 0.35, y, f"τ={acc:.2f}", series=method, ha="left", va="center", fontsize=7)
         ax.set_xlim(-0.5, len(loads) + 0.6)
         ax.set_ylim(-0.5, len(methods) - 0.5)
         ax.set_xticks(range(len(loads)), [str(x) for x in loads], fontsize=7)
