@@ -103,6 +103,8 @@ def test_the_paper_plan_simulates_one_engine_and_model_with_its_own_cost_model()
     breakdown = {"methods": ["none", "ngram-k3", "eagle3-k3"], "datasets": ["gsm8k"], "batch_sizes": [1]}
     with pytest.raises(ConfigError, match=r"breakdown: its cells are of \d+ engine x model pairs"):
         _paper(breakdown)
+    with pytest.raises(ConfigError, match="breakdown.engine: unknown engine 'vllm-9'"):
+        _paper({**breakdown, "engine": "vllm-9"})
     plan = _paper({**breakdown, "engine": "vllm-0.10.1.1", "models": ["qwen3-8b"]})
     files = plan.sim_cell_files()
     keyed = sorted({tuple(f.split("/")[3:6]) for f in files})

@@ -93,33 +93,9 @@ def validate_config(config: dict[str, Any], source: str = "config") -> dict[str,
         if not problems:
             sweeps.expand(config)  # a sweep is more grid: its block is checked like the others
         problems += _cross_reference_problems(config)
-        if not problems:  # the grid's cells exist only once its names resolve
-            problems += _breakdown_problems(config)
     if problems:
         raise ConfigError(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
     return config
-
-
-def _breakdown_problems(config: dict[str, Any]) -> list[str]:
-    """The breakdown's step timings fit one cost model, of one engine x model: its cells must be
-    of one engine and one model (sdbench.simulator.costmodel.one_target)."""
-    spec = config.get("breakdown")
-    if not spec:
-        return []
-    if "engine" in spec and spec["engine"] not in config["engines"]:
-        return [f"breakdown.engine: unknown engine {spec['engine']!r}"]
-    from sdbench.grid import breakdown_cells
-
-    try:
-        pairs = sorted({(c.engine, c.model) for c in breakdown_cells(config)})
-    except ConfigError:
-        return []  # a grid that cannot run is reported where its cells are built
-
-    if len(pairs) <= 1:
-        return []
-    named = ", ".join(f"{e}/{m}" for e, m in pairs)
-    return [f"breakdown: its cells are of {len(pairs)} engine x model pairs ({named}); the step timings fit one "
-            "cost model, of one engine and one model: set breakdown.engine and one breakdown.models entry"]  # fmt: skip
 
 
 def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
@@ -190,6 +166,9 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
         for i, name in enumerate(config.get("breakdown", {}).get(key, [])):
             if name not in config[section]:
                 problems.append(f"breakdown.{key}[{i}]: unknown {section[:-1]} {name!r}")
+    engine = config.get("breakdown", {}).get("engine")
+    if engine is not None and engine not in config["engines"]:
+        problems.append(f"breakdown.engine: unknown engine {engine!r}")
     for key in ("ngram", "versus"):
         name = config.get("bleu", {}).get(key)
         if name is not None and name not in config["methods"]:

@@ -273,7 +273,7 @@ def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
     spec = config.get("breakdown")
     if not spec:
         return []
-    return [
+    chosen = [
         c
         for c in cells(config)
         if c.method in spec["methods"]
@@ -283,6 +283,15 @@ def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
         and c.engine == spec.get("engine", c.engine)
         and not is_sampled(config, c.dataset)
     ]
+    # Their step timings fit one cost model, of one target (sdbench.simulator.costmodel.one_target).
+    pairs = sorted({(c.engine, c.model) for c in chosen})
+    if len(pairs) > 1:
+        named = ", ".join(f"{e}/{m}" for e, m in pairs)
+        raise ConfigError(
+            f"config: breakdown: its cells are of {len(pairs)} engine x model pairs ({named}); the step timings fit "
+            "one cost model, of one engine and one model: set breakdown.engine and one breakdown.models entry"
+        )
+    return chosen
 
 
 def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:

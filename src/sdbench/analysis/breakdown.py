@@ -28,6 +28,8 @@ GROUP_COLUMNS: tuple[str, ...] = ("method", "batch_size")
 # Whose steps: never pooled across engines or models (kept as group keys where present).
 TARGET_COLUMNS: tuple[str, ...] = ("engine", "model")
 BASELINE_METHODS = ("none", "baseline", "no_sd", "")
+# results/tables/breakdown.parquet (the pipeline's step tables name their engine and model).
+COLUMNS: tuple[str, ...] = (*TARGET_COLUMNS, *GROUP_COLUMNS, "num_steps", "total_s", *FRACTION_COLUMNS)
 
 
 def breakdown_table(steps: pd.DataFrame) -> pd.DataFrame:
@@ -149,7 +151,10 @@ def read_step_tables(paths: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
 def _cmd_plot(args: argparse.Namespace) -> int:
     table = breakdown_table(read_step_tables(args.steps))
     if args.table:
-        write_parquet(table, args.table)
+        from sdbench.columns import conform
+
+        declared = [c for c in COLUMNS if c in table or c not in TARGET_COLUMNS]  # steps may name no target
+        write_parquet(conform(table, declared, "breakdown"), args.table)
     plot_breakdown(table, args.output, title=args.title)
     cols = [*GROUP_COLUMNS, "num_steps", *FRACTION_COLUMNS]
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))

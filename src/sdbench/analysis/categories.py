@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.analysis.stats import NUM_RESAMPLES, interval
+from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
 
@@ -180,7 +181,8 @@ def category_acceptance(
                 f"{MEAN}_ci_high": high,
             }
         )
-    return pd.DataFrame(rows, columns=COLUMNS).sort_values(GROUP, kind="stable").reset_index(drop=True)
+    table = conform(pd.DataFrame(rows), COLUMNS, "category acceptance")
+    return table.sort_values(GROUP, kind="stable").reset_index(drop=True)
 
 
 def _num(x: float, fmt: str = ".2f") -> str:

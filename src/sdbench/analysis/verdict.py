@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
 PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
@@ -43,6 +44,14 @@ RULE = (
     "entirely below 1, and breaks even when it contains 1"
 )
 LINE = ["engine", "model", "dataset", "method", "load_kind"]
+POINT_COLUMNS: tuple[str, ...] = (
+    "engine", "model", "dataset", "method", "sd_method", "num_speculative_tokens", "load_kind", "load", "speedup",
+    "speedup_ci_low", "speedup_ci_high", "speedup_min", "speedup_max", "interval", "mean_acceptance_length",
+    "preempted", "verdict",
+)  # fmt: skip
+# verdict.parquet: each point with its line's break-even loads.
+LINE_RESULTS: tuple[str, ...] = ("largest_paying_load", "break_even_load", "break_even_low", "break_even_high")
+COLUMNS: tuple[str, ...] = (*POINT_COLUMNS, *LINE_RESULTS)
 OFFLINE, SERVER = "batch size", "concurrency"
 BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
 PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
@@ -97,7 +106,7 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         frames.append(server_points(server))
     out = pd.concat(frames, ignore_index=True)
     out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
-    return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
+    return conform(out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True), POINT_COLUMNS, "verdict points")
 
 
 def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -293,8 +302,8 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.cells}: no SD cell with a speedup to judge")
     lines = lines_table(points)
     recs = recommendations(points, labels)
-    write_parquet(points.merge(lines[[*LINE, "largest_paying_load", "break_even_load", "break_even_low",
-                                      "break_even_high"]], on=LINE, how="left"), args.output)  # fmt: skip
+    table = points.merge(lines[[*LINE, *LINE_RESULTS]], on=LINE, how="left")
+    write_parquet(conform(table, COLUMNS, "verdict"), args.output)
     write_text(verdict_markdown(points, lines, recs, labels), args.markdown)
     plot_verdict(points, args.figure, labels)
     return 0

@@ -66,7 +66,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     if args.engine:  # whose traces: validation matches a cell to its own engine and model's rows
         df.insert(0, "model", args.model)
         df.insert(0, "engine", args.engine)
-    write_results(df, args.output)
+    from sdbench.columns import conform
+    from sdbench.simulator.core import WRITTEN_COLUMNS
+
+    write_results(conform(df, WRITTEN_COLUMNS if args.engine else WRITTEN_COLUMNS[2:], "simulate"), args.output)
     print(f"wrote {len(df)} rows to {args.output}")
     return 0
 

@@ -14,8 +14,13 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
+COLUMNS: tuple[str, ...] = (
+    "engine", "model", "dataset", "method", "batch_size", "drafter", "measured_speedup", "measured_speedup_ci_low",
+    "measured_speedup_ci_high", "simulated_speedup", "contaminated", "ratio", "agrees",
+)  # fmt: skip
 # vLLM method -> simulator proposer (any learned drafter stands in for "eagle").
 PROPOSER = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "eagle", "mtp": "eagle"}
 
@@ -90,6 +95,8 @@ def compare(
             }
         )
     out = pd.DataFrame(rows)
+    if out.empty:
+        return conform(out, COLUMNS, "simulated vs measured")
     if not out.empty:
         out["ratio"] = out["simulated_speedup"] / out["measured_speedup"]
         # Agreement: the simulated speedup lies inside the measured 95% interval; a cell
@@ -98,7 +105,8 @@ def compare(
             out["simulated_speedup"] <= out["measured_speedup_ci_high"]
         )
         out["agrees"] = inside.where(out["measured_speedup_ci_low"].notna())
-    return out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
+    out = out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
+    return conform(out, COLUMNS, "simulated vs measured")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
