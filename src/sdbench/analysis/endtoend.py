@@ -226,22 +226,21 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
                     err = [(line[y] - line[lo]).clip(lower=0), (line[hi] - line[y]).clip(lower=0)]
                 style = styles[method]
                 drawn.errorbar(ax, line["batch_size"], line[y], yerr=err, capsize=3, color=style.color,
-                               marker=style.marker, series=method, label=style.label, panel=title)  # fmt: skip
+                               marker=style.marker, series=method, label=style.label)  # fmt: skip
             flagged = sub[sub["contaminated"].astype(bool)] if "contaminated" in sub else sub.iloc[:0]
             if len(flagged):  # timed beside other work (docs: quiet machine)
                 flagged_any = True
                 drawn.scatter(ax, flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
                               linewidths=1.5, zorder=5, mark="ring", series=flagged["method"],
-                              note="timed on a busy machine", panel=title)  # fmt: skip
+                              note="timed on a busy machine")  # fmt: skip
             preempted = sub[sub["preempted"].astype(bool)] if "preempted" in sub else sub.iloc[:0]
             if len(preempted):  # KV cache too small for the batch: part of it waited (docs/measurement.md)
                 preempted_any = True
                 drawn.scatter(ax, preempted["batch_size"], preempted[y], s=220, marker="s", facecolors="none",
                               edgecolors="darkorange", linewidths=1.5, zorder=5, mark="preempted",
-                              series=preempted["method"], note="requests preempted (KV cache full)",
-                              panel=title)  # fmt: skip
+                              series=preempted["method"], note="requests preempted (KV cache full)")  # fmt: skip
             if row == 1:
-                drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD", panel=title)
+                drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size", fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)

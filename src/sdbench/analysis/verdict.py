@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
 PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
@@ -43,6 +44,14 @@ RULE = (
     "entirely below 1, and breaks even when it contains 1"
 )
 LINE = ["engine", "model", "dataset", "method", "load_kind"]
+POINT_COLUMNS: tuple[str, ...] = (
+    "engine", "model", "dataset", "method", "sd_method", "num_speculative_tokens", "load_kind", "load", "speedup",
+    "speedup_ci_low", "speedup_ci_high", "speedup_min", "speedup_max", "interval", "mean_acceptance_length",
+    "preempted", "verdict",
+)  # fmt: skip
+# verdict.parquet: each point with its line's break-even loads.
+LINE_RESULTS: tuple[str, ...] = ("largest_paying_load", "break_even_load", "break_even_low", "break_even_high")
+COLUMNS: tuple[str, ...] = (*POINT_COLUMNS, *LINE_RESULTS)
 OFFLINE, SERVER = "batch size", "concurrency"
 BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
 PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
@@ -97,7 +106,7 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         frames.append(server_points(server))
     out = pd.concat(frames, ignore_index=True)
     out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
-    return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
+    return conform(out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True), POINT_COLUMNS, "verdict points")
 
 
 def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -229,7 +238,9 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
 def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, str]) -> pd.DataFrame:
     """A panel per model x dataset x kind of load: methods x loads, each square colored by verdict
     and labelled with its speedup; the accepted length beside each method. Returns the drawn
-    table: a ``square`` per point (y its speedup, note its verdict), a ``text`` per method (y τ)."""
+    table read back from the figure: a ``square`` per point (x its load and label its method as
+    the ticks read, y the speedup written in it, color its verdict's, note the verdict it was
+    given), a ``text`` per method (y τ as written)."""
     from matplotlib.patches import Patch, Rectangle
 
     from sdbench.plotting import drawn_table, method_styles, panel_axes, panel_grid, save_png
@@ -250,17 +261,14 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
             line = sub[sub["method"] == method]
             for r in line.itertuples(index=False):
                 x = loads.index(r.load)
-                ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"))
+                drawn.patch(ax, Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"), mark="square",
+                            series=method, note=r.verdict)  # fmt: skip
                 ax.text(x, y, f"{r.speedup:.2f}x", ha="center", va="center", fontsize=7)
-                drawn.add(ax, "square", method, r.load, r.speedup, label=labels.get(method, styles[method].label),
-                          note=r.verdict)  # fmt: skip
                 if r.preempted:  # an orange frame: part of the batch waited for KV cache
-                    ax.add_patch(Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5))
-                    drawn.add(ax, "preempted", method, r.load, r.speedup,
-                              label=labels.get(method, styles[method].label), note="requests preempted (KV cache full)")
+                    drawn.patch(ax, Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5),
+                                mark="preempted", series=method, note="requests preempted (KV cache full)")  # fmt: skip
             acc = line["mean_acceptance_length"].mean()
-            ax.text(len(loads) - 0.35, y, f"τ={acc:.2f}", ha="left", va="center", fontsize=7)
-            drawn.add(ax, "text", method, None, acc, label=labels.get(method, styles[method].label), note=f"τ={acc:.2f}")
+            drawn.text(ax, len(loads) - 0.35, y, f"τ={acc:.2f}", series=method, ha="left", va="center", fontsize=7)
         ax.set_xlim(-0.5, len(loads) + 0.6)
         ax.set_ylim(-0.5, len(methods) - 0.5)
         ax.set_xticks(range(len(loads)), [str(x) for x in loads], fontsize=7)
@@ -294,8 +302,8 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.cells}: no SD cell with a speedup to judge")
     lines = lines_table(points)
     recs = recommendations(points, labels)
-    write_parquet(points.merge(lines[[*LINE, "largest_paying_load", "break_even_load", "break_even_low",
-                                      "break_even_high"]], on=LINE, how="left"), args.output)  # fmt: skip
+    table = points.merge(lines[[*LINE, *LINE_RESULTS]], on=LINE, how="left")
+    write_parquet(conform(table, COLUMNS, "verdict"), args.output)
     write_text(verdict_markdown(points, lines, recs, labels), args.markdown)
     plot_verdict(points, args.figure, labels)
     return 0
