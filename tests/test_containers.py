@@ -108,7 +108,10 @@ def test_committed_definition_parses_pinned_labelled_tested(image: containers.Im
     assert labels["org.sdbench.version"] == sdbench.__version__
     assert parsed.environ["HF_HUB_OFFLINE"] == '"${HF_HUB_OFFLINE:-1}"'
     assert "../src /opt/sdbench/src" in parsed.files
-    assert parsed.post[-1] == "python3 -m pip install --no-deps --no-build-isolation /opt/sdbench"
+    commands = [line for line in parsed.post if line and not line.startswith("#")]
+    assert commands[-2] == "python3 -m pip install --no-deps --no-build-isolation /opt/sdbench"
+    # Then the digest of the code it installed, as a label (a run refuses the image once it differs).
+    assert commands[-1] == 'python3 -m sdbench.codedigest --label org.sdbench.code.digest >> "$APPTAINER_LABELS"'
     assert parsed.test[-1] == "sdbench --help >/dev/null"
     if image.kind in containers.ENGINE_KINDS:
         assert labels["org.sdbench.vllm.version"] == image.vllm_version
