@@ -92,7 +92,7 @@ def test_a_speedup_over_arms_on_different_gpus_is_refused_in_one_line() -> None:
     with pytest.raises(ValueError) as refused:
         join_cells([_cell("none", 4, 300.0, A), _cell("ngram", 4, 330.0, B)], baseline="none")
     assert str(refused.value) == (
-        f"cell e/m/d/ngram/batch_size 4: its speedup divides a cell measured on [{B}] by a no-SD cell measured on "
+        f"cell e/m/d/ngram/bs4: its speedup divides a cell measured on [{B}] by a no-SD cell measured on "
         f"[{A}]; both arms must run on the same hardware, or in one job (run.paired_baseline) (1 such cell(s))"
     )
     assert "\n" not in str(refused.value)
@@ -115,7 +115,7 @@ def test_server_mode_refuses_a_method_server_on_other_hardware() -> None:
                 "concurrency": 8, "tokens_per_s": 100.0, "tokens_per_s_min": 90.0, "tokens_per_s_max": 110.0,
                 "mean_acceptance_length": 2.0, "hardware": hardware}  # fmt: skip
 
-    with pytest.raises(ValueError, match=r"^cell e/m/d/ngram/concurrency 8: its speedup divides a cell measured on \["):
+    with pytest.raises(ValueError, match=r"^cell e/m/d/ngram/c8: its speedup divides a cell measured on \["):
         server_points(pd.DataFrame([row("none", A), row("ngram", B)]))
     assert len(server_points(pd.DataFrame([row("none", A), row("ngram", A)]))) == 1
 

@@ -94,17 +94,29 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     return out.sort_values(SORT, kind="stable").reset_index(drop=True)
 
 
+def _mismatched(
+    cells: pd.DataFrame, column: str, base: str, independent: pd.Series, load: str = "batch_size"
+) -> tuple[str, pd.Series, int] | None:
+    """The first of the ``independent`` rows whose ``column`` differs from its no-SD arm's (``base``),
+    both known: (the cell's name, its row, how many such rows); None when there is none."""
+    known = (cells[column].fillna("") != "") & (cells[base].fillna("") != "")
+    bad = cells[known & independent & (cells[column] != cells[base])]
+    if not len(bad):
+        return None
+    row = bad.iloc[0]
+    short = {"batch_size": "bs", "concurrency": "c"}[load]
+    return "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/{short}{row[load]}", row, len(bad)
+
+
 def check_layouts(cells: pd.DataFrame) -> None:
     """Refuse a speedup over the separately measured no-SD cell whose engine ran in another
     process layout (``engine_layout``; a paired cell's arms are checked when timed)."""
-    known = (cells["engine_layout"].fillna("") != "") & (cells["_base_layout"].fillna("") != "")
-    bad = cells[known & (cells["speedup_design"] == "independent") & (cells["engine_layout"] != cells["_base_layout"])]
-    if len(bad):
-        row = bad.iloc[0]
-        name = "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/bs{row['batch_size']}"
+    found = _mismatched(cells, "engine_layout", "_base_layout", cells["speedup_design"] == "independent")
+    if found:
+        name, row, count = found
         raise ValueError(
             f"cell {name}: its speedup divides a {row['engine_layout']} engine by a {row['_base_layout']} no-SD "
-            f"engine; both arms must run in one process layout ({len(bad)} such cell(s))"
+            f"engine; both arms must run in one process layout ({count} such cell(s))"
         )
 
 
@@ -113,15 +125,13 @@ def check_hardware(cells: pd.DataFrame, base: str, independent: pd.Series, load:
     boards, memory, driver, CPU; sdbench.engine.hardware.provenance) in separate jobs; ``base``
     names the no-SD arm's column, ``independent`` the rows whose arms ran apart (paired arms share
     one process). One line naming the cell and both."""
-    known = (cells["hardware"].fillna("") != "") & (cells[base].fillna("") != "")
-    bad = cells[known & independent & (cells["hardware"] != cells[base])]
-    if len(bad):
-        row = bad.iloc[0]
-        name = "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/{load} {row[load]}"
+    found = _mismatched(cells, "hardware", base, independent, load)
+    if found:
+        name, row, count = found
         raise ValueError(
             f"cell {name}: its speedup divides a cell measured on [{row['hardware']}] by a no-SD cell measured "
             f"on [{row[base]}]; both arms must run on the same hardware, or in one job "
-            f"(run.paired_baseline) ({len(bad)} such cell(s))"
+            f"(run.paired_baseline) ({count} such cell(s))"
         )
 
 
