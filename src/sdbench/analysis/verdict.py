@@ -35,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.analysis.endtoend import check_hardware
 from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
@@ -120,9 +121,14 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
     """SD over no SD at the same concurrency in server mode, with its range over rounds
     (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min)."""
     keys = ["engine", "model", "dataset", "concurrency"]
-    base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"]]
+    if "hardware" not in server:  # tables from before the column
+        server = server.assign(hardware="")
+    base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max",
+                                                   "hardware"]]  # fmt: skip
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
+    # Each method's server is a job of its own (sdbench.servermode): its arms may have run apart.
+    check_hardware(sd, "base_hardware", independent=pd.Series(True, index=sd.index), load="concurrency")
     return pd.DataFrame({
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),

@@ -245,6 +245,12 @@ class Plan:
         entry = self.config["datasets"][dataset]
         return {k: entry[k] for k in ("hf_id", "revision", "hf_config", "split", "data_files") if k in entry}
 
+    def containers(self) -> list[str]:
+        """The images of the engines this run starts (their ``container``), sorted."""
+        groups = [*self.cells, *self.trace_groups, *self.server_groups]
+        engines = {g.engine for g in groups}
+        return sorted({c for e in engines if (c := self.config["engines"][e].get("container"))})
+
     def network_rules(self) -> tuple[str, ...]:
         """The rules that run locally on the submitting host (:data:`NETWORK_RULES`)."""
         return NETWORK_RULES
