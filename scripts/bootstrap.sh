@@ -3,7 +3,10 @@
 # installed editable. Idempotent: a second run only checks what is there.
 #
 # Environment:
-#   PYTHON           interpreter for the venv (default: python3, else python3.11)
+#   PYTHON           interpreter for the venv (default: python3, else python3.11, else a
+#                    CPython 3.11 that uv fetches: uv on PATH, or pip-installed by python3)
+#   UV_PYTHON_INSTALL_MIRROR  where uv fetches that CPython (default: python-build-standalone's
+#                    GitHub releases)
 #   TORCH_INDEX_URL  PEP 503 index holding the pinned CPU torch wheel
 #                    (default: the PyTorch CPU index; PyPI has no +cpu builds)
 #   PIP_FIND_LINKS   directories searched for wheels first (pip's config is read too)
@@ -19,10 +22,10 @@ fail() { echo "bootstrap: $*" >&2; exit 1; }
 python_version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null; }
 
 pick_python() {
-    # An explicit PYTHON must fit; otherwise the first fitting interpreter on PATH.
+    # An explicit PYTHON must fit; otherwise the first fitting interpreter on PATH, else uv's.
     local candidates=("${PYTHON:-python3}")
     [ -n "${PYTHON:-}" ] || candidates+=(python3.11)
-    local c v first=""
+    local c v first="" runs=""
     for c in "${candidates[@]}"; do
         command -v "$c" >/dev/null 2>&1 || continue
         if ! v="$(python_version "$c")"; then
@@ -30,9 +33,46 @@ pick_python() {
             continue
         fi
         [ -n "$first" ] || first="$c is Python $v"
+        [ -n "$runs" ] || runs="$c"
         case " $SUPPORTED " in *" $v "*) echo "$c"; return 0 ;; esac
     done
-    fail "${first:-no ${PYTHON:-python3} found}; sdbench needs Python ${SUPPORTED// / or } (install one, e.g. 'uv python install 3.11' or your distribution's python3.11, then run PYTHON=python3.11 bash scripts/bootstrap.sh)"
+    local why="${first:-no ${PYTHON:-python3} found}; sdbench needs Python ${SUPPORTED// / or }"
+    [ -z "${PYTHON:-}" ] || fail "$why (install one, e.g. 'uv python install 3.11' or your distribution's python3.11, then run PYTHON=python3.11 bash scripts/bootstrap.sh)"
+    uv_python "$why" "$runs"
+}
+
+uv_python() {
+    # No Python 3.11 on PATH (Ubuntu 24.04's python3 is 3.12): uv fetches a CPython 3.11 into its
+    # own directory (from python-build-standalone's GitHub releases, or UV_PYTHON_INSTALL_MIRROR).
+    # uv is the one on PATH, else pip-installed by the Python that runs (uv is a standalone binary).
+    local why="$1" py="$2" uv work
+    local todo="install python3.11 (your distribution's, or 'uv python install 3.11') and run PYTHON=python3.11 bash scripts/bootstrap.sh"
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    if command -v uv >/dev/null 2>&1; then
+        uv="$(command -v uv)"
+    else
+        [ -n "$py" ] && "$py" -m pip --version >/dev/null 2>&1 ||
+            fail "$why, and there is no uv to fetch one (no uv on PATH, no pip to install it); $todo"
+        "$py" -m pip install --quiet --disable-pip-version-check --target "$work/uv" "uv==${UV_VERSION:-0.13.9}" \
+            >"$work/pip.log" 2>&1 || fail "$why, and pip could not install uv to fetch one ($(last_line "$work/pip.log")); $todo"
+        uv="$work/uv/bin/uv"
+    fi
+    if ! "$uv" python install "$SUPPORTED" >"$work/uv.log" 2>&1; then
+        fail "$why, and uv could not fetch CPython $SUPPORTED ($(uv_error "$work/uv.log")); $todo, or set UV_PYTHON_INSTALL_MIRROR to a mirror of python-build-standalone"
+    fi
+    echo "bootstrap: $why: uv fetched $(last_line "$work/uv.log")" >&2
+    "$uv" python find --managed-python "$SUPPORTED"
+}
+
+last_line() { grep -v '^[[:space:]]*$' "$1" | tail -n 1 | sed 's/^[[:space:]]*//'; }
+
+uv_error() {
+    # uv's error, its first line, where it tried to download from and the last cause, on one line.
+    local first from
+    first="$(grep -v '^[[:space:]]*$' "$1" | head -n 1 | sed 's/^error: //')"
+    from="$(grep -o 'https://[^/`]*' "$1" | head -n 1 || true)"
+    echo "$first${from:+ from $from}: $(last_line "$1" | sed 's/^cause: //')"
 }
 
 if [ ! -x .venv/bin/python ]; then

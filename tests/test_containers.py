@@ -108,7 +108,10 @@ def test_committed_definition_parses_pinned_labelled_tested(image: containers.Im
     assert labels["org.sdbench.version"] == sdbench.__version__
     assert parsed.environ["HF_HUB_OFFLINE"] == '"${HF_HUB_OFFLINE:-1}"'
     assert "../src /opt/sdbench/src" in parsed.files
-    assert parsed.post[-1] == "python3 -m pip install --no-deps --no-build-isolation /opt/sdbench"
+    commands = [line for line in parsed.post if line and not line.startswith("#")]
+    assert commands[-2] == "python3 -m pip install --no-deps --no-build-isolation /opt/sdbench"
+    # Then the digest of the code it installed, as a label (a run refuses the image once it differs).
+    assert commands[-1] == 'python3 -m sdbench.codedigest --label org.sdbench.code.digest >> "$APPTAINER_LABELS"'
     assert parsed.test[-1] == "sdbench --help >/dev/null"
     if image.kind in containers.ENGINE_KINDS:
         assert labels["org.sdbench.vllm.version"] == image.vllm_version
@@ -245,6 +248,7 @@ def _double_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PATH"] = f"{DOUBLES}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["SDBENCH_APPTAINER_CALLS"] = str(tmp_path / "calls.jsonl")
+    env["SDBENCH_BUILD_SCRATCH"] = str(tmp_path / "scratch")  # build.sh's cache and temp dirs
     return env
 
 
@@ -348,3 +352,132 @@ def test_double_builds_every_definition_with_build_sh(tmp_path: Path) -> None:
         assert call["subcommand"] == "build" and call["cwd"] == str(copy_dir)
         assert call["argv"] == ["build", "--force", call["target"], call["image"]]
         assert (copy_dir / call["target"]).is_file()
+
+
+def test_build_sh_builds_with_fakeroot_and_node_local_cache_and_temp_dirs(tmp_path: Path) -> None:
+    """A cluster user (not root: an ``id`` stand-in says uid 1000) builds with --fakeroot, the layers
+    cached and the image assembled under the scratch directory, never the home."""
+    copy_dir = tmp_path / "containers"
+    copy_dir.mkdir()
+    shutil.copy2(CONTAINERS / "build.sh", copy_dir / "build.sh")
+    shutil.copy2(CONTAINERS / "sdbench-analysis.def", copy_dir / "sdbench-analysis.def")
+    stand_in = tmp_path / "id-stand-in"
+    stand_in.mkdir()
+    (stand_in / "id").write_text('#!/bin/sh\n[ "$1" = -u ] && echo 1000 || echo alice\n')  # test double of id(1)
+    (stand_in / "id").chmod(0o755)
+    env = _double_env(tmp_path)
+    env["PATH"] = f"{stand_in}{os.pathsep}{env['PATH']}"
+    subprocess.run(["bash", str(copy_dir / "build.sh"), "sdbench-analysis"], env=env, check=True, capture_output=True)
+    (call,) = _calls(tmp_path)
+    assert call["argv"] == ["build", "--fakeroot", "--force", "sif/sdbench-analysis.sif", "sdbench-analysis.def"]
+    scratch = tmp_path / "scratch" / "apptainer-alice"
+    assert call["env"] == {"APPTAINER_CACHEDIR": str(scratch / "cache"), "APPTAINER_TMPDIR": str(scratch / "tmp")}
+    # A site's own build command, and its own cache directory, win.
+    env.update(APPTAINER_BUILD="apptainer build --remote", APPTAINER_CACHEDIR=str(tmp_path / "site-cache"))
+    subprocess.run(["bash", str(copy_dir / "build.sh"), "sdbench-analysis"], env=env, check=True, capture_output=True)
+    call = _calls(tmp_path)[-1]
+    assert call["argv"][:3] == ["build", "--remote", "--force"]
+    assert call["env"]["APPTAINER_CACHEDIR"] == str(tmp_path / "site-cache")
+
+
+def test_build_sh_stops_in_one_line_without_the_space_a_build_needs(tmp_path: Path) -> None:
+    copy_dir = tmp_path / "containers"
+    copy_dir.mkdir()
+    shutil.copy2(CONTAINERS / "build.sh", copy_dir / "build.sh")
+    env = {**_double_env(tmp_path), "SDBENCH_BUILD_MIN_FREE_GB": str(10**9)}
+    done = subprocess.run(["bash", str(copy_dir / "build.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    cache = tmp_path / "scratch" / f"apptainer-{os.environ.get('USER') or subprocess.check_output(['id', '-un'], text=True).strip()}" / "cache"
+    assert re.fullmatch(
+        rf"build\.sh: APPTAINER_CACHEDIR={re.escape(str(cache))} has \d+ GB free, a build needs {10**9} GB; set "
+        r"APPTAINER_CACHEDIR \(or SDBENCH_BUILD_SCRATCH\) to a larger node-local disk",
+        done.stderr.strip(),
+    ), done.stderr
+    assert not (tmp_path / "calls.jsonl").exists()
+
+
+# --- an image runs the code it was built with ----------------------------------------------------
+
+
+def _image_package(tmp_path: Path, edit: bool) -> Path:
+    """A copy of the checkout's package (what an image built from it holds), edited or not."""
+    root = tmp_path / ("edited" if edit else "same")
+    shutil.copytree(REPO / "src" / "sdbench", root / "sdbench", ignore=shutil.ignore_patterns("__pycache__"))
+    if edit:  # a statement changed in the checkout since the image was built
+        trials = root / "sdbench" / "engine" / "trials.py"
+        trials.write_text(trials.read_text() + "\nWARMUP_CALLS_OLD = 2\n")
+    return root
+
+
+def _build(tmp_path: Path, package: Path, name: str = "sdbench-vllm-0.11.1") -> Path:
+    """``apptainer build`` (the double) of a committed definition, the image holding ``package``."""
+    sif = tmp_path / "containers" / "sif" / f"{name}.sif"
+    sif.parent.mkdir(parents=True, exist_ok=True)
+    env = {**_double_env(tmp_path), "SDBENCH_APPTAINER_IMAGE_SRC": str(package)}
+    subprocess.run(["apptainer", "build", str(sif), f"{name}.def"], cwd=CONTAINERS, env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    return sif
+
+
+def test_an_image_whose_code_is_not_the_checkouts_is_refused_in_one_line(tmp_path: Path) -> None:
+    from sdbench.codedigest import package_digest
+
+    checkout = package_digest()
+    stale = _build(tmp_path, _image_package(tmp_path, edit=True))
+    held = package_digest(tmp_path / "edited" / "sdbench")
+    assert held != checkout
+    env = _double_env(tmp_path)
+    labels = json.loads(subprocess.run(["apptainer", "inspect", "--json", "--labels", str(stale)], env=env,
+                                       capture_output=True, text=True, check=True).stdout)["data"]["attributes"]["labels"]  # fmt: skip
+    assert labels[containers.CODE_LABEL] == held  # what the build's %post recorded
+    double = str(DOUBLES / "apptainer")
+    why = containers.stale_image(str(stale), CONTAINERS, double, checkout)
+    assert why == (
+        f"{stale} holds sdbench code {held}, the checkout's is {checkout}: the image would not run this checkout's "
+        "code; rebuild it: bash containers/build.sh sdbench-vllm-0.11.1"
+    )
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        containers.refuse_stale_images([str(stale)], CONTAINERS, double)
+    # The engine process inside that image records the digest of the code it ran.
+    code = "from sdbench.engine.hardware import provenance; print(provenance()['code_digest'])"
+    ran = subprocess.run(["apptainer", "exec", "--cleanenv", str(stale), sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert ran == held
+    # Rebuilt from the checkout: accepted.
+    fresh = _build(tmp_path, _image_package(tmp_path, edit=False))
+    assert containers.stale_image(str(fresh), CONTAINERS, double, checkout) is None
+    # An image built before the label existed, and images that are not sdbench's, are not run blind.
+    unlabelled = tmp_path / "containers" / "sif" / "sdbench-analysis.sif"
+    unlabelled.write_text(json.dumps({"deffile": (CONTAINERS / "sdbench-analysis.def").read_text()}))
+    assert "records no sdbench code digest (org.sdbench.code.digest)" in containers.stale_image(
+        str(unlabelled), CONTAINERS, double, checkout)  # fmt: skip
+    assert containers.stale_image(str(tmp_path / "mine.sif"), CONTAINERS, double, checkout) is None
+
+
+@pytest.mark.slow  # plans the default grid through Snakemake
+def test_snakemake_refuses_a_stale_engine_image_before_any_job(tmp_path: Path) -> None:
+    """``snakemake -n --sdm apptainer`` with the default config, its CPU engine image built (by the
+    double) from older code: one error line naming both digests and the build command."""
+    from sdbench.codedigest import package_digest
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _build(work, _image_package(tmp_path, edit=True), "sdbench-vllm-cpu-0.32.0")
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    engine = next(iter(config["engines"]))
+    config["engines"][engine]["container"] = "containers/sif/sdbench-vllm-cpu-0.32.0.sif"
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    env = _double_env(tmp_path)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "snakemake"), "-n", "--sdm", "apptainer", "--cores", "1",
+         "--snakefile", str(REPO / "Snakefile"), "--directory", str(work), "--configfile", str(work / "config.yaml")],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    held = package_digest(tmp_path / "edited" / "sdbench")
+    assert done.returncode != 0
+    line = (f"containers/sif/sdbench-vllm-cpu-0.32.0.sif holds sdbench code {held}, the checkout's is "
+            f"{package_digest()}: the image would not run this checkout's code; rebuild it: "
+            "bash containers/build.sh sdbench-vllm-cpu-0.32.0")  # fmt: skip
+    assert line in out, out[-3000:]
+    assert not (work / "results").exists()

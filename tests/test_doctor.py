@@ -215,6 +215,25 @@ def test_image_matches_its_definition_and_labels(site_images: Path) -> None:
     )
 
 
+def test_an_image_holding_other_sdbench_code_fails_the_check(site_images: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    from sdbench.codedigest import package_digest
+
+    name = "sdbench-vllm-0.11.1"
+    spec = next(i for i in load_images(site_images / "containers" / "images.yaml").images if i.name == name)
+    older = tmp_path / "image-src"
+    shutil.copytree(REPO / "src" / "sdbench", older / "sdbench", ignore=shutil.ignore_patterns("__pycache__"))
+    (older / "sdbench" / "io.py").write_text((older / "sdbench" / "io.py").read_text() + "\nOLD = True\n")
+    monkeypatch.setenv("SDBENCH_APPTAINER_IMAGE_SRC", str(older))  # the double's image holds this package
+    _build(site_images, name)
+    sif = f"containers/sif/{name}.sif"
+    assert doctor.image_matches(site_images, sif, spec, str(DOUBLES / "apptainer")).line() == (
+        f"image {sif} matches containers/images.yaml | FAILED: it holds sdbench code "
+        f"{package_digest(older / 'sdbench')}, the checkout's is {package_digest()} (a run refuses it) | "
+        f"bash containers/build.sh {name}"
+    )
+
+
 def test_every_cuda_image_has_a_driver_minimum() -> None:
     engines = {i.name for i in load_images(REPO / "containers" / "images.yaml").images if i.kind == "engine"}
     assert engines == set(doctor.IMAGE_CUDA)

@@ -1,14 +1,18 @@
-"""Every figure of the index hands back what it drew: its drawn table, read back against the input.
+"""Every figure of the index: what it drew, read back from the figure, against its input.
 
 Each test calls the function that draws a figure-index item on a small hand-made input shaped
-like the real table, and checks the returned table (and the CSV beside the PNG) against that
-input: the column plotted (after the documented transformation), every method / series / cell
-present, the intervals drawn. ``test_every_figure_of_the_index_is_read_back`` keeps the list of
-items covered equal to the index's figures.
+like the real table, and checks the drawn table -- read back from the figure's artists after
+drawing (sdbench.drawn: the panel is the title of the axes a mark is on, x/y/intervals are the
+artists' data coordinates, the colour is the one drawn) -- and the CSV beside the PNG against that
+input: the column plotted (after the documented transformation) in the right panel, every method
+/ series / cell present, the intervals drawn and the colours. ``COUNTS`` keeps, per item, the
+marks read back; ``test_every_figure_of_the_index_is_read_back`` keeps the list of items covered
+equal to the index's figures and prints the counts (``pytest -s``).
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +23,26 @@ from sdbench.figureindex import ITEMS
 from sdbench.plotting import DRAWN_COLUMNS, drawn_path, method_style, method_styles, save_png
 
 COVERED: set[str] = set()  # figure-index items whose drawn table a test below asserts
+COUNTS: dict[str, int] = {}  # item -> marks read back from its figure(s) in its test
+_CURRENT: list[str] = []  # the items of the test running
 
 
 def covers(*items: str):
     """Mark a test as reading back the drawn table of figure-index ``items``."""
     COVERED.update(items)
-    return lambda f: f
+
+    def wrap(test):
+        @functools.wraps(test)
+        def run(*args, **kwargs):
+            _CURRENT[:] = items
+            try:
+                return test(*args, **kwargs)
+            finally:
+                _CURRENT.clear()
+
+        return run
+
+    return wrap
 
 
 def drawn_of(frame: pd.DataFrame | None, png: Path) -> pd.DataFrame:
@@ -35,7 +53,11 @@ def drawn_of(frame: pd.DataFrame | None, png: Path) -> pd.DataFrame:
     assert list(disk.columns) == list(DRAWN_COLUMNS) and len(disk) == len(frame)
     for col in ("y", "lo", "hi", "x_lo", "x_hi"):
         np.testing.assert_array_equal(disk[col].to_numpy(float), frame[col].to_numpy(float))
-    assert disk["series"].astype(str).tolist() == frame["series"].astype(str).tolist()
+    text = lambda f, c: ["" if pd.isna(v) else str(v) for v in f[c]]  # noqa: E731 - "" and None are empty cells
+    for col in ("series", "color", "panel", "mark"):
+        assert text(disk, col) == text(frame, col), col
+    for item in _CURRENT:
+        COUNTS[item] = COUNTS.get(item, 0) + len(frame)
     return frame
 
 
@@ -46,8 +68,14 @@ def by(frame: pd.DataFrame, **where) -> pd.DataFrame:
     return frame[mask]
 
 
-def same(a, b) -> None:
-    np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=0, atol=1e-12)
+def same(a, b, atol: float = 1e-12) -> None:
+    np.testing.assert_allclose(np.asarray(a, dtype=float), np.asarray(b, dtype=float), rtol=0, atol=atol)
+
+
+def hex_of(color) -> str:
+    from matplotlib.colors import to_hex
+
+    return to_hex(color, keep_alpha=False)
 
 
 # ----------------------------------------------------------------------------- Sec. 3 / verdict
@@ -74,6 +102,10 @@ def _cells() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+ROWS = (("output tokens / s", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"),
+        ("speedup over no SD", "speedup", "speedup_ci_low", "speedup_ci_high"))
+
+
 @covers("fig01_end_to_end")
 def test_fig01_draws_throughput_and_speedup_with_their_intervals(tmp_path: Path) -> None:
     from sdbench.analysis.endtoend import plot_throughput
@@ -82,32 +114,43 @@ def test_fig01_draws_throughput_and_speedup_with_their_intervals(tmp_path: Path)
     png = tmp_path / "fig01.png"
     drawn = drawn_of(plot_throughput(cells, png), png)
     grid = cells[cells["sweep"] == ""]
+    panel = "tiny-target / " + grid["dataset"] + " / vllm-cpu"
     assert "eagle-k2.t07" not in set(drawn["series"])  # a sweep variant is its own item's
-    for (row_label, y, lo, hi) in (("output tokens / s", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high"),
-                                   ("speedup over no SD", "speedup", "speedup_ci_low", "speedup_ci_high")):  # fmt: skip
+    styles = method_styles(grid)
+    for row_label, y, lo, hi in ROWS:
         lines = by(drawn, mark="line", ylabel=row_label)
         got = lines.set_index(["panel", "series", "x"]).sort_index()
-        want = grid.assign(panel="tiny-target / " + grid["dataset"] + " / vllm-cpu", series=grid["method"],
-                           x=grid["batch_size"]).set_index(["panel", "series", "x"]).sort_index()  # fmt: skip
-        assert got.index.tolist() == want.index.tolist()  # every panel x method x batch size, once
+        want = grid.assign(panel=panel, series=grid["method"], x=grid["batch_size"].astype(float)).set_index(
+            ["panel", "series", "x"]).sort_index()  # fmt: skip
+        assert got.index.tolist() == want.index.tolist()  # every panel x method x batch size, once, in its panel
         same(got["y"], want[y])
         same(got["lo"], want[lo])
         same(got["hi"], want[hi])
-        styles = method_styles(grid)
         assert got["label"].tolist() == [styles[m].label for m in got.index.get_level_values("series")]
+        assert got["color"].tolist() == [styles[m].color for m in got.index.get_level_values("series")]
         assert set(got["xlabel"]) == {"batch size"}
-    rings = by(drawn, mark="ring")
-    flagged = grid[grid["contaminated"]]
-    assert len(rings) == 2 * len(flagged)  # on both rows
-    assert set(rings["series"]) == set(flagged["method"]) and set(rings["x"]) == set(flagged["batch_size"])
-    assert by(drawn, mark="reference")["y"].tolist() == [1.0, 1.0]  # speedup 1, per panel
+        # A ring on each row around the flagged cell's own point: same panel, batch size and height.
+        rings = by(drawn, mark="ring", ylabel=row_label).set_index(["panel", "series", "x"]).sort_index()
+        flagged = grid[grid["contaminated"]]
+        want_rings = flagged.assign(panel="tiny-target / " + flagged["dataset"] + " / vllm-cpu",
+                                    series=flagged["method"], x=flagged["batch_size"].astype(float))  # fmt: skip
+        want_rings = want_rings.set_index(["panel", "series", "x"]).sort_index()
+        assert rings.index.tolist() == want_rings.index.tolist()
+        same(rings["y"], want_rings[y])
+        assert set(rings["color"]) == {"#ff0000"}  # red
+    refs = by(drawn, mark="reference")
+    assert sorted(refs["panel"]) == sorted(set(panel)) and set(refs["ylabel"]) == {"speedup over no SD"}
+    assert refs["y"].tolist() == [1.0, 1.0]  # speedup 1, per panel
     assert by(drawn, mark="preempted").empty  # no cell preempted here
     # A preempted cell gets a square on both rows, at its own point.
     one = cells.assign(preempted=(cells["method"] == "ngram-k3") & (cells["batch_size"] == cells["batch_size"].max()))
     squares = by(drawn_of(plot_throughput(one, png), png), mark="preempted")
     marked = one[one["preempted"] & (one["sweep"] == "")]
     assert len(squares) == 2 * len(marked) and set(squares["series"]) == {"ngram-k3"}
-    assert sorted(squares["y"]) == sorted([*marked["tokens_per_s"], *marked["speedup"]])
+    for row_label, y, _, _ in ROWS:
+        at = by(squares, ylabel=row_label).sort_values("panel")
+        same(at["y"], marked.sort_values("dataset")[y])
+        assert set(at["color"]) == {"#ff8c00"}  # dark orange
 
 
 @covers("ext02_acceptance_per_position")
@@ -124,6 +167,7 @@ def test_ext02_draws_the_mean_rate_per_draft_position(tmp_path: Path) -> None:
         want = np.mean(np.stack(rows["acceptance_rate_per_pos"].to_list()), axis=0)
         assert line["x"].tolist() == list(range(1, len(want) + 1))
         same(line["y"], want)
+        assert set(line["color"]) == {method_style(method).color}
 
 
 def _points() -> pd.DataFrame:
@@ -132,30 +176,48 @@ def _points() -> pd.DataFrame:
     return points_table(_cells())
 
 
+# The verdict's colours (docs: README's verdict figure), and its rule on the 95% interval.
+VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0"}
+
+
+def verdict_by_hand(low: float, high: float) -> str:
+    return "pays" if low > 1 else "loses" if high < 1 else "break-even"
+
+
 @covers("ext00_verdict")
 def test_ext00_draws_a_square_per_point_with_its_speedup_and_verdict(tmp_path: Path) -> None:
     from sdbench.analysis.verdict import plot_verdict
 
     points = _points()
     png = tmp_path / "ext00.png"
-    drawn = drawn_of(plot_verdict(points, png, {"ngram-k3": "n-gram (3)"}), png)
+    labels = {"ngram-k3": "n-gram (3)"}
+    drawn = drawn_of(plot_verdict(points, png, labels), png)
     squares = by(drawn, mark="square")
-    want = points.assign(panel=points["model"] + " / " + points["dataset"] + " / " + points["engine"])
+    styles = method_styles(points)
+    want = points.assign(panel=points["model"] + " / " + points["dataset"] + " / " + points["engine"],
+                         x=points["load"].astype(str))  # fmt: skip
     got = squares.set_index(["panel", "series", "x"]).sort_index()
-    want = want.set_index(["panel", "method", "load"]).sort_index()
-    assert got.index.tolist() == want.index.tolist()
-    same(got["y"], want["speedup"])
-    assert got["note"].tolist() == want["verdict"].tolist()
-    assert set(by(drawn, series="ngram-k3")["label"]) == {"n-gram (3)"}  # the configured label
+    want = want.set_index(["panel", "method", "x"]).sort_index()
+    assert got.index.tolist() == want.index.tolist()  # each point's square in its panel, at its load's tick
+    same(got["y"], want["speedup"], atol=0.005)  # the speedup written in the square (two decimals)
+    # The row the square is on reads as its method (the configured label, else the method's).
+    assert got["label"].tolist() == [labels.get(m, styles[m].label) for m in got.index.get_level_values("series")]
+    # Its colour is its verdict's, by the rule on the 95% interval: above 1 pays, below loses, else break-even.
+    rule = [verdict_by_hand(lo, hi) for lo, hi in zip(want["speedup_ci_low"], want["speedup_ci_high"])]
+    assert got["color"].tolist() == [VERDICT_COLORS[v] for v in rule]
+    assert set(rule) == set(VERDICT_COLORS)  # the input has squares of all three
+    assert got["note"].tolist() == rule
     taus = by(drawn, mark="text")
     for (dataset, method), rows in points.groupby(["dataset", "method"]):
         tau = by(taus, panel=f"tiny-target / {dataset} / vllm-cpu", series=method)
-        same(tau["y"], [rows["mean_acceptance_length"].mean()])
+        same(tau["y"], [rows["mean_acceptance_length"].mean()], atol=0.005)
+        assert tau["label"].tolist() == [labels.get(method, styles[method].label)]  # on its method's row
     assert by(drawn, mark="preempted").empty
     # A preempted point gets a frame inside its square.
     one = points.assign(preempted=points.index == points.index[0])
     framed = by(drawn_of(plot_verdict(one, png, {}), png), mark="preempted")
-    assert framed[["series", "x"]].values.tolist() == [[one["method"].iloc[0], one["load"].iloc[0]]]
+    assert framed[["series", "x"]].values.tolist() == [[one["method"].iloc[0], str(one["load"].iloc[0])]]
+    assert framed["color"].tolist() == ["#ff8c00"]
 
 
 # ----------------------------------------------------------------------------- Sec. 5
@@ -172,11 +234,18 @@ def test_fig03_draws_each_stage_fraction_per_method_and_batch_size(tmp_path: Pat
     table = pd.DataFrame(rows)
     png = tmp_path / "fig03.png"
     drawn = drawn_of(plot_breakdown(table, png, title="t"), png)
-    assert set(drawn["mark"]) == {"bar"} and set(drawn["series"]) == set(STAGES)
-    assert by(drawn, series="propose")["x"].tolist()[:2] == ["none bs1", "none bs8"]  # no-SD first
+    bars = by(drawn, mark="bar")
+    assert set(bars["series"]) == set(STAGES)
+    # x as the figure reads it: the method's label under its group, the batch size under the bar.
+    assert by(bars, series="propose")["x"].tolist()[:2] == ["w/o SD 1", "w/o SD 8"]  # no-SD first
+    colors = {"propose": "#4c72b0", "verify": "#dd8452", "sample": "#55a868", "other": "#8c8c8c"}
     for r in table.itertuples(index=False):
         for stage in STAGES:
-            same(by(drawn, series=stage, x=f"{r.method} bs{r.batch_size}")["y"], [getattr(r, f"{stage}_frac")])
+            bar = by(bars, series=stage, x=f"{method_style(r.method).label} {r.batch_size}")
+            same(bar["y"], [getattr(r, f"{stage}_frac")])
+            assert bar["color"].tolist() == [colors[stage]]
+    groups = by(drawn, mark="group")
+    assert groups["note"].tolist() == [method_style(m).label for m in ("none", "eagle", "ngram")]
 
 
 @covers("tab02_memory")
@@ -290,6 +359,10 @@ def test_fig08_draws_the_relative_speedup_in_percent_per_bucket_and_batch_size(t
     want = speedups.set_index(["batch_size", "bucket"])["relative_speedup"].sort_index()
     assert got.index.tolist() == want.index.tolist()
     same(got, (want - 1.0) * 100.0)
+    # Blue where n-gram is faster than EAGLE, red where slower (the colour drawn, by its sign).
+    for r in drawn.itertuples(index=False):
+        red, blue = int(r.color[1:3], 16), int(r.color[5:7], 16)
+        assert (blue > red) if r.y > 0 else (red > blue) if r.y < 0 else True, r
 
 
 # ----------------------------------------------------------------------------- Sec. 8
@@ -318,6 +391,8 @@ def test_fig09_draws_every_policy_per_dataset_and_proposer(tmp_path: Path) -> No
         line = by(lines, panel=f"{d} / {'EAGLE' if p == 'eagle' else 'n-gram'}", series=policy)
         assert line["x"].tolist() == sorted(g["batch_size"]) and set(line["label"]) == {policy}
         same(line["y"], g.sort_values("batch_size")["speedup"])
+        if policy.startswith("oracle"):
+            assert set(line["color"]) == {"#000000"}  # the oracle in black
     assert len(lines) == len(shown)
 
 
@@ -410,6 +485,8 @@ def _assert_method_lines(drawn: pd.DataFrame, table: pd.DataFrame, panel: pd.Ser
         same(got["hi"], want[hi])
     else:
         assert got["lo"].isna().all()
+    styles = method_styles(table.assign(method=table[method]))
+    assert got["color"].tolist() == [styles[m].color for m in got.index.get_level_values("series")]
 
 
 @covers("ext07_cost")
@@ -497,6 +574,7 @@ def test_ext09_draws_real_and_random_speedups_with_their_intervals(tmp_path: Pat
         assert bars["series"].tolist() == sd["method"].tolist() and set(bars["label"]) == {name}
         assert bars["x"].tolist() == [f"{method_style(m).label} bs{b}" for m, b in zip(sd["method"], sd["batch_size"])]
         same(bars["y"], sd[f"speedup_{side}"])
+        assert bars["color"].tolist() == [method_style(m).color for m in sd["method"]]
         same(bars["lo"], sd[f"speedup_ci_low_{side}"])
         same(bars["hi"], sd[f"speedup_ci_high_{side}"])
 
@@ -535,6 +613,7 @@ def test_ext12_draws_a_bar_per_category_and_method_with_its_interval(tmp_path: P
     want = table.assign(x=table["category"].replace("", "(none)")).set_index(["method", "x"]).sort_index()
     assert bars.index.tolist() == want.index.tolist()
     same(bars["y"], want["request_mean_acceptance_length"])
+    assert bars["color"].tolist() == [method_style(m).color for m in bars.index.get_level_values("series")]
     same(bars["lo"], want["request_mean_acceptance_length_ci_low"])
     same(bars["hi"], want["request_mean_acceptance_length_ci_high"])
 
@@ -581,14 +660,17 @@ def test_ext14_draws_measured_at_real_ceiling_and_ideal_bars(tmp_path: Path) -> 
     png = tmp_path / "ext14.png"
     drawn = drawn_of(plot_gap(gap, png, {}), png)
     bars = by(drawn, mark="bar")
-    assert set(bars["series"]) == {"measured_speedup", "at_real_speedup", "ceiling_speedup", "ideal_speedup"}
+    colors = {"measured_speedup": "#4c72b0", "at_real_speedup": "#55a868", "ceiling_speedup": "#c44e52",
+              "ideal_speedup": "#bbbbbb"}  # fmt: skip
+    assert set(bars["series"]) == set(colors)
     for col, lo, hi in (("measured_speedup", "measured_speedup_ci_low", "measured_speedup_ci_high"),
                         ("at_real_speedup", "at_real_speedup_ci_low", "at_real_speedup_ci_high"),
                         ("ceiling_speedup", "ceiling_speedup_ci_low", "ceiling_speedup_ci_high"), ("ideal_speedup", None, None)):  # fmt: skip
         for bm, sub in gap.groupby("base_method"):
             got = by(bars, series=col, panel=f"{bm} / m / d")
-            assert got["x"].tolist() == sub["batch_size"].tolist()
+            assert got["x"].tolist() == sub["batch_size"].astype(str).tolist()  # the batch size's tick
             same(got["y"], sub[col].fillna(0))  # a missing ceiling is drawn as a 0 bar
+            assert set(got["color"]) == {colors[col]}
             if lo:
                 drawn_lo = np.where(sub[col].isna(), 0.0, sub[lo])
                 same(got["lo"][sub[col].notna().to_numpy()], drawn_lo[sub[col].notna().to_numpy()])
@@ -599,6 +681,12 @@ def test_ext14_draws_measured_at_real_ceiling_and_ideal_bars(tmp_path: Path) -> 
 def test_every_figure_of_the_index_is_read_back() -> None:
     figures = {item.name for item in ITEMS if ".png" in item.suffixes}
     assert COVERED == figures, f"not read back: {sorted(figures - COVERED)}; unknown: {sorted(COVERED - figures)}"
+    if set(COUNTS) == figures:  # the whole file ran: every figure drew marks and they were read back
+        print("\nitem | marks read back")
+        for item in ITEMS:
+            if item.name in COUNTS:
+                print(f"{item.name} | {COUNTS[item.name]}")
+        assert all(COUNTS[name] > 0 for name in figures), COUNTS
 
 
 @pytest.mark.parametrize("item", [i for i in ITEMS if ".png" not in i.suffixes], ids=lambda i: i.name)

@@ -167,7 +167,8 @@ def test_simulated_vs_measured_join() -> None:
          "speedup": [1.0, 1.5, 0.8]}
     )
     simulated = pd.DataFrame(
-        {"dataset": "d", "proposer": ["ngram", "eagle", "eagle"], "drafter": ["", "draft_model", "draft_model"],
+        {"engine": "e", "model": "m", "dataset": "d", "proposer": ["ngram", "eagle", "eagle"],
+         "drafter": ["", "draft_model", "draft_model"],
          "policy": ["fixed-3", "fixed-3", "oracle"], "batch_size": 4, "speedup": [1.2, 1.0, 2.0]}
     )
     table = compare(cells, simulated, methods)

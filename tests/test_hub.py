@@ -15,10 +15,18 @@ import pandas as pd
 import pytest
 import yaml
 
-from sdbench.models.hub import export_hub_token, select_dataset_files, select_model_files
+from sdbench.models.hub import (
+    DOWNLOAD_VARS,
+    download_env,
+    hub_token,
+    select_dataset_files,
+    select_model_files,
+    withhold_download_env,
+)
 from sdbench.workflow.plan import NETWORK_RULES, Plan
 from support.datasets_hub_copies import WRITERS
 from support.hubserver import HubServer, write_model_repo
+from support.proxy import LoopbackProxy
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -153,16 +161,43 @@ def test_localrules_are_the_network_rules() -> None:
     assert set(NETWORK_RULES) <= rules
 
 
-def test_export_hub_token_reads_the_token_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_token_and_the_network_settings_leave_the_workflow_for_the_downloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the workflow process withholds from its environment (every job inherits it) and what a
+    download job's command gets instead: the token from the token file, the site's settings."""
     (tmp_path / "token").write_text(TOKEN + "\n")
-    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "token"))
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
-    environ: dict[str, str] = {}
-    assert export_hub_token(environ) and environ == {"HF_TOKEN": TOKEN}
-    environ = {"HF_TOKEN": "mine"}  # the environment's token wins
-    assert export_hub_token(environ) and environ == {"HF_TOKEN": "mine"}
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    environ = {"https_proxy": "http://proxy.site:3128", "NO_PROXY": "localhost", "HF_ENDPOINT": "https://hub.site",
+               "SSL_CERT_FILE": "/etc/site-ca.pem", "APPTAINERENV_HF_TOKEN": "stale", "HF_HOME": "/h", "PATH": "/bin"}  # fmt: skip
+    held = withhold_download_env(environ)
+    assert environ == {"HF_HOME": "/h", "PATH": "/bin"}  # what every job inherits
+    assert held == {"https_proxy": "http://proxy.site:3128", "NO_PROXY": "localhost", "HF_ENDPOINT": "https://hub.site",
+                    "SSL_CERT_FILE": "/etc/site-ca.pem"}  # fmt: skip
+    job = download_env(held)
+    assert job["HF_TOKEN"] == TOKEN == job["APPTAINERENV_HF_TOKEN"]  # the token file's, for --cleanenv images too
+    assert job["APPTAINERENV_https_proxy"] == job["https_proxy"] == "http://proxy.site:3128"
+    assert job["APPTAINERENV_SSL_CERT_FILE"] == "/etc/site-ca.pem" and "HF_HOME" not in job
+    assert download_env({"HF_TOKEN": "mine"})["HF_TOKEN"] == "mine"  # the variable wins over the file
+    assert hub_token({}) == TOKEN
+
+
+def test_a_download_goes_through_the_sites_proxy(hub: HubServer, tmp_path: Path) -> None:
+    """``http_proxy`` with ``HF_ENDPOINT`` (a hub reached only through the site's proxy): every hub
+    request of the download goes through the loopback proxy."""
+    env = {k: v for k, v in hub_env(hub, tmp_path / "home").items() if k.lower() not in ("no_proxy", "all_proxy")}
+    with LoopbackProxy() as proxy:
+        env.update(http_proxy=proxy.url, HTTP_PROXY=proxy.url)
+        result = sdbench(env, "download-model", "--repo", "tiny/llama", "--output", str(tmp_path / "llama"))
+        assert result.returncode == 0, result.stderr[-2000:]
+        through = [url for _, url in proxy.requests]
+    model = write_model_repo(tmp_path / "served")
+    assert (tmp_path / "llama" / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+    assert through and all(url.startswith(hub.endpoint + "/") for url in through)
+    assert any(url.endswith("/model.safetensors") for url in through), through
 
 
 # --- the real client against the loopback hub ------------------------------------------------
@@ -282,15 +317,73 @@ def test_snakemake_runs_downloads_locally_and_prepares_offline(hub: HubServer, t
     assert TOKEN not in out and not [p for p in (tmp_path / "logs").rglob("*.log") if TOKEN in p.read_text()]
 
 
+def probed(probe_dir: Path) -> list[dict]:
+    """What each Python process of a run had (tests/support/envprobe)."""
+    return [json.loads(p.read_text()) for p in sorted(probe_dir.glob("*.json"))]
+
+
+def sdbench_processes(probes: list[dict], command: str) -> list[dict]:
+    return [p for p in probes if "sdbench" in " ".join(p["argv"][:2]) and command in p["argv"]]
+
+
+@pytest.mark.slow
+def test_token_file_and_proxy_reach_the_downloads_and_no_compute_job(hub: HubServer, tmp_path: Path) -> None:
+    """The gated model and dataset through Snakemake (local executor, threads as the profiles run it)
+    with the token only in huggingface_hub's token file (no HF_TOKEN variable) and the hub reached
+    through the site's proxy (http_proxy, HF_ENDPOINT): the downloads get both and go through the
+    proxy; prepare_dataset, a compute job, has neither in its process's environment."""
+    config = hub_config(["gpqa"])
+    config["models"]["tiny"]["hf_id"] = "tiny/llama-gated"
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    home, probe = tmp_path / "hf-home", tmp_path / "probe"
+    home.mkdir()
+    probe.mkdir()
+    (home / "token").write_text(TOKEN)
+    with LoopbackProxy() as proxy:
+        env = {k: v for k, v in hub_env(hub, home).items() if k.lower() not in ("no_proxy", "all_proxy")}
+        env.update(http_proxy=proxy.url, SDBENCH_ENV_PROBE_DIR=str(probe),
+                   PATH=os.pathsep.join([str(BIN), os.environ["PATH"]]),
+                   PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "tests" / "support" / "envprobe")]))  # fmt: skip
+        assert "HF_TOKEN" not in env
+        result = subprocess.run(
+            [str(BIN / "snakemake"), "results/prompts/tiny/gpqa.parquet", "--cores", "2", "--force-use-threads",
+             "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+             "--configfile", str(tmp_path / "config.yaml")],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        through = [url for _, url in proxy.requests]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    check_prompt_tables(tmp_path, ["gpqa"])
+    assert (tmp_path / "resources" / "hub" / "tiny" / "model.safetensors").is_file()  # the gated model
+    assert any(url.endswith("/model.safetensors") for url in through)
+    assert any("/datasets/Idavidrein/gpqa/" in url for url in through)
+    probes = probed(probe)
+    downloads = sdbench_processes(probes, "download-model") + sdbench_processes(probes, "download-dataset")
+    assert len(downloads) == 2, [p["argv"] for p in probes]
+    for job in downloads:
+        assert job["env"]["HF_TOKEN"] == TOKEN and job["env"]["http_proxy"] == proxy.url
+        assert job["env"]["HF_ENDPOINT"] == hub.endpoint
+    (compute,) = sdbench_processes(probes, "prepare-dataset")
+    withheld = {*DOWNLOAD_VARS, *(f"APPTAINERENV_{name}" for name in DOWNLOAD_VARS)}
+    assert not withheld & set(compute["env"]), compute["env"]  # no token, proxy, CA or hub endpoint
+    out = result.stdout + result.stderr
+    assert TOKEN not in out and not [p for p in (tmp_path / "logs").rglob("*.log") if TOKEN in p.read_text()]
+
+
 @pytest.mark.slow
 def test_slurm_downloads_run_on_the_submitting_host(slurm_cluster, hub: HubServer, tmp_path: Path) -> None:
     """Under the SLURM executor the download rules run in the workflow process (never sbatch);
-    prepare_dataset is a SLURM job reading the copy offline."""
+    prepare_dataset is a SLURM job reading the copy offline. The token is an HF_TOKEN variable of
+    the submitting shell: sbatch --export=ALL hands the workflow's environment to every job, and
+    the job's process has no token in it."""
     datasets = SLURM_RUN
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(hub_config(datasets)))
+    probe = tmp_path / "probe"
+    probe.mkdir()
     env = {**slurm_cluster.env, **hub_env(hub, tmp_path / "hf-home", TOKEN),
            "PATH": os.pathsep.join([str(DOUBLES), str(BIN), slurm_cluster.env.get("PATH", os.environ["PATH"])]),
-           "SDBENCH_APPTAINER_CALLS": str(tmp_path / "apptainer_calls.jsonl")}  # fmt: skip
+           "SDBENCH_APPTAINER_CALLS": str(tmp_path / "apptainer_calls.jsonl"), "SDBENCH_ENV_PROBE_DIR": str(probe),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests" / "support" / "envprobe")])}  # fmt: skip
     targets = [f"results/prompts/tiny/{k}.parquet" for k in datasets]
     cmd = [str(BIN / "snakemake"), *targets, "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
            "--profile", str(REPO / "profiles" / "slurm-cpu"),
@@ -307,6 +400,16 @@ def test_slurm_downloads_run_on_the_submitting_host(slurm_cluster, hub: HubServe
     submitted = {p.name.removeprefix("rule_") for p in (tmp_path / "logs" / "slurm").glob("rule_*")}
     assert "prepare_dataset" in submitted and not submitted & set(NETWORK_RULES), submitted
     assert TOKEN not in out
+    probes = probed(probe)
+    jobs = sdbench_processes(probes, "prepare-dataset")
+    assert len(jobs) == len(datasets) and all(p["env"].get("HF_TOKEN") is None for p in jobs), jobs
+    # The token is in the workflow process (the user's shell gave it) and the downloads, nowhere else:
+    # not in a SLURM job's Snakemake (--target-jobs) nor in anything it starts.
+    # (A download runs in the analysis image: the apptainer double's process holds it too.)
+    holders = [" ".join(p["argv"]) for p in probes if TOKEN in json.dumps(p["env"])]
+    assert all("--target-jobs" not in cmd and ("sdbench download-" in cmd or cmd.split()[1].endswith("snakemake"))
+               for cmd in holders), holders  # fmt: skip
+    assert any("sdbench download-model" in cmd for cmd in holders), holders
 
 
 @pytest.mark.slow

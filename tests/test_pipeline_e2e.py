@@ -111,9 +111,11 @@ def test_outputs_are_complete(pipeline: Path) -> None:
                                     "eagle3-k3.a1", "eagle3-k3.a4"}  # fmt: skip
     assert (cells.loc[cells.method == "none", "speedup"] == 1.0).all()
     sd = cells[cells.method != "none"]
-    # Every throughput and paired speedup, recomputed from the cell's own calls and its paired
-    # no-SD arm's (same processes, engine starts and trials; sdbench.analysis.stats).
-    from sdbench.analysis.stats import point_estimate
+    # Every throughput and paired speedup, recomputed by hand from the cell's own calls and its
+    # paired no-SD arm's (same processes, engine starts and trials): per prompt (call) the median
+    # over its trials of every start, then the mean over prompts.
+    def point_estimate(calls: pd.DataFrame) -> float:
+        return float(calls.groupby("call_index")["tokens_per_s"].median().mean())
 
     for cell in cells.itertuples():
         calls, base_calls = cell_table(pipeline, cell, "calls"), cell_table(pipeline, cell, "baseline_calls")
@@ -252,13 +254,20 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert dict(zip(validation["method"], validation["drafter"])) == {
         "ngram-k3": "", "draft-k3": "draft_model", "eagle-k3": "eagle", "eagle3-k3": "eagle3", "ngram-k3.k1": ""
     }
-    # The table from its inputs, and `agrees` from its definition: simulated inside the measured interval.
-    from sdbench.simulator.validation import compare
-
+    # Each row's simulated speedup read by hand from its own engine x model x dataset's simulation
+    # (the file's path names them, and so do its engine/model columns) at the cell's proposer, fixed
+    # draft length, drafter and batch size; `agrees` from its definition: inside the measured interval.
     config, plan = reduced_plan()
-    simulated = pd.concat([pd.read_csv(pipeline / f) for f in plan.sim_cell_files()], ignore_index=True)
     cells = pd.read_parquet(pipeline / "results/tables/cells.parquet")
-    assert_same_table(validation, compare(cells, simulated, as_param(config["methods"])))
+    for row in validation.itertuples():
+        method = config["methods"][row.method]
+        folder = pipeline / "results/simulator/cells" / row.engine / row.model / row.dataset
+        path = folder / "ngram.csv" if method["method"] == "ngram" else folder / "drafters" / f"{row.method}.csv"
+        sim = pd.read_csv(path)
+        assert set(sim["engine"]) == {row.engine} and set(sim["model"]) == {row.model}, path
+        at = sim[(sim["policy"] == f"fixed-{method['num_speculative_tokens']}") & (sim["batch_size"] == row.batch_size)]
+        assert len(at) == 1 and row.simulated_speedup == at["speedup"].iloc[0], (row, at)
+        assert row.drafter == ("" if method["method"] == "ngram" else method["method"]) or pd.isna(row.drafter), row
     measured = validation.merge(cells, on=["engine", "model", "dataset", "method", "batch_size"], validate="one_to_one")
     assert (validation["measured_speedup"] == measured["speedup"]).all()
     inside = (measured["speedup_ci_low"] <= validation["simulated_speedup"]) & (
@@ -311,7 +320,6 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
 
 def test_cost_proposal_length_random_input_temperature_and_verdict_tables(pipeline: Path) -> None:
     """Every derived table equals what its package function makes of cells.parquet (and memory)."""
-    from sdbench.analysis import verdict
     from sdbench.analysis.cost import cost_table
     from sdbench.analysis.endtoend import grid_cells
     from sdbench.analysis.proposal import proposal_length_table
@@ -379,10 +387,22 @@ def test_cost_proposal_length_random_input_temperature_and_verdict_tables(pipeli
     grid = pd.read_parquet(tables / "grid_cells.parquet")
     assert set(grid["sweep"]) == {""} and len(grid) == (cells["sweep"] == "").sum()
     assert_same_table(grid, cells[cells["sweep"] == ""])
-    points_ = verdict.points_table(cells)
-    lines = verdict.lines_table(points_)
-    keep = [*verdict.LINE, "largest_paying_load", "break_even_load", "break_even_low", "break_even_high"]
-    assert_same_table(pd.read_parquet(tables / "verdict.parquet"), points_.merge(lines[keep], on=verdict.LINE, how="left"))
+    # Each point by hand: the SD grid cell's speedup and interval, its verdict by the rule on the
+    # interval, and its line's largest paying batch size.
+    table = pd.read_parquet(tables / "verdict.parquet")
+    sd_grid = grid[grid["sd_method"] != "none"]
+    assert len(table) == len(sd_grid) and set(table["load_kind"]) == {"batch size"}
+    keys = ["engine", "model", "dataset", "method"]
+    joined = table.merge(sd_grid, left_on=[*keys, "load"], right_on=[*keys, "batch_size"], suffixes=("", "_cell"),
+                         validate="one_to_one")  # fmt: skip
+    assert (joined["speedup"] == joined["speedup_cell"]).all()
+    rule = ["pays" if lo > 1 else "loses" if hi < 1 else "break-even"
+            for lo, hi in zip(joined["speedup_ci_low_cell"], joined["speedup_ci_high_cell"])]  # fmt: skip
+    assert joined["verdict"].tolist() == rule
+    for _, line in joined.groupby(keys):
+        paying = line.loc[line["verdict"] == "pays", "load"]
+        want = float(paying.max()) if len(paying) else float("nan")
+        assert set(line["largest_paying_load"].fillna(-1)) == {-1 if want != want else want}, line
     for item in ("ext07_cost", "ext08_proposal_length", "ext09_random_inputs", "ext10_temperature"):
         assert (pipeline / "results/paper" / f"{item}.png").stat().st_size > 5_000
 
@@ -421,6 +441,21 @@ def assert_fig8_measured_is_paired(pipeline: Path) -> None:
         expected = (speedup["ngram-k3"], speedup["eagle-k3"])
         assert (row.ngram_speedup, row.versus_speedup) == pytest.approx(expected, rel=1e-12)
         assert row.relative_speedup == pytest.approx(speedup["ngram-k3"] / speedup["eagle-k3"], rel=1e-12)
+
+
+def test_every_figure_matches_the_runs_tables(pipeline: Path) -> None:
+    """Every figure the run drew, as read back from the figure (its drawn table), against the run's
+    data tables by hand formulas (tests/support/drawncheck.py): the plan's every PNG, every mark."""
+    from tests.support.drawncheck import check_run
+
+    _, plan = reduced_plan()
+    checked = check_run(pipeline)
+    drawn = {o.removeprefix("results/paper/").removesuffix(".png") for o in plan.final_outputs() if o.endswith(".png")}
+    assert set(checked) == drawn
+    print("\nfigure | marks drawn | marks checked")
+    for name, (marks, n) in sorted(checked.items()):
+        print(f"{name} | {marks} | {n}")
+        assert marks > 0 and n > 0, name
 
 
 def test_rerun_does_nothing(pipeline: Path) -> None:

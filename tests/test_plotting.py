@@ -60,7 +60,8 @@ def test_drawn_table_records_what_is_drawn_and_is_written_beside_the_png(tmp_pat
     drawn.errorbar(a1, [1, 2, 4], [1.0, float("nan"), 3.0], yerr=[[0.1, 0.1, 0.5], [0.2, 0.2, 1.0]], series="m",
                    label="M")  # fmt: skip
     drawn.errorbar(a1, [1], [2.0], xerr=0.5, series="s", mark="point")  # symmetric, on x
-    drawn.bar(a2, [0, 1], [5.0, 6.0], series="b", at=["x", "y"], yerr=1.0)
+    drawn.bar(a2, [0, 1], [5.0, 6.0], series="b", yerr=1.0)
+    a2.set_xticks([0, 1], ["x", "y"])  # categories: each bar reads as its tick
     drawn.axhline(a2, 1.0, series="ref")
     a1.set(title="left\npanel", xlabel="batch size", ylabel="speedup")
     frame = save_png(fig, tmp_path / "f.png", dpi=50)
@@ -83,7 +84,7 @@ def test_only_a_figure_with_a_drawn_table_gets_one_and_a_failed_save_leaves_neit
 
     assert save_png(_figure(), tmp_path / "plain.png", dpi=50) is None  # drew without recording: no table
     fig = _figure()
-    drawn_table(fig).add(fig.axes[0], "line", "s", [1], [1.0])
+    drawn_table(fig).plot(fig.axes[0], [1], [1.0], series="s")
     with pytest.raises(TypeError):
         save_png(fig, tmp_path / "bad.png", dpi=80, no_such_option=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plain.png"]

@@ -103,8 +103,15 @@ def test_unknown_mode_is_a_config_error() -> None:
 
 from pathlib import Path  # noqa: E402
 
-from sdbench.engine.quietguard import JobScope, _cgroup2_mount, nvml_gpu_processes  # noqa: E402
+from sdbench.engine.quietguard import (  # noqa: E402
+    JobScope,
+    cgroup_members,
+    host_job_cgroup,
+    job_scope,
+    nvml_gpu_processes,
+)
 from tests.support.doubles.nvml import NVMLDouble  # noqa: E402
+from tests.support.require import require  # noqa: E402
 
 
 def test_a_neighbour_on_another_gpu_is_not_contamination() -> None:
@@ -127,20 +134,17 @@ def test_a_neighbour_on_another_gpu_is_not_contamination() -> None:
 
 _GUARD_IN_CGROUP = r"""
 import json, os, sys, time
-cgroup = sys.argv[1]
-with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:  # this job's own cgroup
+step = sys.argv[1]
+with open(os.path.join(step, "cgroup.procs"), "w") as fh:  # this task's cgroup (an srun step's)
     fh.write(str(os.getpid()))
 os.sched_setaffinity(0, {0})  # the job's core
-from sdbench.engine.quietguard import QuietGuard
-from sdbench.engine.quietguard import cgroup_pids
+from sdbench.engine.quietguard import QuietGuard, cgroup_members
 guard = QuietGuard("flag", interval=0.2)
 guard.start()
 time.sleep(3.0)
 report = guard.stop()
-inside = int(sys.argv[2])
-print(json.dumps({"scope": report.scope, "busy": sorted(report.busy),
-                  "members": sorted(cgroup_pids(guard.scope.cgroup)),
-                  "inside_seen": [guard._first.get(inside), guard._last.get(inside)]}))
+print(json.dumps({"scope": report.scope, "cgroup": report.cgroup, "busy": sorted(report.busy),
+                  "members": sorted(cgroup_members(guard.scope.cgroup)) if guard.scope.cgroup else []}))
 """
 
 
@@ -153,41 +157,116 @@ def _burner(core: int) -> int:
     return int(out.stdout.strip())
 
 
+def _cgroup2_mount() -> Path | None:
+    """Where this machine mounts its cgroup v2 hierarchy (the test makes a job's cgroups there)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        if right.split()[:1] == ["cgroup2"]:
+            return Path(left.split()[4])
+    return None
+
+
 @pytest.fixture()
 def job_cgroup():
-    """A real cgroup v2 child for the job (needs a writable cgroup v2 hierarchy, e.g. root)."""
+    """A real cgroup v2 tree of a SLURM job, ``<root>/job_4242/{step_0,step_batch}`` (needs a
+    writable cgroup v2 hierarchy, e.g. root); yields the job's directory."""
     mount = _cgroup2_mount()
-    if mount is None or len(os.sched_getaffinity(0)) < 2 or not os.access(mount, os.W_OK):
-        pytest.skip("no writable cgroup v2 hierarchy or fewer than 2 cores: cannot make a job cgroup")
-    path = mount / f"sdbench-test-job-{os.getpid()}"
+    # CI (.ci/run: root) has one; a skip there would hide the job-scope guard, so require() fails it.
+    require(mount is not None and len(os.sched_getaffinity(0)) >= 2 and os.access(mount, os.W_OK),
+            "no writable cgroup v2 hierarchy or fewer than 2 cores: cannot make a job cgroup")  # fmt: skip
+    root = mount / f"sdbench-test-{os.getpid()}"
+    job = root / "job_4242"
     try:
-        path.mkdir()
+        for path in (root, job, job / "step_0", job / "step_batch"):
+            path.mkdir()
     except OSError as exc:
-        pytest.skip(f"cannot create a cgroup v2 child: {exc}")
-    yield path
-    for pid in (path / "cgroup.procs").read_text().split():
-        try:
-            (mount / "cgroup.procs").write_text(pid)
-        except OSError:
-            pass
-    path.rmdir()
+        require(False, f"cannot create cgroup v2 children: {exc}")
+    yield job
+    for path in (job / "step_0", job / "step_batch", job, root):
+        for pid in (path / "cgroup.procs").read_text().split():
+            try:
+                (mount / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        path.rmdir()
 
 
-def test_on_a_cluster_the_guard_judges_the_job_not_the_node(job_cgroup: Path) -> None:
-    """A busy process outside the job's cgroup (on another core) is not flagged; one inside is."""
+def test_under_srun_the_guard_judges_the_job_not_the_step_or_the_node(job_cgroup: Path) -> None:
+    """The guard runs in an srun task's cgroup (step_0); a busy process in another step of the
+    job (step_batch) is flagged, one outside the job (on another core) is not."""
     outside, inside = _burner(1), _burner(1)
     try:
-        (job_cgroup / "cgroup.procs").write_text(str(inside))
+        (job_cgroup / "step_batch" / "cgroup.procs").write_text(str(inside))
         time.sleep(0.3)
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-        env.pop("SLURM_JOB_ID", None)
-        out = subprocess.run([sys.executable, "-c", _GUARD_IN_CGROUP, str(job_cgroup), str(inside)],
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"), "SLURM_JOB_ID": "4242"}
+        env.pop("SDBENCH_JOB_CGROUP", None)
+        out = subprocess.run([sys.executable, "-c", _GUARD_IN_CGROUP, str(job_cgroup / "step_0")],
                              capture_output=True, text=True, check=True, env=env, timeout=60)  # fmt: skip
         seen = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         for pid in (outside, inside):
             os.kill(pid, signal.SIGKILL)
-    assert seen["scope"] == "job"
+    mount = _cgroup2_mount()
+    assert seen["scope"] == "job" and seen["cgroup"] == "/" + str(job_cgroup.relative_to(mount)), seen
+    assert inside in seen["members"] and outside not in seen["members"], seen
     pids = {int(name.split()[0]) for name in seen["busy"]}
     assert inside in pids, seen
     assert outside not in pids, seen
+
+
+# ----------------------------------------------------------------------------- a /proc seen from a container
+
+
+def _proc(root: Path, cgroups: dict[str, str], mountinfo: str = "") -> Path:
+    """A /proc tree with ``<pid>/cgroup`` per entry (``self`` too) and ``self/mountinfo``."""
+    for pid, text in cgroups.items():
+        (root / pid).mkdir(parents=True)
+        (root / pid / "cgroup").write_text(text)
+    (root / "self" / "mountinfo").write_text(mountinfo)
+    return root
+
+
+# What Apptainer's setuid mode shows a job: the host's /proc (no PID or cgroup namespace) and a
+# fresh sysfs with no cgroup filesystem mounted (mountinfo lists no cgroup2, /sys/fs/cgroup empty).
+SETUID_MOUNTINFO = (
+    "612 611 0:52 / / ro,nodev,relatime master:1 - squashfs /dev/loop3 ro\n"
+    "620 612 0:5 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+    "621 612 0:53 / /sys rw,nosuid,nodev,relatime - sysfs sysfs rw\n"
+)
+JOB = "/system.slice/slurmstepd.scope/job_42"
+
+
+def test_in_a_setuid_container_the_job_cgroup_is_found_without_a_cgroup_mount(tmp_path: Path) -> None:
+    proc = _proc(tmp_path / "proc", {
+        "self": f"0::{JOB}/step_0/user/task_0\n",
+        "101": f"0::{JOB}/step_batch/user/task_0\n",  # the job's batch step (its workflow)
+        "102": f"0::{JOB}/step_0/user/task_0\n",  # a sibling in the task's cgroup
+        "103": "0::/system.slice/slurmstepd.scope/job_43/step_0/user/task_0\n",  # another job
+        "104": "0::/system.slice/slurmstepd.scope/job_420/step_0\n",  # job_420 is not job_42
+        "105": "0::/system.slice/sshd.service\n",
+    }, SETUID_MOUNTINFO)  # fmt: skip
+    (tmp_path / "sys" / "fs" / "cgroup").mkdir(parents=True)  # the container's empty /sys/fs/cgroup
+    scope = job_scope({"SLURM_JOB_ID": "42"}, proc_root=proc)
+    assert scope.kind == "job" and str(scope.cgroup) == JOB
+    assert cgroup_members(scope.cgroup, proc) == {101, 102}
+    # Found on the host before the container started (a cgroup namespace would hide it).
+    host = _proc(tmp_path / "host", {"self": f"0::{JOB}/step_batch/user/task_0\n"})
+    assert host_job_cgroup({"SLURM_JOB_ID": "42"}, host) == JOB
+    inside = _proc(tmp_path / "ns", {"self": "0::/\n"})
+    assert str(job_scope({"SLURM_JOB_ID": "42", "SDBENCH_JOB_CGROUP": JOB}, proc_root=inside).cgroup) == JOB
+    assert job_scope({"SLURM_JOB_ID": "42"}, proc_root=inside).cgroup is None  # GPUs and cores only
+
+
+def test_cgroup_v1_jobs_and_a_workstation_session(tmp_path: Path) -> None:
+    v1 = "12:memory:/slurm/uid_1000/job_7/step_0/task_0\n11:cpuset:/slurm/uid_1000/job_7/step_0\n0::/\n"
+    proc = _proc(tmp_path / "proc", {"self": v1, "9": "12:memory:/slurm/uid_1000/job_7/step_batch\n0::/\n",
+                                     "10": "12:memory:/slurm/uid_1000/job_8/step_0\n0::/\n"})  # fmt: skip
+    scope = job_scope({"SLURM_JOB_ID": "7"}, proc_root=proc)
+    assert str(scope.cgroup) == "memory:/slurm/uid_1000/job_7"  # the first hierarchy naming the job
+    assert cgroup_members(scope.cgroup, proc) == {9}
+    # A systemd login session has a cgroup of its own: the workstation is still judged as a node.
+    desk = _proc(tmp_path / "desk", {"self": "0::/user.slice/user-1000.slice/session-3.scope\n"},
+                 "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n")  # fmt: skip
+    assert job_scope({}, proc_root=desk) == JobScope("node")
+    report = QuietGuard("flag", scope=job_scope({}, proc_root=desk)).report
+    assert report.columns()["guard_scope"] == "node" and report.columns()["guard_cgroup"] == ""

@@ -80,3 +80,93 @@ def test_the_code_spells_each_quantity_one_way() -> None:
         if offences(name)
     }
     assert not bad, bad
+
+
+# ----------------------------------------------------------------------------- every column documented
+def declared_tables() -> dict[str, tuple[str, ...]]:
+    """The columns each table is declared with in code (the builders return exactly these:
+    sdbench.columns.conform), by table."""
+    from sdbench.analysis import breakdown, categories, cost, energy, forced, proposal, randominputs, temperature, verdict
+    from sdbench.analysis.bleu import BUCKET_COLUMNS
+    from sdbench.analysis.memory import ANALYTICAL_COLUMNS
+    from sdbench.drawn import DRAWN_COLUMNS
+    from sdbench.engine.steptiming import STEP_COLUMNS
+    from sdbench.engine.summary import PAIRED_COLUMNS
+    from sdbench.simulator import core, forcedcheck, validation
+    from sdbench.traces.table import REQUESTS_COLUMNS, TRACE_COLUMNS
+
+    return {
+        "simulated_vs_measured.parquet": validation.COLUMNS,
+        "verdict.parquet": verdict.COLUMNS,
+        "cost.parquet": cost.COLUMNS,
+        "energy.parquet": energy.COLUMNS,
+        "proposal_length.parquet": proposal.COLUMNS,
+        "random_inputs.parquet": randominputs.COLUMNS,
+        "temperature.parquet": temperature.COLUMNS,
+        "temperature_recommendation.parquet": temperature.RECOMMENDATION_COLUMNS,
+        "forced_acceptance.parquet": forced.COLUMNS,
+        "sd_gap.parquet": forced.GAP_COLUMNS,
+        "forced_check.parquet": forcedcheck.COLUMNS,
+        "category_acceptance.parquet": categories.COLUMNS,
+        "breakdown.parquet": breakdown.COLUMNS,
+        "simulator CSVs": core.WRITTEN_COLUMNS,
+        "drawn tables": DRAWN_COLUMNS,
+        "steps.parquet": STEP_COLUMNS,
+        "summary.parquet (paired)": PAIRED_COLUMNS,
+        "memory.parquet (analytical)": ANALYTICAL_COLUMNS,
+        "buckets.parquet": BUCKET_COLUMNS,
+        "engine_trace.parquet": TRACE_COLUMNS,
+        "engine_requests.parquet": REQUESTS_COLUMNS,
+    }
+
+
+def names_in_code() -> set[str]:
+    """Column-like names the package writes: its string constants, and the keywords of its
+    ``frame.assign(name=...)`` and ``dict(name=...)`` calls."""
+    import ast
+
+    names: set[str] = set()
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and IDENTIFIER.match(node.value):
+                names.add(node.value)
+            elif isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called in ("assign", "dict"):
+                    names.update(k.arg for k in node.keywords if k.arg)
+    return names
+
+
+TABLE_ROW = re.compile(r"^\|\s*(`[^|]*)\|", re.MULTILINE)
+
+
+def documented_columns(text: str) -> set[str]:
+    """The columns the schema doc's column tables name (their first cells' code spans)."""
+    return schema_names("\n".join(TABLE_ROW.findall(text)))
+
+
+def test_every_declared_column_is_documented_and_every_documented_one_exists() -> None:
+    text = SCHEMA.read_text(encoding="utf-8")
+    documented = schema_names(text)
+    undocumented = {t: [c for c in cols if c not in documented] for t, cols in declared_tables().items()}
+    assert not {t: c for t, c in undocumented.items() if c}, f"columns not in docs/schema.md: {undocumented}"
+    declared = {c for cols in declared_tables().values() for c in cols}
+    ghosts = sorted(documented_columns(text) - declared - names_in_code())
+    assert not ghosts, f"docs/schema.md documents columns no code declares or writes: {ghosts}"
+
+
+def test_the_check_catches_a_renamed_or_invented_column() -> None:
+    assert {"num_seqs", "duration_s", "panel"} <= documented_columns(SCHEMA.read_text(encoding="utf-8"))
+    assert documented_columns("| `a_b`, `c` | int | x |\n| column | type |\n") == {"a_b", "c"}
+    from sdbench.columns import conform
+
+    import pandas as pd
+    import pytest
+
+    frame = pd.DataFrame({"speedup": [1.0], "speed": [2.0]})
+    with pytest.raises(ValueError, match="t: the table's columns differ from its declaration "
+                                         r"\(missing: tokens_per_s; not declared: speed\)"):  # fmt: skip
+        conform(frame, ("speedup", "tokens_per_s"), "t")
+    assert list(conform(frame, ("speed", "speedup"), "t").columns) == ["speed", "speedup"]
+    assert list(conform(pd.DataFrame([]), ("a",), "t").columns) == ["a"]

@@ -225,6 +225,20 @@ def test_cli_simulate_is_deterministic(tmp_path: Path, paths: list[Path]) -> Non
     assert {"speedup", "baseline_tokens_per_s", "sd_tokens_per_s"} <= set(df.columns)
 
 
+def test_cli_simulate_names_the_engine_and_model_of_its_traces(tmp_path: Path, paths: list[Path], capsys) -> None:
+    """The grid's simulations say whose traces they replayed (validation matches cells by it)."""
+    base = ["simulate", "--traces", str(paths[0]), "--proposer", "ngram", "--policy", "fixed-3", "--batch-sizes", "1",
+            "--cost-model", "llama3.1-8b-h100", "--output"]  # fmt: skip
+    assert main([*base, str(tmp_path / "plain.csv")]) == 0
+    assert main([*base, str(tmp_path / "named.csv"), "--engine", "vllm-a", "--model", "qwen3-8b"]) == 0
+    plain, named = pd.read_csv(tmp_path / "plain.csv"), pd.read_csv(tmp_path / "named.csv")
+    assert "engine" not in plain and list(named.columns[:2]) == ["engine", "model"]
+    assert named[["engine", "model"]].drop_duplicates().values.tolist() == [["vllm-a", "qwen3-8b"]]
+    pd.testing.assert_frame_equal(named.drop(columns=["engine", "model"]), plain)
+    assert main([*base, str(tmp_path / "half.csv"), "--engine", "vllm-a"]) != 0
+    assert "the following arguments are required: --model" in capsys.readouterr().err
+
+
 def test_cli_figures(tmp_path: Path, paths: list[Path]) -> None:
     csvs = []
     for proposer, policies in (
@@ -323,7 +337,8 @@ def test_validation_judges_each_drafter_on_its_own_trace() -> None:
           "speedup_ci_low": 0.9, "speedup_ci_high": 1.1} for m in methods]
     )  # fmt: skip
     simulated = pd.DataFrame(
-        [{"dataset": "d", "proposer": p, "drafter": x, "policy": "fixed-3", "batch_size": 1, "speedup": s}
+        [{"engine": "e", "model": "m", "dataset": "d", "proposer": p, "drafter": x, "policy": "fixed-3",
+          "batch_size": 1, "speedup": s}
          for p, x, s in (("ngram", "", 1.05), ("eagle", "eagle", 0.5), ("eagle", "eagle3", 1.5))]
     )  # fmt: skip
     table = compare(cells, simulated, methods).set_index("method")

@@ -80,11 +80,16 @@ PROVENANCE_COLUMNS = (
     "transformers_version",
     "sdbench_version",
     "python_version",
+    "code_digest",
     "hostname",
     "cpu_model",
     "cpu_count",
     "gpus",
+    "gpu_memory_mib",
+    "gpu_driver",
+    "hardware",
 )
+_INT_COLUMNS = ("batch_size", "cpu_count", "gpu_memory_mib")
 CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
 CELL_EXTRA = ("drafter", "speculative_config")
 
@@ -195,11 +200,10 @@ def cells_provenance(results: Path) -> pd.DataFrame:
         log.warning("no summary.parquet under %s/runs or %s/breakdown: empty cell provenance", results, results)
     table = pd.DataFrame(rows, columns=columns)
     for c in columns:
-        if c not in ("batch_size", "cpu_count", MEASURED):
-            table[c] = table[c].astype("string")
-    table["batch_size"] = pd.to_numeric(table["batch_size"]).astype("Int64")
-    table["cpu_count"] = pd.to_numeric(table["cpu_count"]).astype("Int64")
-    table[MEASURED] = table[MEASURED].astype(bool)
+        if c == MEASURED:
+            table[c] = table[c].astype(bool)
+        else:
+            table[c] = pd.to_numeric(table[c]).astype("Int64") if c in _INT_COLUMNS else table[c].astype("string")
     return table.sort_values(["kind", *CELL_KEYS], kind="stable").reset_index(drop=True)
 
 

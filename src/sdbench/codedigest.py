@@ -12,6 +12,12 @@ the DAG stays fast and a workflow host without vLLM can compute the digest of th
 engine runner. A package stands for all its modules. A step's command is parsed in its
 stage's light ``cli`` module (defaults live there) and implemented in another module:
 name both, or the package.
+
+:func:`package_digest` is another digest: of the source bytes of every module of the *imported*
+package, the same under any Python version. An image records it when it is built
+(``org.sdbench.code.digest``, :mod:`sdbench.containers`), every engine job records the one of the
+code it ran (``code_digest`` in its summary, :mod:`sdbench.engine.hardware`), and a run refuses an
+image whose digest is not the checkout's. ``python -m sdbench.codedigest`` prints it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import importlib.util
 from pathlib import Path
 
 PACKAGE = "sdbench"
+
 
 def _module_path(name: str) -> Path | None:
     """Source file of ``name`` (``None`` for a module that does not exist)."""
@@ -126,3 +133,31 @@ def code_digest(*modules: str) -> str:
         assert parsed is not None
         h.update(name.encode() + b"\0" + parsed[0].encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def package_digest(root: str | Path | None = None) -> str:
+    """Short sha256 over the bytes of every ``*.py`` file of the package (``root``, default the
+    directory of the imported ``sdbench``), by relative path.
+
+    Bytes, not syntax trees: :func:`code_digest` dumps trees whose layout changes between Python
+    versions, and an image's Python need not be the checkout's; any edit counts here.
+    """
+    if root is None:
+        import sdbench
+
+        root = Path(sdbench.__file__).parent
+    root = Path(root)
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in rel.split("/"):
+            continue
+        h.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+if __name__ == "__main__":  # an image's build records the digest of the package it installed
+    import sys
+
+    # ``--label NAME``: as a line of Apptainer's label file ("NAME DIGEST").
+    print(*sys.argv[2:3], package_digest()) if sys.argv[1:2] == ["--label"] else print(package_digest())

@@ -166,6 +166,9 @@ def _cross_reference_problems(config: dict[str, Any]) -> list[str]:
         for i, name in enumerate(config.get("breakdown", {}).get(key, [])):
             if name not in config[section]:
                 problems.append(f"breakdown.{key}[{i}]: unknown {section[:-1]} {name!r}")
+    engine = config.get("breakdown", {}).get("engine")
+    if engine is not None and engine not in config["engines"]:
+        problems.append(f"breakdown.engine: unknown engine {engine!r}")
     for key in ("ngram", "versus"):
         name = config.get("bleu", {}).get(key)
         if name is not None and name not in config["methods"]:

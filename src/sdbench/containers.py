@@ -74,6 +74,8 @@ ANALYSIS_MODULES = (
 ANALYSIS_IMPORTS = ("datasets", "frozendict", "pyld", "rocrate", "safetensors", "tokenizers", "transformers")
 
 DATASETS_DIR = "/opt/sdbench/datasets"
+# Label an image's %post adds: sdbench.codedigest.package_digest of the sdbench it installed.
+CODE_LABEL = "org.sdbench.code.digest"
 SOURCE_DIR = "/opt/sdbench"
 
 BASE_RE = re.compile(r"^(?P<ref>[^\s@]+)@sha256:(?P<digest>[^\s]*)$")
@@ -470,6 +472,14 @@ def _section_post(image: ImageSpec) -> list[str]:
         ]
     lines += ["", "# sdbench itself (entry points: the sdbench command, the vLLM plugins)."]
     lines.append(f"{pip} --no-build-isolation {SOURCE_DIR}")
+    lines += [
+        "",
+        *_comment(
+            f"The digest of the sdbench code installed here, as label {CODE_LABEL}: a run refuses this "
+            "image once the checkout's code differs (sdbench.containers.stale_image)."
+        ),
+        f'python3 -m sdbench.codedigest --label {CODE_LABEL} >> "$APPTAINER_LABELS"',
+    ]
     return lines
 
 
@@ -652,3 +662,61 @@ def image_identity(container: str | None, definitions_dir: str | Path) -> str:
         digest = hashlib.sha256(definition.read_bytes()).hexdigest()
         return f"{definition.stem}@def-sha256:{digest}"
     return container
+
+
+# --- the code an image runs ------------------------------------------------------------------
+
+
+def image_labels_of(binary: str, sif: str | Path) -> dict[str, str] | str:
+    """The labels of a built image (``apptainer inspect --json --labels``), or the one-line error."""
+    import json
+    import subprocess
+
+    try:
+        out = subprocess.run([binary, "inspect", "--json", "--labels", str(sif)], capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"`{binary} inspect` failed: {exc}"
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or [""])[0]
+        return f"`{binary} inspect` exited {out.returncode}: {first}"
+    try:
+        return dict(json.loads(out.stdout)["data"]["attributes"].get("labels") or {})
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return f"`{binary} inspect --json` printed no data.attributes"
+
+
+def stale_image(container: str, definitions_dir: str | Path, binary: str, checkout: str) -> str | None:
+    """Why image ``container`` would not run the checkout's code (digest ``checkout``), in one line
+    naming both digests and the build command; None when it would, or when it is not an sdbench
+    image built here (no ``<definitions_dir>/<name>.def``, or no such file: Apptainer says so)."""
+    name = Path(container).stem
+    if Path(container).suffix != ".sif" or not (Path(definitions_dir) / f"{name}.def").is_file():
+        return None
+    if not Path(container).is_file():
+        return None
+    labels = image_labels_of(binary, container)
+    if isinstance(labels, str):
+        return f"{container}: cannot read its labels ({labels})"
+    found = labels.get(CODE_LABEL)
+    if found == checkout:
+        return None
+    held = f"holds sdbench code {found}" if found else f"records no sdbench code digest ({CODE_LABEL})"
+    return (
+        f"{container} {held}, the checkout's is {checkout}: the image would not run this checkout's code; "
+        f"rebuild it: bash containers/build.sh {name}"
+    )
+
+
+def refuse_stale_images(containers: Sequence[str], definitions_dir: str | Path, binary: str | None) -> None:
+    """Raise ConfigError with the first :func:`stale_image` line of ``containers`` (a run's images);
+    nothing without an Apptainer binary (Snakemake names that itself)."""
+    from sdbench.codedigest import package_digest
+
+    if binary is None:
+        return
+    checkout = package_digest()
+    for container in dict.fromkeys(c for c in containers if c):
+        why = stale_image(container, definitions_dir, binary, checkout)
+        if why:
+            raise ConfigError(why)

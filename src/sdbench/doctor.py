@@ -367,9 +367,11 @@ def inspect_image(binary: str, sif: Path) -> tuple[dict[str, str], str] | str:
 
 def image_matches(root: Path, container: str, spec: Any, binary: str) -> Result:
     """A built image carries the labels of containers/images.yaml (base digest, vLLM version,
-    sdbench version) and was built from the current ``containers/<name>.def``."""
+    sdbench version), was built from the current ``containers/<name>.def`` and holds the checkout's
+    sdbench code (its ``org.sdbench.code.digest``: a run refuses it otherwise)."""
     import sdbench
-    from sdbench.containers import image_labels
+    from sdbench.codedigest import package_digest
+    from sdbench.containers import CODE_LABEL, image_labels
 
     name = Path(container).stem
     check = f"image {container} matches {IMAGES}"
@@ -386,6 +388,10 @@ def image_matches(root: Path, container: str, spec: Any, binary: str) -> Result:
     if deffile.rstrip("\n") != definition.read_text().rstrip("\n"):
         return failed(check, f"built from another definition than {definition} (its pins changed since the build)",
                       rebuild)
+    checkout = package_digest()
+    if labels.get(CODE_LABEL) != checkout:
+        return failed(check, f"it holds sdbench code {labels.get(CODE_LABEL) or '<no digest>'}, the checkout's is "
+                             f"{checkout} (a run refuses it)", f"bash containers/build.sh {name}")  # fmt: skip
     return ok(check)
 
 

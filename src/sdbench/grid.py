@@ -268,19 +268,30 @@ def baseline_cells(config: dict[str, Any]) -> list[Cell]:
 
 def breakdown_cells(config: dict[str, Any]) -> list[Cell]:
     """Grid cells re-run in breakdown mode: those matching ``breakdown`` methods, datasets, batch
-    sizes and (when given) models, on greedy datasets (the cost model is fitted to greedy steps)."""
+    sizes and (when given) engine and models, on greedy datasets (the cost model is fitted to
+    greedy steps)."""
     spec = config.get("breakdown")
     if not spec:
         return []
-    return [
+    chosen = [
         c
         for c in cells(config)
         if c.method in spec["methods"]
         and c.dataset in spec["datasets"]
         and c.batch_size in spec["batch_sizes"]
         and c.model in spec.get("models", [c.model])
+        and c.engine == spec.get("engine", c.engine)
         and not is_sampled(config, c.dataset)
     ]
+    # Their step timings fit one cost model, of one target (sdbench.simulator.costmodel.one_target).
+    pairs = sorted({(c.engine, c.model) for c in chosen})
+    if len(pairs) > 1:
+        named = ", ".join(f"{e}/{m}" for e, m in pairs)
+        raise ConfigError(
+            f"config: breakdown: its cells are of {len(pairs)} engine x model pairs ({named}); the step timings fit "
+            "one cost model, of one engine and one model: set breakdown.engine and one breakdown.models entry"
+        )
+    return chosen
 
 
 def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:

@@ -105,9 +105,12 @@ CONTAINER_ENV_ALLOW = (
     # engine sees the GPUs SLURM gave the job.
     "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_JOB_GPUS",
     "CUDA_VISIBLE_DEVICES",
-    # Node-local scratch (compile caches go there) and the model / dataset caches and hub access.
-    "TMPDIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_TOKEN",
+    # Node-local scratch (compile caches go there) and the model / dataset caches. The hub token and
+    # the site's proxies reach the download jobs only (sdbench.models.hub.download_env).
+    "TMPDIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
     "SDBENCH_DATA_DIR", "SOURCE_DATE_EPOCH",
+    # The job's cgroup, found on the host before its container starts (sdbench.engine.quietguard).
+    "SDBENCH_JOB_CGROUP",
 )  # fmt: skip
 CONTAINER_ENV_PREFIX = "APPTAINERENV_"
 
@@ -123,11 +126,14 @@ def container_env(environ: dict[str, str] | None = None) -> dict[str, str | None
 
 
 def export_workflow_env(quiet_guard: str) -> None:
-    """Called by the workflow (common.smk): its jobs inherit its pid, the guard mode and, for
-    their containers, the allow-listed environment (:func:`container_env`)."""
-    from sdbench.engine.quietguard import ENV_MODE
+    """Called by the workflow (common.smk): its jobs inherit its pid, the guard mode, the SLURM
+    job's cgroup and, for their containers, the allow-listed environment (:func:`container_env`)."""
+    from sdbench.engine.quietguard import ENV_JOB_CGROUP, ENV_MODE, host_job_cgroup
     from sdbench.engine.versions import apply_env
 
     os.environ[ENV_WORKFLOW_PID] = str(os.getpid())
     os.environ[ENV_MODE] = quiet_guard
+    # In a SLURM job (the job's own Snakemake, on the node, before any container starts): the
+    # job's cgroup, which the container's fresh sysfs may hide.
+    apply_env({ENV_JOB_CGROUP: host_job_cgroup()})
     apply_env(container_env())

@@ -8,9 +8,10 @@ names the matplotlib version (the same figure gives the same bytes), and closes 
 when saving fails.
 
 Every figure of the figure index also hands back what it drew: its :class:`DrawnTable`
-(:func:`drawn_table`) is filled by the drawing calls themselves (``drawn.errorbar(ax, ...)`` draws
-and records the same values), and :func:`save_png` writes it beside the PNG as ``<name>.csv``
-(:data:`DRAWN_COLUMNS`, one row per mark; docs/schema.md) and returns it.
+(:func:`drawn_table`, :mod:`sdbench.drawn`) registers the artists its drawing calls make
+(``drawn.errorbar(ax, ...)``), and :func:`save_png` reads the marks back from those artists
+(panel, x, y, intervals, colour in data coordinates), writes them beside the PNG as
+``<name>.csv`` (:data:`DRAWN_COLUMNS`, one row per mark; docs/schema.md) and returns them.
 
 A figure drawn from rehearsal data (:mod:`sdbench.provenance`) is marked by :func:`save_png`,
 the one place every figure is saved: "rehearsal, not measured" across it, in its title and in the
@@ -49,9 +50,9 @@ def subplots(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
 def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs: Any) -> Any:
     """Write ``fig`` to ``path`` as PNG at ``dpi`` atomically, then close it (also on error).
 
-    A figure with a :class:`DrawnTable` gets it written too, to :func:`drawn_path` of ``path``
-    (renamed into place after the PNG: a failed save leaves neither); returns that table as a
-    DataFrame (None for a figure without one).
+    A figure with a :class:`DrawnTable` gets it read back from its artists as they are drawn
+    and written too, to :func:`drawn_path` of ``path`` (renamed into place after the PNG: a
+    failed save leaves neither); returns that table as a DataFrame (None for a figure without one).
 
     ``savefig_kwargs`` go to ``Figure.savefig`` (e.g. ``bbox_inches="tight"``). A figure wider
     than :data:`MAX_WIDTH_PX` at ``dpi`` is saved at the dpi that fits (every figure a reader opens
@@ -78,205 +79,16 @@ def save_png(fig: Any, path: str | os.PathLike[str], dpi: int, **savefig_kwargs:
 
 
 # ----------------------------------------------------------------------------- drawn tables
-DRAWN_SUFFIX = ".csv"
-# panel/xlabel/ylabel: the axes' title and axis labels as drawn; mark: line, point, bar, box,
-# whisker, band, cell, square, ring, text, reference; lo/hi: the interval drawn on y (error bar,
-# band, box, whisker), x_lo/x_hi: on x; note: what else the mark shows (its colour's class, its text);
-# measured: false when the figure was drawn from rehearsal data (sdbench.provenance).
-DRAWN_COLUMNS = ("panel", "xlabel", "ylabel", "mark", "series", "label", "x", "y", "lo", "hi", "x_lo", "x_hi", "note",
-                 "measured")  # fmt: skip
-_DRAWN_ATTR = "_sdbench_drawn"
-
-
-def drawn_path(png: str | os.PathLike[str]) -> Path:
-    """Where the drawn table of the figure at ``png`` is written: beside it, ``<name>.csv``."""
-    return Path(png).with_suffix(DRAWN_SUFFIX)
-
-
-def drawn_table(fig: Any) -> DrawnTable:
-    """The :class:`DrawnTable` of ``fig`` (created on first use; :func:`save_png` writes it)."""
-    table = getattr(fig, _DRAWN_ATTR, None)
-    if table is None:
-        table = DrawnTable()
-        setattr(fig, _DRAWN_ATTR, table)
-    return table
-
-
-def _scalar(v: Any) -> Any:
-    """A plain Python value: a numpy scalar unwrapped, NaN/NA as None."""
-    import pandas as pd
-
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    return None if v is None or (not isinstance(v, (str, bytes)) and pd.isna(v)) else v
-
-
-def _seq(v: Any, n: int) -> list[Any]:
-    """``v`` as ``n`` plain values: a scalar repeated, a sequence checked to hold ``n``."""
-    if v is None or isinstance(v, (str, bytes)) or not hasattr(v, "__len__"):
-        return [_scalar(v)] * n
-    values = [_scalar(x) for x in (v.tolist() if hasattr(v, "tolist") else list(v))]
-    if len(values) != n:
-        raise ValueError(f"drawn table: {len(values)} values for {n} marks")
-    return values
-
-
-def _err(values: list[Any], err: Any) -> tuple[list[Any], list[Any]]:
-    """Absolute (lo, hi) of matplotlib's ``yerr``/``xerr``: None, symmetric (scalar or one
-    value per mark) or ``[below, above]`` (two sequences)."""
-    n = len(values)
-    if err is None:
-        return [None] * n, [None] * n
-    pair = not isinstance(err, (str, bytes)) and hasattr(err, "__len__") and len(err) == 2
-    if pair and all(hasattr(e, "__len__") for e in err):
-        below, above = _seq(err[0], n), _seq(err[1], n)
-    else:
-        below = above = _seq(err, n)
-    lo = [None if v is None or b is None else v - b for v, b in zip(values, below)]
-    hi = [None if v is None or a is None else v + a for v, a in zip(values, above)]
-    return lo, hi
-
-
-class DrawnTable:
-    """What a figure drew, one row per mark (:data:`DRAWN_COLUMNS`).
-
-    The drawing methods (:meth:`plot`, :meth:`errorbar`, :meth:`bar`, ...) call the matplotlib
-    method of the same name on ``ax`` with the arguments given and record the same x/y values,
-    so the table cannot disagree with the figure; :meth:`add` records a mark drawn otherwise.
-    ``series`` names the data a mark belongs to (a method, policy, stage), ``label`` how the
-    figure shows it (legend or tick label). A mark with no y and no interval (NaN: matplotlib
-    draws nothing there) is not recorded. ``panel``, ``xlabel`` and ``ylabel`` are read off the
-    axes when the table is made, so they say what the figure says.
-    """
-
-    def __init__(self) -> None:
-        self._rows: list[tuple[Any, str | None, dict[str, Any]]] = []
-
-    def add(self, ax: Any, mark: str, series: Any, x: Any, y: Any, *, lo: Any = None, hi: Any = None,
-            x_lo: Any = None, x_hi: Any = None, label: Any = None, note: Any = None,
-            panel: str | None = None) -> None:  # fmt: skip
-        """Record marks (scalars, or equally long sequences, one mark each) drawn on ``ax``;
-        ``panel`` where the axes' title does not name it (the lower rows of a panel)."""
-        lengths = [len(v) for v in (x, y, lo, hi, x_lo, x_hi, series, label, note)
-                   if v is not None and not isinstance(v, (str, bytes)) and hasattr(v, "__len__")]  # fmt: skip
-        n = max(lengths, default=1)
-        cols = {"mark": _seq(mark, n), "series": _seq(series, n), "label": _seq(label, n), "x": _seq(x, n),
-                "y": _seq(y, n), "lo": _seq(lo, n), "hi": _seq(hi, n), "x_lo": _seq(x_lo, n),
-                "x_hi": _seq(x_hi, n), "note": _seq(note, n)}  # fmt: skip
-        for i in range(n):
-            row = {k: v[i] for k, v in cols.items()}
-            if all(row[k] is None for k in ("y", "lo", "hi")):
-                continue
-            self._rows.append((ax, panel, row))
-
-    def plot(self, ax: Any, x: Any, y: Any, *args: Any, series: Any, label: Any = None, mark: str = "line",
-             legend: bool = True, panel: str | None = None, note: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        """``ax.plot(x, y, *args, label=label, **kwargs)``, recorded (``legend=False``: the
-        label is recorded but kept out of an axes legend)."""
-        out = ax.plot(x, y, *args, **self._label(label, legend), **kwargs)
-        self.add(ax, mark, series, x, y, label=label, note=note, panel=panel)
-        return out
-
-    def errorbar(self, ax: Any, x: Any, y: Any, *, yerr: Any = None, xerr: Any = None, series: Any,
-                 label: Any = None, mark: str = "line", legend: bool = True, panel: str | None = None,
-                 note: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        """``ax.errorbar(x, y, yerr=yerr, xerr=xerr, ...)``, recorded with the intervals drawn."""
-        out = ax.errorbar(x, y, yerr=yerr, xerr=xerr, **self._label(label, legend), **kwargs)
-        n = _len(x, y)
-        xs, ys = _seq(x, n), _seq(y, n)
-        lo, hi = _err(ys, yerr)
-        x_lo, x_hi = _err(xs, xerr)
-        self.add(ax, mark, series, xs, ys, lo=lo, hi=hi, x_lo=x_lo, x_hi=x_hi, label=label, note=note, panel=panel)
-        return out
-
-    def scatter(self, ax: Any, x: Any, y: Any, *, series: Any, label: Any = None, mark: str = "point",
-                panel: str | None = None, note: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        """``ax.scatter(x, y, **kwargs)``, recorded."""
-        out = ax.scatter(x, y, **kwargs)
-        self.add(ax, mark, series, x, y, label=label, note=note, panel=panel)
-        return out
-
-    def bar(self, ax: Any, positions: Any, heights: Any, *args: Any, series: Any, at: Any = None,
-            label: Any = None, legend: bool = True, yerr: Any = None, panel: str | None = None,
-            note: Any = None, **kwargs: Any) -> Any:  # fmt: skip
-        """``ax.bar(positions, heights, *args, yerr=yerr, ...)``, recorded at ``at`` (the
-        category each bar stands for, as its tick reads; default the positions)."""
-        if yerr is not None:
-            kwargs["yerr"] = yerr
-        out = ax.bar(positions, heights, *args, **self._label(label, legend), **kwargs)
-        n = _len(positions, heights)
-        ys = _seq(heights, n)
-        lo, hi = _err(ys, yerr)
-        self.add(ax, "bar", series, positions if at is None else at, ys, lo=lo, hi=hi, label=label, note=note,
-                 panel=panel)  # fmt: skip
-        return out
-
-    def fill_between(self, ax: Any, x: Any, lo: Any, hi: Any, *, series: Any, label: Any = None,
-                     legend: bool = True, panel: str | None = None, **kwargs: Any) -> Any:  # fmt: skip
-        """``ax.fill_between(x, lo, hi, **kwargs)``, recorded as a band (y empty)."""
-        out = ax.fill_between(x, lo, hi, **self._label(label, legend), **kwargs)
-        self.add(ax, "band", series, x, None, lo=lo, hi=hi, label=label, panel=panel)
-        return out
-
-    def axhline(self, ax: Any, y: float, *, series: Any, panel: str | None = None, **kwargs: Any) -> Any:
-        """``ax.axhline(y, **kwargs)``, recorded as a reference mark (x empty)."""
-        out = ax.axhline(y, **kwargs)
-        self.add(ax, "reference", series, None, y, panel=panel)
-        return out
-
-    def imshow(self, ax: Any, values: Any, *, rows: Any, cols: Any, series_name: str = "",
-               panel: str | None = None, **kwargs: Any) -> Any:  # fmt: skip
-        """``ax.imshow(values, **kwargs)``, recorded one row per drawn (finite) cell: ``series``
-        the cell's row (``rows[i]``), ``x`` its column (``cols[j]``), ``y`` its value; ``note``
-        is ``series_name`` (what the rows are)."""
-        import numpy as np
-
-        out = ax.imshow(values, **kwargs)
-        mat = np.ma.filled(np.ma.asarray(values, dtype=float), np.nan)
-        i, j = np.nonzero(np.isfinite(mat))
-        rows, cols = list(rows), list(cols)
-        self.add(ax, "cell", [rows[a] for a in i], [cols[b] for b in j], mat[i, j],
-                 note=series_name or None, panel=panel)  # fmt: skip
-        return out
-
-    def bxp(self, ax: Any, stats: list[dict[str, Any]], *, series: Any, panel: str | None = None, **kwargs: Any) -> Any:
-        """``ax.bxp(stats, **kwargs)``, recorded per box: a ``box`` row (y the median, lo/hi
-        the box) and a ``whisker`` row (lo/hi the whiskers), at the box's label."""
-        out = ax.bxp(stats, **kwargs)
-        names = _seq(series, len(stats))
-        for name, s in zip(names, stats):
-            self.add(ax, "box", name, s.get("label"), s["med"], lo=s["q1"], hi=s["q3"], label=s.get("label"), panel=panel)
-            self.add(ax, "whisker", name, s.get("label"), s["med"], lo=s["whislo"], hi=s["whishi"],
-                     label=s.get("label"), panel=panel)  # fmt: skip
-        return out
-
-    @staticmethod
-    def _label(label: Any, legend: bool) -> dict[str, Any]:
-        if label is None or isinstance(label, (list, tuple)) or hasattr(label, "tolist"):
-            return {}
-        return {"label": str(label) if legend else "_nolegend_"}
-
-    def frame(self) -> Any:
-        """The table: :data:`DRAWN_COLUMNS`, one row per mark in drawing order (``measured``:
-        :func:`sdbench.provenance.measured` of the command drawing it)."""
-        import pandas as pd
-
-        records = []
-        for ax, panel, row in self._rows:
-            title = ax.get_title() if panel is None else panel
-            records.append({"panel": title.replace("\n", " / "), "xlabel": ax.get_xlabel().replace("\n", " "),
-                            "ylabel": ax.get_ylabel().replace("\n", " "), **row})  # fmt: skip
-        frame = pd.DataFrame.from_records(records, columns=list(DRAWN_COLUMNS))
-        frame[provenance.MEASURED] = pd.Series(provenance.measured(), index=frame.index, dtype=bool)
-        for col in ("y", "lo", "hi", "x_lo", "x_hi"):
-            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
-        return frame
-
-
-def _len(*values: Any) -> int:
-    return max((len(v) for v in values if v is not None and not isinstance(v, (str, bytes)) and hasattr(v, "__len__")),
-               default=1)  # fmt: skip
-
+# Read back from the figure's artists when it is saved: sdbench.drawn.
+from sdbench.drawn import (  # noqa: E402  (re-exported: figures import them from here)
+    _DRAWN_ATTR,
+    DRAWN_COLUMNS,
+    DRAWN_SUFFIX,
+    DrawnTable,
+    drawn_path,
+    drawn_table,
+    set_rows_per_panel,
+)
 
 # ----------------------------------------------------------------------------- shared styles
 # Every figure draws a method in the same color (by SD family), marker (by proposal length k)
@@ -399,6 +211,7 @@ def panel_grid(n: int, panel_w: float, panel_h: float, dpi: int, rows_per_panel:
         for r in range(rows_per_panel):
             axes[(i // ncols) * rows_per_panel + r, i % ncols].set_visible(False)
     drawn_table(fig)
+    set_rows_per_panel(fig, rows_per_panel)  # a lower row's marks read back under its panel's title
     return fig, axes
 
 
@@ -454,9 +267,9 @@ def method_lines(
                     err = [(line[y] - line[lo]).clip(lower=0), (line[hi] - line[y]).clip(lower=0)]
                 style = styles[method]
                 drawn.errorbar(ax, line[x], line[y], yerr=err, capsize=3, color=style.color, marker=style.marker,
-                               series=method, label=style.label, panel=title)  # fmt: skip
+                               series=method, label=style.label)  # fmt: skip
             if hline and r in hline:
-                drawn.axhline(ax, hline[r], color="grey", lw=0.8, ls="--", series="reference", panel=title)
+                drawn.axhline(ax, hline[r], color="grey", lw=0.8, ls="--", series="reference")
             if xlog:
                 ax.set_xscale("log", base=xlog)
             if ylog:

@@ -31,7 +31,7 @@ rule trace_group:
         seqs=TRACE_SETTINGS.get("max_num_seqs", 8),
     shell:
         "sdbench trace-group --spec @{params.spec} --model-dir {input.model} {params.drafter} "
-        "--num-speculative-tokens {params.k} --max-num-seqs {params.seqs} "
+        "--num-speculative-tokens {params.k} --max-num-seqs {params.seqs} --threads {threads} "
         "--output-dir {output} > {log} 2>&1"
 
 
@@ -90,7 +90,8 @@ rule trace_suffix_offline:
         "--num-speculative-tokens {params.k} {params.settings} > {log} 2>&1"
 
 
-# A local rule (common.smk): the download runs on the submitting host.
+# A local rule (common.smk): the download runs on the submitting host, with the site's network
+# settings in its command's environment only.
 rule fetch_published_traces:
     output:
         P.PUBLISHED_JSONL,
@@ -99,9 +100,12 @@ rule fetch_published_traces:
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.fetch"),
         local=published_local_arg,
-    shell:
-        "sdbench fetch published-traces --dataset {wildcards.published} "
-        "--output {output} {params.local} > {log} 2>&1"
+    run:
+        shell(
+            "sdbench fetch published-traces --dataset {wildcards.published} "
+            "--output {output} {params.local} > {log} 2>&1",
+            additional_envvars=download_job_env(),
+        )
 
 
 rule published_trace_table:

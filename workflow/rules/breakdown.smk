@@ -29,7 +29,7 @@ rule breakdown_group:
         drafter=drafter_arg,
     shell:
         "sdbench run-group --breakdown --spec @{params.spec} --model-dir {input.model} "
-        "{params.drafter} --output-dir {output} > {log} 2>&1"
+        "{params.drafter} --threads {threads} --output-dir {output} > {log} 2>&1"
 
 
 rule breakdown_cell:

@@ -5,18 +5,21 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
+
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from sdbench import scheduling
 from sdbench.analysis.memory import refuse_kv_shortfalls
 from sdbench.codedigest import code_digest
 from sdbench.config import validate_config
-from sdbench.containers import image_identity
+from sdbench.containers import image_identity, refuse_stale_images
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
 from sdbench.grid import Cell, EngineGroup, TraceGroup, TraceTarget
 from sdbench.lifeline import export_workflow_env
-from sdbench.models.hub import export_hub_token
+from sdbench.models.hub import download_env, withhold_download_env
 from sdbench.servermode import ServerGroup
 from sdbench.workflow import paths as P
 from sdbench.workflow.plan import FIRST, Plan, quoted, spec_file
@@ -37,11 +40,43 @@ refuse_kv_shortfalls(config)
 export_workflow_env(config["quiet_guard"])
 PLAN = Plan(config)
 # The rules that reach the network run here, on the submitting host (compute nodes may have no
-# internet): PLAN.network_rules(), checked by tests/test_hub.py. They reach the hub with this
-# host's token: HF_TOKEN, else huggingface_hub's token file (hidden from jobs in an image whose
-# home is the working directory), handed to them through this process's environment.
-if PLAN.hub_models or PLAN.hub_datasets:
-    export_hub_token()
+# internet): PLAN.network_rules(), checked by tests/test_hub.py. They alone get the hub token
+# (HF_TOKEN, else huggingface_hub's token file, which a job in an image whose home is the working
+# directory would not see) and the site's proxy, CA and hub-endpoint settings: these leave this
+# process's environment, which every other job inherits (sbatch --export=ALL), and reach the
+# download commands through download_job_env().
+WITHHELD = withhold_download_env() if workflow.is_main_process else {}
+
+
+def download_job_env():
+    """The environment a download job's command gets on top of the workflow's (a run: block's
+    shell(..., additional_envvars=)): the withheld settings and the token."""
+    return download_env(WITHHELD if workflow.is_main_process else os.environ)
+
+
+onstart:
+    # The local executor runs run: jobs (the downloads) in a Snakemake subprocess of its own, which
+    # sees only this process's environment: give the withheld settings back to it (not the token
+    # read from the token file, which that process reads itself). Jobs in images started with
+    # --cleanenv see none of them; SLURM jobs never run there.
+    if workflow.local_exec and not workflow.use_threads:
+        os.environ.update(WITHHELD)
+
+
+# An image runs the sdbench it was built with: refuse, before any job starts, an image whose code
+# is not this checkout's (one line naming both digests and the build command).
+if (
+    workflow.is_main_process
+    and DeploymentMethod.APPTAINER in workflow.deployment_settings.deployment_method
+):
+    refuse_stale_images(
+        [
+            getattr(workflow.modifier, "global_container_img", None),
+            *PLAN.containers(),
+        ],
+        Path(workflow.basedir) / "containers",
+        shutil.which("apptainer") or shutil.which("singularity"),
+    )
 
 
 localrules:

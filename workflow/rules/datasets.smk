@@ -2,7 +2,8 @@
 
 
 # The files of a hub dataset's repository its entry selects, at its revision: a local rule
-# (common.smk) on the submitting host; prepare_dataset reads the copy offline (its local_path).
+# (common.smk) on the submitting host, with the hub token and the site's network settings in its
+# command's environment only; prepare_dataset reads the copy offline (its local_path).
 rule download_dataset:
     output:
         directory(P.HUB_DATASET_RULE),
@@ -11,9 +12,12 @@ rule download_dataset:
     params:
         code=code_digest("sdbench.models.cli", "sdbench.models.hub"),
         entry=lambda w: quoted(PLAN.download_entry(w.hub_dataset)),
-    shell:
-        "sdbench download-dataset --name {wildcards.hub_dataset} --entry {params.entry} "
-        "--output {output} > {log} 2>&1"
+    run:
+        shell(
+            "sdbench download-dataset --name {wildcards.hub_dataset} --entry {params.entry} "
+            "--output {output} > {log} 2>&1",
+            additional_envvars=download_job_env(),
+        )
 
 
 rule prepare_dataset:

@@ -57,7 +57,8 @@ rule build_head:
         "--output {output} --seed {params.seed} --threads {threads} {params.args} > {log} 2>&1"
 
 
-# A local rule (common.smk): runs on the submitting host, online whatever the image exports.
+# A local rule (common.smk): runs on the submitting host, online whatever the image exports, with
+# the hub token and the site's network settings in its command's environment only.
 rule download_model:
     output:
         directory(P.HUB_MODEL_RULE),
@@ -67,6 +68,9 @@ rule download_model:
         code=code_digest("sdbench.models.cli", "sdbench.models.hub"),
         repo=lambda w: PLAN.hub_id(w.hub_model),
         revision=lambda w: PLAN.hub_revision(w.hub_model),
-    shell:
-        "sdbench download-model --repo {params.repo} --revision {params.revision} "
-        "--output {output} > {log} 2>&1"
+    run:
+        shell(
+            "sdbench download-model --repo {params.repo} --revision {params.revision} "
+            "--output {output} > {log} 2>&1",
+            additional_envvars=download_job_env(),
+        )

@@ -39,7 +39,7 @@ rule run_engine:
         checkpoints=lambda w: PLAN.group_checkpoint_dir(_group(w)),
     shell:
         "sdbench run-group --spec @{params.spec} --model-dir {input.model} {params.drafter} "
-        "--checkpoint-dir {params.checkpoints} --output-dir {output} > {log} 2>&1"
+        "--checkpoint-dir {params.checkpoints} --threads {threads} --output-dir {output} > {log} 2>&1"
 
 
 rule run_cell:

@@ -36,7 +36,7 @@ rule serve_group:
         drafter=drafter_arg,
     shell:
         "sdbench serve-group --spec @{params.spec} --prompts {params.prompts} "
-        "--model-dir {input.model} {params.drafter} --output-dir {output} "
+        "--model-dir {input.model} {params.drafter} --threads {threads} --output-dir {output} "
         "--server-log {log.server} > {log.main} 2>&1"
 
 

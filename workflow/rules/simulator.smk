@@ -104,6 +104,7 @@ rule simulate_cells:
         drafter=lambda w: PLAN.sim_preferred_drafter(w.engine, w.model, w.dataset),
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
+        "--engine {wildcards.engine} --model {wildcards.model} "
         "--proposer {wildcards.proposer} --drafter {params.drafter} --policy {params.policies} "
         "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
         "--output {output} > {log} 2>&1"
@@ -131,6 +132,7 @@ rule simulate_drafter_cells:
         policies=" ".join(PLAN.sim_cell_policies("eagle")),
     shell:
         "sdbench simulate --traces {input.stacked} --requests {input.requests} "
+        "--engine {wildcards.engine} --model {wildcards.model} "
         "--proposer eagle --drafter {params.drafter} --policy {params.policies} "
         "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
         "--output {output} > {log} 2>&1"

@@ -25,11 +25,16 @@ STAGE_LABELS: dict[str, str] = {
 }
 FRACTION_COLUMNS: tuple[str, ...] = tuple(f"{s}_frac" for s in STAGES)
 GROUP_COLUMNS: tuple[str, ...] = ("method", "batch_size")
+# Whose steps: never pooled across engines or models (kept as group keys where present).
+TARGET_COLUMNS: tuple[str, ...] = ("engine", "model")
 BASELINE_METHODS = ("none", "baseline", "no_sd", "")
+# results/tables/breakdown.parquet (the pipeline's step tables name their engine and model).
+COLUMNS: tuple[str, ...] = (*TARGET_COLUMNS, *GROUP_COLUMNS, "num_steps", "total_s", *FRACTION_COLUMNS)
 
 
 def breakdown_table(steps: pd.DataFrame) -> pd.DataFrame:
-    """Fraction of total step time per stage, per ``method`` x ``batch_size`` when present.
+    """Fraction of total step time per stage, per ``engine`` x ``model`` x ``method`` x
+    ``batch_size`` (those present).
 
     Sums each stage over the steps of a group and divides by the summed ``step_s``, so long
     steps weigh more (the share of execution time, as in Fig. 3). Columns: the group keys,
@@ -45,7 +50,7 @@ def breakdown_table(steps: pd.DataFrame) -> pd.DataFrame:
     df = steps.copy()
     if "other_s" not in df.columns:
         df["other_s"] = df["step_s"] - df[list(STAGE_COLUMNS)].sum(axis=1)
-    keys = [c for c in GROUP_COLUMNS if c in df.columns]
+    keys = [c for c in (*TARGET_COLUMNS, *GROUP_COLUMNS) if c in df.columns]
     sums_cols = ["step_s", "propose_s", "verify_s", "sample_s", "other_s"]
     if keys:
         grouped = df.groupby(keys, sort=True, dropna=False)
@@ -74,7 +79,8 @@ def _method_order(methods: Iterable[str]) -> list[str]:
 def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: str | None = None) -> pd.DataFrame:
     """Fig. 3 style: a stacked bar of stage fractions per method x batch size, written atomically.
     Returns the drawn table: a ``bar`` per stage x method x batch size (series the stage, x
-    ``<method> bs<N>``, y its fraction, stacked in :data:`STAGES` order).
+    ``<method's label> <batch size>`` as the figure reads it, y its fraction, stacked in
+    :data:`STAGES` order) and a ``group`` per method (its label under its bars).
 
     ``table`` needs ``method``, ``batch_size`` and :data:`FRACTION_COLUMNS` (e.g. from
     :func:`breakdown_table`). Bars are grouped by method, one per batch size.
@@ -84,6 +90,9 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
         raise ValueError(f"breakdown table lacks column(s) {', '.join(missing)}")
     if table.empty:
         raise ValueError("breakdown table has no rows")
+    from sdbench.simulator.costmodel import one_target
+
+    one_target(table, "Fig. 3")  # one engine x model per figure: its bars are keyed by method and batch size only
     rows = []
     for method in _method_order(table["method"].astype(str)):
         sub = table[table["method"].astype(str) == method].sort_values("batch_size")
@@ -101,11 +110,10 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     colors = {"propose": "#4c72b0", "verify": "#dd8452", "sample": "#55a868", "other": "#8c8c8c"}
     bottom = [0.0] * len(rows)
     drawn = drawn_table(fig)
-    at = [f"{r.method} bs{r.batch_size}" for r in rows]
     for stage in STAGES:
         values = [float(getattr(r, f"{stage}_frac")) for r in rows]
         drawn.bar(ax, positions, values, bottom=bottom, width=0.8, color=colors[stage], label=STAGE_LABELS[stage],
-                  series=stage, at=at)  # fmt: skip
+                  series=stage)  # fmt: skip
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(positions, ticks)
     ax.set_ylabel("fraction of execution time")
@@ -113,11 +121,9 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
     # Method names under each group's batch-size ticks.
     for method in dict.fromkeys(r.method for r in rows):
         xs = [p for p, r in zip(positions, rows) if r.method == method]
-        ax.text(
-            sum(xs) / len(xs), -0.1, method_style(str(method)).label, ha="center", va="top", fontsize=8,
-            color=method_style(str(method)).color,
-            transform=ax.get_xaxis_transform(),
-        )  # fmt: skip
+        drawn.text(ax, sum(xs) / len(xs), -0.1, method_style(str(method)).label, mark="group", series=method,
+                   ha="center", va="top", fontsize=8, color=method_style(str(method)).color,
+                   transform=ax.get_xaxis_transform())  # fmt: skip
     ax.set_xlabel("batch size, per method", labelpad=16)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False, fontsize=8)
     if title:
@@ -145,7 +151,10 @@ def read_step_tables(paths: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
 def _cmd_plot(args: argparse.Namespace) -> int:
     table = breakdown_table(read_step_tables(args.steps))
     if args.table:
-        write_parquet(table, args.table)
+        from sdbench.columns import conform
+
+        declared = [c for c in COLUMNS if c in table or c not in TARGET_COLUMNS]  # steps may name no target
+        write_parquet(conform(table, declared, "breakdown"), args.table)
     plot_breakdown(table, args.output, title=args.title)
     cols = [*GROUP_COLUMNS, "num_steps", *FRACTION_COLUMNS]
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.analysis.stats import NUM_RESAMPLES, interval
+from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
 
@@ -180,7 +181,8 @@ def category_acceptance(
                 f"{MEAN}_ci_high": high,
             }
         )
-    return pd.DataFrame(rows, columns=COLUMNS).sort_values(GROUP, kind="stable").reset_index(drop=True)
+    table = conform(pd.DataFrame(rows), COLUMNS, "category acceptance")
+    return table.sort_values(GROUP, kind="stable").reset_index(drop=True)
 
 
 def _num(x: float, fmt: str = ".2f") -> str:
@@ -231,7 +233,7 @@ def plot_category_acceptance(table: pd.DataFrame, out_png: str | Path) -> pd.Dat
             ]
             offset = (i - (len(here) - 1) / 2) * width
             drawn.bar(ax, x + offset, y, width=width, yerr=err, capsize=2, color=styles[method].color,
-                      label=styles[method].label, series=method, at=[c or "(none)" for c in categories])  # fmt: skip
+                      label=styles[method].label, series=method)  # fmt: skip
         drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="reference")
         ax.set_xticks(x, [c or "(none)" for c in categories], fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("acceptance length, per-request mean")

@@ -24,10 +24,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 
 
 KEYS = ["engine", "model", "dataset", "method", "batch_size"]
+COLUMNS: tuple[str, ...] = (
+    *KEYS, "sd_method", "currency", "devices", "price_per_hour", "tokens_per_s", "cost_per_1m_tokens",
+    "cost_per_1m_tokens_ci_low", "cost_per_1m_tokens_ci_high", "cost_per_request", "cost_vs_no_sd",
+    "cost_vs_no_sd_ci_low", "cost_vs_no_sd_ci_high",
+)  # fmt: skip
 NEEDED = [*KEYS, "sd_method", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "output_len_mean",
           "speedup", "speedup_ci_low", "speedup_ci_high"]  # fmt: skip
 TOKENS = 1e6
@@ -91,7 +97,7 @@ def cost_table(
     out["cost_vs_no_sd"] = 1.0 / speedup
     out["cost_vs_no_sd_ci_low"] = 1.0 / t["speedup_ci_high"].where(is_sd, 1.0)
     out["cost_vs_no_sd_ci_high"] = 1.0 / t["speedup_ci_low"].where(is_sd, 1.0)
-    return out
+    return conform(out, COLUMNS, "cost")
 
 
 def cost_markdown(table: pd.DataFrame, source: str = "") -> str:

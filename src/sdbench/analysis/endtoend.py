@@ -44,11 +44,12 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     if dupes.any():
         raise ValueError(f"duplicate cells in summaries: {cells.loc[dupes, SORT].to_dict('records')}")
     for column, default in (("contaminated", False), ("tokens_per_s_boot", None), ("engine_layout", ""),
-                            ("num_preemptions", 0), ("paired_baseline_num_preemptions", 0)):  # fmt: skip
+                            ("num_preemptions", 0), ("paired_baseline_num_preemptions", 0),
+                            ("hardware", "")):  # fmt: skip
         if column not in cells:
             cells[column] = [default] * len(cells)
     keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated", "engine_layout",
-                    "num_preemptions"]  # fmt: skip
+                    "num_preemptions", "hardware"]  # fmt: skip
     base = cells.loc[cells["method"] == baseline, keep].rename(
         columns={
             "tokens_per_s": "baseline_tokens_per_s",
@@ -57,6 +58,7 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
             "contaminated": "_base_contaminated",
             "engine_layout": "_base_layout",
             "num_preemptions": "_base_preemptions",
+            "hardware": "_base_hardware",
         }
     )
     out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
@@ -79,6 +81,7 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
         out.loc[paired, "speedup_design"] = "paired"
     out.loc[out["method"] == baseline, "speedup_design"] = ""
     check_layouts(out)
+    check_hardware(out, "_base_hardware", independent=out["speedup_design"] == "independent")
     out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
         False
     ).astype(bool)
@@ -88,22 +91,49 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     other = out["_base_preemptions"].where(out["speedup_design"] == "independent", 0).fillna(0).astype(int)
     out["preempted"] = (own + other) > 0
     out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "_base_layout", "_base_preemptions",
-                            "tokens_per_s_boot"])  # fmt: skip
+                            "_base_hardware", "tokens_per_s_boot"])  # fmt: skip
     out = add_energy_ratio(out, cells, baseline)  # joules per token over no SD's, as the speedup (analysis.energy)
     return out.sort_values(SORT, kind="stable").reset_index(drop=True)
+
+
+def _mismatched(
+    cells: pd.DataFrame, column: str, base: str, independent: pd.Series, load: str = "batch_size"
+) -> tuple[str, pd.Series, int] | None:
+    """The first of the ``independent`` rows whose ``column`` differs from its no-SD arm's (``base``),
+    both known: (the cell's name, its row, how many such rows); None when there is none."""
+    known = (cells[column].fillna("") != "") & (cells[base].fillna("") != "")
+    bad = cells[known & independent & (cells[column] != cells[base])]
+    if not len(bad):
+        return None
+    row = bad.iloc[0]
+    short = {"batch_size": "bs", "concurrency": "c"}[load]
+    return "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/{short}{row[load]}", row, len(bad)
 
 
 def check_layouts(cells: pd.DataFrame) -> None:
     """Refuse a speedup over the separately measured no-SD cell whose engine ran in another
     process layout (``engine_layout``; a paired cell's arms are checked when timed)."""
-    known = (cells["engine_layout"].fillna("") != "") & (cells["_base_layout"].fillna("") != "")
-    bad = cells[known & (cells["speedup_design"] == "independent") & (cells["engine_layout"] != cells["_base_layout"])]
-    if len(bad):
-        row = bad.iloc[0]
-        name = "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/bs{row['batch_size']}"
+    found = _mismatched(cells, "engine_layout", "_base_layout", cells["speedup_design"] == "independent")
+    if found:
+        name, row, count = found
         raise ValueError(
             f"cell {name}: its speedup divides a {row['engine_layout']} engine by a {row['_base_layout']} no-SD "
-            f"engine; both arms must run in one process layout ({len(bad)} such cell(s))"
+            f"engine; both arms must run in one process layout ({count} such cell(s))"
+        )
+
+
+def check_hardware(cells: pd.DataFrame, base: str, independent: pd.Series, load: str = "batch_size") -> None:
+    """Refuse a speedup whose two arms were measured on different hardware (``hardware``: GPU
+    boards, memory, driver, CPU; sdbench.engine.hardware.provenance) in separate jobs; ``base``
+    names the no-SD arm's column, ``independent`` the rows whose arms ran apart (paired arms share
+    one process). One line naming the cell and both."""
+    found = _mismatched(cells, "hardware", base, independent, load)
+    if found:
+        name, row, count = found
+        raise ValueError(
+            f"cell {name}: its speedup divides a cell measured on [{row['hardware']}] by a no-SD cell measured "
+            f"on [{row[base]}]; both arms must run on the same hardware, or in one job "
+            f"(run.paired_baseline) ({count} such cell(s))"
         )
 
 
@@ -228,22 +258,21 @@ def plot_throughput(cells: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
                     err = [(line[y] - line[lo]).clip(lower=0), (line[hi] - line[y]).clip(lower=0)]
                 style = styles[method]
                 drawn.errorbar(ax, line["batch_size"], line[y], yerr=err, capsize=3, color=style.color,
-                               marker=style.marker, series=method, label=style.label, panel=title)  # fmt: skip
+                               marker=style.marker, series=method, label=style.label)  # fmt: skip
             flagged = sub[sub["contaminated"].astype(bool)] if "contaminated" in sub else sub.iloc[:0]
             if len(flagged):  # timed beside other work (docs: quiet machine)
                 flagged_any = True
                 drawn.scatter(ax, flagged["batch_size"], flagged[y], s=150, facecolors="none", edgecolors="red",
                               linewidths=1.5, zorder=5, mark="ring", series=flagged["method"],
-                              note="timed on a busy machine", panel=title)  # fmt: skip
+                              note="timed on a busy machine")  # fmt: skip
             preempted = sub[sub["preempted"].astype(bool)] if "preempted" in sub else sub.iloc[:0]
             if len(preempted):  # KV cache too small for the batch: part of it waited (docs/measurement.md)
                 preempted_any = True
                 drawn.scatter(ax, preempted["batch_size"], preempted[y], s=220, marker="s", facecolors="none",
                               edgecolors="darkorange", linewidths=1.5, zorder=5, mark="preempted",
-                              series=preempted["method"], note="requests preempted (KV cache full)",
-                              panel=title)  # fmt: skip
+                              series=preempted["method"], note="requests preempted (KV cache full)")  # fmt: skip
             if row == 1:
-                drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD", panel=title)
+                drawn.axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
             ax.set_xscale("log", base=2)
             ax.set_xlabel("batch size", fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)

@@ -23,7 +23,13 @@ from sdbench.io import read_parquet, write_parquet, write_text
 GROUP = ["engine", "model", "dataset", "batch_size"]
 SORT = ["engine", "model", "dataset", "method", "batch_size"]
 RATIO = ("energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high")
-BOOT = f"{JOULES_PER_TOKEN}_boot"
+BOOT = "joules_per_token_boot"
+# energy.parquet (docs/schema.md).
+COLUMNS: tuple[str, ...] = (
+    *SORT, "sd_method", "num_speculative_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
+    "energy_meter", "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low", f"{JOULES_PER_TOKEN}_ci_high",
+    "speedup", "speedup_ci_low", "speedup_ci_high", *RATIO,
+)  # fmt: skip
 
 
 def add_energy_ratio(out: pd.DataFrame, cells: pd.DataFrame, baseline: str) -> pd.DataFrame:
@@ -85,14 +91,13 @@ def fmt_energy(value: float, low: float, high: float, spec: str = ".3g") -> str:
 # ----------------------------------------------------------------------------- the energy item
 def energy_table(cells: pd.DataFrame) -> pd.DataFrame:
     """The grid's cells with throughput and energy side by side (one row per cell)."""
+    from sdbench.columns import conform
+
     cells = cells[cells["sweep"].fillna("") == ""] if "sweep" in cells else cells  # the grid's own (a sweep's: its item)
-    keep = [*SORT, "sd_method", "num_speculative_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "energy_meter",
-            "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low", f"{JOULES_PER_TOKEN}_ci_high", "speedup",
-            "speedup_ci_low", "speedup_ci_high", *RATIO]  # fmt: skip
-    missing = [c for c in keep if c not in cells]
+    missing = [c for c in COLUMNS if c not in cells]
     if missing:
         raise ValueError(f"cells table lacks columns {missing} (expected sdbench aggregate output)")
-    return cells[keep].sort_values(SORT, kind="stable").reset_index(drop=True)
+    return conform(cells[list(COLUMNS)].sort_values(SORT, kind="stable").reset_index(drop=True), COLUMNS, "energy")
 
 
 def energy_markdown(table: pd.DataFrame) -> str:

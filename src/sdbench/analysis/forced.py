@@ -35,10 +35,23 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
 FORCED = "forced_acceptance"
 KEYS = ["engine", "model", "dataset", "base_method", "batch_size"]
+COLUMNS: tuple[str, ...] = (
+    "engine", "model", "dataset", "base_method", "method", "sd_method", "num_speculative_tokens", "batch_size",
+    "forced_acceptance_length", "mean_acceptance_length", "drafts_per_step", "draft_step_share", "output_len_mean",
+    "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high", "baseline_tokens_per_s", "speedup",
+    "speedup_ci_low", "speedup_ci_high", "generate_s", "num_calls", "contaminated",
+)  # fmt: skip
+GAP_COLUMNS: tuple[str, ...] = (
+    *KEYS, "sd_method", "num_speculative_tokens", "real_acceptance_length", "measured_speedup",
+    "measured_speedup_ci_low", "measured_speedup_ci_high", "ceiling_acceptance_length", "ceiling_speedup",
+    "ceiling_speedup_ci_low", "ceiling_speedup_ci_high", "at_real_speedup", "at_real_speedup_ci_low",
+    "at_real_speedup_ci_high", "ideal_speedup", "system_loss", "acceptance_loss", "residual", "explained",
+)  # fmt: skip
 
 
 def forced_table(cells: pd.DataFrame, methods: dict[str, dict[str, Any]]) -> pd.DataFrame:
@@ -65,7 +78,7 @@ def forced_table(cells: pd.DataFrame, methods: dict[str, dict[str, Any]]) -> pd.
         "generate_s": sub["generate_s"], "num_calls": sub["num_calls"],
         "contaminated": sub.get("contaminated", pd.Series(False, index=sub.index)).fillna(False).astype(bool),
     })  # fmt: skip
-    return out.sort_values([*KEYS, "forced_acceptance_length"]).reset_index(drop=True)
+    return conform(out.sort_values([*KEYS, "forced_acceptance_length"]).reset_index(drop=True), COLUMNS, "forced acceptance")
 
 
 def _interpolate(x: np.ndarray, y: np.ndarray, at: float) -> float:
@@ -112,7 +125,7 @@ def gap_table(forced: pd.DataFrame, cells: pd.DataFrame) -> pd.DataFrame:
             "explained": bool(at["speedup_ci_low"] <= measured <= at["speedup_ci_high"])
             if not math.isnan(at["speedup"]) else False,
         })  # fmt: skip
-    return pd.DataFrame(rows)
+    return conform(pd.DataFrame(rows), GAP_COLUMNS, "SD gap")
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -259,7 +272,7 @@ def plot_gap(gap: pd.DataFrame, out_png: str | Path, labels: dict[str, str], dpi
                 lo, hi = sub[f"{y}_ci_low"], sub[f"{y}_ci_high"]
                 err = [(sub[y] - lo).clip(lower=0).fillna(0), (hi - sub[y]).clip(lower=0).fillna(0)]
             drawn_table(fig).bar(ax, xs + (j - 1.5) * width, sub[y].fillna(0), width, yerr=err, color=color, capsize=2,
-                                 series=y, label=label, legend=False, at=sub["batch_size"])  # fmt: skip
+                                 series=y, label=label, legend=False)  # fmt: skip
         drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="no SD")
         ax.set_xticks(xs, [str(b) for b in sub["batch_size"]])
         ax.set_xlabel("batch size", fontsize=8)

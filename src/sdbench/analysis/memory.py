@@ -463,12 +463,12 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> Any:
     w = 0.38
     drawn = drawn_table(fig)
     drawn.bar(ax1, x - w / 2, static, w, label="analytical weights", color="#4c72b0", series="analytical_static_gib",
-              at=labels)  # fmt: skip
+)  # fmt: skip
     drawn.bar(ax1, x + w / 2, np.nan_to_num(weights, nan=0.0), w, label="measured weights", color="#dd8452",
-              series="measured_weights_gib", at=labels, note=[None if np.isfinite(m) else "n/a" for m in weights])  # fmt: skip
+              series="measured_weights_gib", note=[None if np.isfinite(m) else "n/a" for m in weights])  # fmt: skip
     if np.isfinite(peak).any():
-        ax1.plot(x, peak, "k_", markersize=22, mew=2, linestyle="none", label="peak memory")
-        drawn.add(ax1, "point", "peak_memory_gib", labels, peak, label="peak memory")
+        drawn.plot(ax1, x, peak, "k_", markersize=22, mew=2, linestyle="none", label="peak memory", mark="point",
+                   series="peak_memory_gib")  # fmt: skip
     for xi, m in zip(x, weights):
         if not np.isfinite(m):
             ax1.text(xi + w / 2, 0, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
@@ -478,7 +478,7 @@ def plot_memory(df: Any, out_png: str | os.PathLike[str]) -> Any:
 
     notes = [f"{gib:.2f} GiB = {gib * 2**20 / kib:,.0f} tok" if np.isfinite(gib) and kib > 0 else None
              for kib, gib in zip(per_tok, kv_gib)]  # fmt: skip
-    drawn.bar(ax2, x, per_tok, 0.6, color="#55a868", series="analytical_per_token_kib", at=labels, note=notes)
+    drawn.bar(ax2, x, per_tok, 0.6, color="#55a868", series="analytical_per_token_kib", note=notes)
     for xi, kib, gib in zip(x, per_tok, kv_gib):
         if np.isfinite(gib) and kib > 0:
             ax2.text(xi, kib, f"{gib:.2f} GiB\n= {gib * 2**20 / kib:,.0f} tok", ha="center", va="bottom", fontsize=7)

@@ -19,11 +19,16 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 
 POINT = ["engine", "model", "dataset", "batch_size", "base_method", "num_speculative_tokens"]
 MEMORY = ["analytical_static_gib", "analytical_per_token_kib", "peak_memory_gib"]
 GIB_PER_KIB = 1 / 2**20
+COLUMNS: tuple[str, ...] = (
+    *POINT, "method", "mean_acceptance_length", "acceptance_rate", "speedup", "speedup_ci_low", "speedup_ci_high",
+    "extra_static_gib", "draft_kv_gib", "peak_memory_gib",
+)  # fmt: skip
 
 
 def proposal_length_table(
@@ -57,12 +62,11 @@ def proposal_length_table(
     swept["draft_kv_gib"] = (
         swept["batch_size"] * swept["num_speculative_tokens"] * swept["analytical_per_token_kib"] * GIB_PER_KIB
     )
-    cols = POINT + ["method", "mean_acceptance_length", "acceptance_rate", "speedup", "speedup_ci_low",
-                    "speedup_ci_high", "extra_static_gib", "draft_kv_gib", "peak_memory_gib"]  # fmt: skip
     for c in ("speedup_ci_low", "speedup_ci_high"):
         if c not in swept:
             swept[c] = float("nan")
-    return swept[cols].sort_values(POINT, kind="stable").reset_index(drop=True)
+    table = swept.sort_values(POINT, kind="stable").reset_index(drop=True)
+    return conform(table[[c for c in table.columns if c in COLUMNS]], COLUMNS, "proposal length")
 
 
 def proposal_length_markdown(table: pd.DataFrame) -> str:

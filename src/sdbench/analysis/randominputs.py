@@ -17,12 +17,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
 
 KEYS = ["engine", "model", "method", "batch_size"]
 VALUES = ["mean_acceptance_length", "speedup", "speedup_ci_low", "speedup_ci_high", "tokens_per_s",
           "output_len_mean"]  # fmt: skip
+RATIOS = ["mean_acceptance_length", "speedup", "tokens_per_s", "output_len_mean"]  # random / real
+COLUMNS: tuple[str, ...] = (
+    "dataset_random", "dataset_real", *KEYS, "sd_method",
+    *sorted([f"{v}_{side}" for v in VALUES for side in ("real", "random")] + [f"{v}_ratio" for v in RATIOS]),
+)  # fmt: skip
 
 
 def random_vs_real(cells: pd.DataFrame, pairs: dict[str, str]) -> pd.DataFrame:
@@ -45,11 +51,10 @@ def random_vs_real(cells: pd.DataFrame, pairs: dict[str, str]) -> pd.DataFrame:
     t = pd.concat(frames, ignore_index=True)
     if t.empty:
         raise ValueError(f"random-inputs: no cell is measured on both sets of {pairs}")
-    for v in ("mean_acceptance_length", "speedup", "tokens_per_s", "output_len_mean"):
+    for v in RATIOS:
         t[f"{v}_ratio"] = t[f"{v}_random"] / t[f"{v}_real"]
     cols = ["dataset_random", "dataset_real", *KEYS, "sd_method"]
-    rest = [c for c in t.columns if c not in cols]
-    return t[cols + sorted(rest)].sort_values(cols, kind="stable").reset_index(drop=True)
+    return conform(t.sort_values(cols, kind="stable").reset_index(drop=True), COLUMNS, "random inputs")
 
 
 def _num(x: float, fmt: str = ".2f") -> str:
@@ -96,7 +101,7 @@ def plot_random_vs_real(table: pd.DataFrame, out_png: str | Path) -> pd.DataFram
             name = sub["dataset_real"].iloc[0] if side == "real" else rnd
             drawn_table(fig).bar(ax, x + offset, y, width=0.4, yerr=err, capsize=2, label=name, color=colors,
                                  hatch=hatch, alpha=0.9 if side == "real" else 0.5, edgecolor="black", linewidth=0.4,
-                                 series=sub["method"], at=[lab.replace("\n", " ") for lab in labels],
+                                 series=sub["method"],
                                  note=side)  # fmt: skip
         drawn_table(fig).axhline(ax, 1.0, color="grey", lw=0.8, ls="--", series="reference")
         ax.set_xticks(x, labels, fontsize=7)

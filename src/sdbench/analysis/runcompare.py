@@ -288,6 +288,25 @@ def rehearsal_line(runs: list[tuple[str, pd.DataFrame]]) -> str:
     return f"A rehearsal, not measured: {'; '.join(parts)}. This compares a rehearsal with a run cell by cell."
 
 
+# What ran a run, beside its cells' numbers: the code inside the engine's process and the hardware.
+RAN_ON = {"code_digest": "sdbench code", "hardware": "hardware"}
+
+
+def ran_on_differences(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str] = ("A", "B")) -> list[str]:
+    """One line per :data:`RAN_ON` column whose values differ between the runs (each run's
+    distinct values with their cell counts); none where they agree or a run lacks the column."""
+    lines = []
+    for column, what in RAN_ON.items():
+        if column not in a or column not in b:
+            continue
+        seen = [cells[column].fillna("").astype(str).value_counts().sort_index() for cells in (a, b)]
+        if set(seen[0].index) == set(seen[1].index):
+            continue
+        ran = [", ".join(f"{v or '?'} ({n} cells)" for v, n in counts.items()) for counts in seen]
+        lines.append(f"{what} differs: {names[0]} ran {ran[0]}; {names[1]} ran {ran[1]}")
+    return lines
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
     from sdbench import provenance
 
@@ -309,6 +328,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     report = text + "\n\n" + format_summary(s, args.threshold, args.gate)
     if rehearsal := rehearsal_line(runs):
         report = f"{rehearsal}\n\n{report}"
+    for line in ran_on_differences(a, b):
+        report += "\n" + line
     if args.common:
         report += "\ncells left out (in one run only): " + ", ".join(f"{k} {v}" for k, v in table.attrs["only"].items())
     print(report)

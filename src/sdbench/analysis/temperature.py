@@ -28,12 +28,17 @@ from typing import Any
 import pandas as pd
 
 from sdbench.analysis.verdict import BREAK_EVEN, LOSES, NO_INTERVAL, PAYS, verdict  # noqa: F401 - one rule
+from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 
 SCOPE = ["engine", "model", "base_dataset", "batch_size"]
 LINE = ["engine", "model", "base_dataset", "method", "batch_size"]
 VALUES = ["mean_acceptance_length", "acceptance_rate", "output_len_mean", "tokens_per_s", "baseline_tokens_per_s",
           "speedup", "speedup_ci_low", "speedup_ci_high"]  # fmt: skip
+COLUMNS: tuple[str, ...] = (*LINE[:3], "dataset", "method", "batch_size", "temperature", *VALUES, "speedup_design",
+                             "contaminated", "verdict")  # fmt: skip
+RECOMMENDATION_COLUMNS: tuple[str, ...] = (*LINE, "stops_paying_at", "verdict", "speedup_there", "max_swept_temperature",
+                                           "verdicts", "rule")  # fmt: skip
 PAYS_EVERYWHERE = "pays at every swept temperature"
 RULE = (
     "lowest swept temperature whose speedup 95% interval is not entirely above 1 "
@@ -69,9 +74,8 @@ def temperature_table(
         if column not in t:
             t[column] = default
     t["verdict"] = [verdict(lo, hi) for lo, hi in zip(t["speedup_ci_low"], t["speedup_ci_high"])]
-    cols = LINE[:3] + ["dataset", "method", "batch_size", "temperature"] + VALUES
-    cols += ["speedup_design", "contaminated", "verdict"]
-    return t[cols].sort_values(LINE + ["temperature"], kind="stable").reset_index(drop=True)
+    t = t.sort_values(LINE + ["temperature"], kind="stable").reset_index(drop=True)
+    return conform(t[[c for c in t.columns if c in COLUMNS]], COLUMNS, "temperature")
 
 
 def recommendation_table(table: pd.DataFrame) -> pd.DataFrame:
@@ -94,7 +98,7 @@ def recommendation_table(table: pd.DataFrame) -> pd.DataFrame:
                 "rule": RULE,
             }
         )
-    return pd.DataFrame(rows)
+    return conform(pd.DataFrame(rows), RECOMMENDATION_COLUMNS, "temperature recommendation")
 
 
 def _num(x: float, fmt: str = ".2f") -> str:

@@ -46,6 +46,8 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.analysis.endtoend import check_hardware
+from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
 PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
@@ -55,6 +57,18 @@ RULE = (
     "entirely below 1, and breaks even when it contains 1"
 )
 LINE = ["engine", "model", "dataset", "method", "load_kind"]
+POINT_COLUMNS: tuple[str, ...] = (
+    "engine", "model", "dataset", "method", "sd_method", "num_speculative_tokens", "load_kind", "load", "speedup",
+    "speedup_ci_low", "speedup_ci_high", "speedup_min", "speedup_max", "interval", "mean_acceptance_length",
+    "preempted", "verdict",
+    # Energy (offline; sdbench.analysis.energy) and goodput under the latency targets (server mode).
+    "energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high", "energy_meter", "energy", "time_not_energy",
+    "goodput_rps", "baseline_goodput_rps", "goodput_ratio", "goodput_ratio_ci_low", "goodput_ratio_ci_high",
+    "goodput_verdict",
+)  # fmt: skip
+# verdict.parquet: each point with its line's break-even loads.
+LINE_RESULTS: tuple[str, ...] = ("largest_paying_load", "break_even_load", "break_even_low", "break_even_high")
+COLUMNS: tuple[str, ...] = (*POINT_COLUMNS, *LINE_RESULTS)
 OFFLINE, SERVER = "batch size", "concurrency"
 BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
 PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
@@ -113,9 +127,11 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
     out = pd.concat(frames, ignore_index=True)
     out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
     out = judge_energy(out)
-    if "goodput_verdict" in out:  # server points only
-        out["goodput_verdict"] = out["goodput_verdict"].fillna("")
-    return out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True)
+    for column in POINT_COLUMNS[POINT_COLUMNS.index("goodput_rps"):]:  # server points only
+        if column not in out:
+            out[column] = float("nan")
+    out["goodput_verdict"] = out["goodput_verdict"].fillna("").astype(str)
+    return conform(out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True), POINT_COLUMNS, "verdict points")
 
 
 def judge_energy(points: pd.DataFrame) -> pd.DataFrame:
@@ -162,13 +178,17 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
     (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min)."""
     keys = ["engine", "model", "dataset", "concurrency"]
     server = server.copy()
+    if "hardware" not in server:  # tables from before the column
+        server = server.assign(hardware="")
     for column, default in (("goodput_rps", float("nan")), ("goodput_rps_boot", None)):
         if column not in server:
             server[column] = [default] * len(server)
     base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max",
-                                                  "goodput_rps", "goodput_rps_boot"]]  # fmt: skip
+                                                  "hardware", "goodput_rps", "goodput_rps_boot"]]  # fmt: skip
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
+    # Each method's server is a job of its own (sdbench.servermode): its arms may have run apart.
+    check_hardware(sd, "base_hardware", independent=pd.Series(True, index=sd.index), load="concurrency")
     return pd.DataFrame({
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),
@@ -329,7 +349,9 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
 def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, str]) -> pd.DataFrame:
     """A panel per model x dataset x kind of load: methods x loads, each square colored by verdict
     and labelled with its speedup; the accepted length beside each method. Returns the drawn
-    table: a ``square`` per point (y its speedup, note its verdict), a ``text`` per method (y τ)."""
+    table read back from the figure: a ``square`` per point (x its load and label its method as
+    the ticks read, y the speedup written in it, color its verdict's, note the verdict it was
+    given), a ``text`` per method (y τ as written)."""
     from matplotlib.patches import Patch, Rectangle
 
     from sdbench.plotting import drawn_table, method_styles, panel_axes, panel_grid, save_png
@@ -350,17 +372,14 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
             line = sub[sub["method"] == method]
             for r in line.itertuples(index=False):
                 x = loads.index(r.load)
-                ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"))
+                drawn.patch(ax, Rectangle((x - 0.5, y - 0.5), 1, 1, color=colors[r.verdict], ec="white"), mark="square",
+                            series=method, note=r.verdict)  # fmt: skip
                 ax.text(x, y, f"{r.speedup:.2f}x", ha="center", va="center", fontsize=7)
-                drawn.add(ax, "square", method, r.load, r.speedup, label=labels.get(method, styles[method].label),
-                          note=r.verdict)  # fmt: skip
                 if r.preempted:  # an orange frame: part of the batch waited for KV cache
-                    ax.add_patch(Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5))
-                    drawn.add(ax, "preempted", method, r.load, r.speedup,
-                              label=labels.get(method, styles[method].label), note="requests preempted (KV cache full)")
+                    drawn.patch(ax, Rectangle((x - 0.44, y - 0.44), 0.88, 0.88, fill=False, ec="darkorange", lw=1.5),
+                                mark="preempted", series=method, note="requests preempted (KV cache full)")  # fmt: skip
             acc = line["mean_acceptance_length"].mean()
-            ax.text(len(loads) - 0.35, y, f"τ={acc:.2f}", ha="left", va="center", fontsize=7)
-            drawn.add(ax, "text", method, None, acc, label=labels.get(method, styles[method].label), note=f"τ={acc:.2f}")
+            drawn.text(ax, len(loads) - 0.35, y, f"τ={acc:.2f}", series=method, ha="left", va="center", fontsize=7)
         ax.set_xlim(-0.5, len(loads) + 0.6)
         ax.set_ylim(-0.5, len(methods) - 0.5)
         ax.set_xticks(range(len(loads)), [str(x) for x in loads], fontsize=7)
@@ -394,8 +413,8 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.cells}: no SD cell with a speedup to judge")
     lines = lines_table(points)
     recs = recommendations(points, labels)
-    write_parquet(points.merge(lines[[*LINE, "largest_paying_load", "break_even_load", "break_even_low",
-                                      "break_even_high"]], on=LINE, how="left"), args.output)  # fmt: skip
+    table = points.merge(lines[[*LINE, *LINE_RESULTS]], on=LINE, how="left")
+    write_parquet(conform(table, COLUMNS, "verdict"), args.output)
     write_text(verdict_markdown(points, lines, recs, labels), args.markdown)
     plot_verdict(points, args.figure, labels)
     return 0

@@ -27,6 +27,17 @@ def _add_quiet_guard(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_threads(p: argparse.ArgumentParser) -> None:
+    """``--threads`` of the commands that start an engine: the CPUs Snakemake gave the job."""
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPUs the job has (its Snakemake threads): the engine's thread pools are sized from them "
+        "outside SLURM (default: the affinity mask; sdbench.engine.hardware.job_cores)",
+    )
+
+
 def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench run-cell``."""
     p = subparsers.add_parser("run-cell", help="run one benchmark cell on vLLM")
@@ -36,6 +47,7 @@ def add_run_cell(subparsers: argparse._SubParsersAction) -> None:
     add_output_dir(p, "requests/calls/summary.parquet of the cell")
     p.add_argument("--steps-output", default=None, help="breakdown mode: per-step stage timings (parquet)")
     _add_quiet_guard(p)
+    _add_threads(p)
     p.set_defaults(func=lazy(COMMANDS, "_cmd_run_cell"))
 
 
@@ -46,6 +58,7 @@ def add_run_group(subparsers: argparse._SubParsersAction) -> None:
     add_model_dirs(g)
     add_output_dir(g, "the group's <dataset>/bs<N>/*.parquet per cell")
     _add_quiet_guard(g)
+    _add_threads(g)
     g.add_argument("--breakdown", action="store_true",
                    help="time every engine step by stage; each cell's directory also gets steps.parquet")
     g.add_argument("--checkpoint-dir", default=None,
@@ -78,6 +91,7 @@ def add_trace_group(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
     t.add_argument("--max-num-seqs", type=int, default=8, help="concurrent requests (distinct prompts)")
     add_output_dir(t, "the group's <dataset>/engine_{trace,requests}.parquet per dataset")
+    _add_threads(t)
     t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_group"))
 
 
@@ -101,6 +115,7 @@ def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
     add_output_dir(s, "the group's <dataset>/c<N>/*.parquet per cell")
     s.add_argument("--server-log", required=True, help="where the server's own output goes (kept on failure)")
     _add_quiet_guard(s)
+    _add_threads(s)
     # Its own module: the offline engine rules' code digests must not cover the server code.
     s.set_defaults(func=lazy("sdbench.engine.servegroup", "_cmd_serve_group"))
 

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from sdbench.engine.hardware import engine_job
 from sdbench.engine.groups import (
     CELL_TABLES,
     STEPS_TABLE,
@@ -27,6 +28,7 @@ from sdbench.io import atomic_dir, atomic_path, read_spec, write_parquet
 TRACE_TABLES = ("engine_trace", "engine_requests")
 
 
+@engine_job
 def _cmd_trace_group(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -65,6 +67,7 @@ def _cmd_trace_tables(args: argparse.Namespace) -> int:
     return 0
 
 
+@engine_job
 def _cmd_run_cell(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
     from sdbench.engine.quietguard import Contaminated, mode_from_env
@@ -90,6 +93,7 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
     return 0
 
 
+@engine_job
 def _cmd_run_group(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
     from sdbench.engine.quietguard import Contaminated, mode_from_env

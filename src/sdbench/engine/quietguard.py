@@ -9,14 +9,17 @@ flagged in its tables, with ``refuse`` the cell fails (a cluster retries it late
 
 What is judged depends on where the cell runs (:func:`job_scope`):
 
-- ``node`` (a workstation: no ``SLURM_JOB_ID``, this process in the root cgroup): every
-  process of the node.
-- ``job`` (a cluster job: ``SLURM_JOB_ID`` set, or a cgroup of its own): the job, not the
-  node. A process counts if it is in the job's own cgroup (``/proc/self/cgroup`` ->
-  ``cgroup.procs`` of that cgroup and its children), if it holds one of the job's GPUs
+- ``node`` (a workstation: no ``SLURM_JOB_ID``; a systemd login session's cgroup is no job):
+  every process of the node.
+- ``job`` (a SLURM job: ``SLURM_JOB_ID`` set, or its cgroup named in ``SDBENCH_JOB_CGROUP``):
+  the job, not the node. A process counts if it is in the job's cgroup (the ``job_<id>`` cgroup,
+  found on the host before the job's container started, else from ``/proc/self/cgroup``, walked
+  up from an ``srun`` task's ``step_<n>/.../task_<n>``; members from every ``/proc/<pid>/cgroup``,
+  so that no cgroup filesystem is needed), if it holds one of the job's GPUs
   (``CUDA_VISIBLE_DEVICES``; NVML's processes on those devices), or if it is busy and was
   seen running on one of the job's cores (``sched_getaffinity``; ``/proc/<pid>/stat``'s
   last CPU). A neighbour job on other GPUs and other cores of the node is not contamination.
+  The cgroup judged is recorded (``guard_cgroup``).
 
 Processes of the cell itself (this process, its children and its ancestors, i.e.
 the workflow that started it) never count.
@@ -25,6 +28,7 @@ the workflow that started it) never count.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -123,44 +127,85 @@ def allowed_cores() -> int:
 
 # ---------------------------------------------------------------------------- the job's scope
 
+# The job's cgroup as the workflow found it on the host before the job's container started
+# (sdbench.lifeline passes it in): "<path>" (cgroup v2) or "<controllers>:<path>" (v1).
+ENV_JOB_CGROUP = "SDBENCH_JOB_CGROUP"
+_SLURM_JOB_RE = re.compile(r"^job_(\d+)$")
 
-def _cgroup2_mount() -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup`` or, hybrid, ``.../unified``)."""
+
+@dataclass(frozen=True)
+class Cgroup:
+    """One cgroup: its hierarchy (``""`` for cgroup v2, else the v1 controllers, e.g. ``memory``)
+    and its path from that hierarchy's root."""
+
+    hierarchy: str
+    path: str
+
+    def __str__(self) -> str:
+        return self.path if not self.hierarchy else f"{self.hierarchy}:{self.path}"
+
+    @classmethod
+    def parse(cls, text: str) -> Cgroup:
+        """The form ``str()`` writes (and :data:`ENV_JOB_CGROUP` holds)."""
+        if text.startswith("/"):
+            return cls("", text)
+        hierarchy, _, path = text.partition(":")
+        return cls(hierarchy, path)
+
+    def holds(self, other: Cgroup) -> bool:
+        """``other`` is this cgroup or one below it (same hierarchy)."""
+        return other.hierarchy == self.hierarchy and (other.path == self.path or other.path.startswith(self.path + "/"))
+
+
+def process_cgroups(pid: int | str = "self", proc_root: str | Path = "/proc") -> list[Cgroup]:
+    """The cgroups of a process, one per hierarchy (``/proc/<pid>/cgroup``: ``0::<path>`` for v2,
+    ``<id>:<controllers>:<path>`` for v1); [] when it is gone. Read from /proc alone: a container
+    started in Apptainer's setuid mode has a fresh sysfs without the cgroup filesystem."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                left, _, right = line.partition(" - ")
-                if right.split()[:1] == ["cgroup2"]:
-                    return Path(left.split()[4])
+        lines = (Path(proc_root) / str(pid) / "cgroup").read_text().splitlines()
     except OSError:
-        pass
+        return []
+    out = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            out.append(Cgroup("" if parts[0] == "0" and not parts[1] else parts[1], parts[2]))
+    return out
+
+
+def slurm_job_cgroup(cgroups: list[Cgroup], job_id: str | None = None) -> Cgroup | None:
+    """The SLURM job's cgroup among a process's cgroups: its path cut after the ``job_<id>``
+    component (``job_id`` when given), v2 first. A task started by ``srun`` sits below it
+    (``.../job_<id>/step_0/user/task_0``), and so do the job's other steps: the job is judged, not
+    the step. None when no path has that component (no cgroup tracking, or not a SLURM job)."""
+    for cgroup in sorted(cgroups, key=lambda c: c.hierarchy != ""):
+        parts = cgroup.path.split("/")
+        for i, part in enumerate(parts):
+            match = _SLURM_JOB_RE.match(part)
+            if match and (job_id is None or match.group(1) == str(job_id)):
+                return Cgroup(cgroup.hierarchy, "/".join(parts[: i + 1]))
     return None
 
 
-def own_cgroup(pid: int | str = "self") -> Path | None:
-    """The cgroup v2 directory of a process, or None (no v2 hierarchy, or the root cgroup)."""
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
+def host_job_cgroup(env: dict[str, str] | None = None, proc_root: str | Path = "/proc") -> str | None:
+    """The job's cgroup of this process (:func:`slurm_job_cgroup`) as :data:`ENV_JOB_CGROUP`
+    holds it; None outside a SLURM job. Called on the host, where the workflow starts the job's
+    container."""
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
         return None
-    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
-    mount = _cgroup2_mount()
-    if not rel or rel == "/" or mount is None:
-        return None
-    path = mount / rel.lstrip("/")
-    return path if path.is_dir() else None
+    found = slurm_job_cgroup(process_cgroups("self", proc_root), job_id)
+    return str(found) if found else None
 
 
-def cgroup_pids(cgroup: Path) -> set[int]:
-    """Processes of a cgroup and of every cgroup below it."""
-    pids: set[int] = set()
-    for procs in [cgroup / "cgroup.procs", *cgroup.rglob("*/cgroup.procs")]:
-        try:
-            pids |= {int(p) for p in procs.read_text().split()}
-        except (OSError, ValueError):
-            continue
-    return pids
+def cgroup_members(cgroup: Cgroup, proc_root: str | Path = "/proc") -> set[int]:
+    """Processes in ``cgroup`` or below it, from every ``/proc/<pid>/cgroup``."""
+    members = set()
+    for entry in os.listdir(proc_root):
+        if entry.isdigit() and any(cgroup.holds(c) for c in process_cgroups(entry, proc_root)):
+            members.add(int(entry))
+    return members
 
 
 def visible_gpus(env: dict[str, str] | None = None) -> list[str] | None:
@@ -169,6 +214,14 @@ def visible_gpus(env: dict[str, str] | None = None) -> list[str] | None:
     if raw is None:
         return None
     return [d.strip() for d in raw.split(",") if d.strip()]
+
+
+def device_selected(index: int, uuid: str, devices: list[str] | None) -> bool:
+    """Whether device ``index`` (NVML order, UUID ``uuid``) is one of ``devices`` as
+    ``CUDA_VISIBLE_DEVICES`` names them (indices, UUIDs or UUID prefixes); None selects every device."""
+    if devices is None:
+        return True
+    return str(index) in devices or uuid in devices or any(d.startswith("GPU-") and uuid.startswith(d) for d in devices)
 
 
 def nvml_gpu_processes(nvml: Any, devices: list[str] | None) -> tuple[set[int], float]:
@@ -182,8 +235,7 @@ def nvml_gpu_processes(nvml: Any, devices: list[str] | None) -> tuple[set[int], 
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             uuid = nvml.nvmlDeviceGetUUID(handle)
             uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            if devices is not None and str(index) not in devices and uuid not in devices \
-                    and not any(d.startswith("GPU-") and uuid.startswith(d) for d in devices):
+            if not device_selected(index, uuid, devices):
                 continue
             pids |= {int(p.pid) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
             free.append(nvml.nvmlDeviceGetMemoryInfo(handle).free / 2**20)
@@ -197,17 +249,25 @@ class JobScope:
     """What the guard judges: the whole node, or one cluster job (see the module docstring)."""
 
     kind: str  # "node" or "job"
-    cgroup: Path | None = None
+    cgroup: Cgroup | None = None
     gpus: list[str] | None = None
     cores: frozenset[int] = frozenset()
 
 
-def job_scope(env: dict[str, str] | None = None) -> JobScope:
-    """``job`` when this process runs in a SLURM job or a cgroup of its own, else ``node``."""
+def job_scope(env: dict[str, str] | None = None, proc_root: str | Path = "/proc") -> JobScope:
+    """``job`` in a SLURM job (``SLURM_JOB_ID``) or where the workflow named the job's cgroup
+    (:data:`ENV_JOB_CGROUP`), else ``node``: a workstation, whatever cgroup its session sits in
+    (a systemd login session has one of its own; it is not a job).
+
+    The job's cgroup: :data:`ENV_JOB_CGROUP` (found on the host before the container started), else
+    this process's own ``job_<id>`` cgroup (:func:`slurm_job_cgroup`); None when neither is known:
+    then the job's GPUs and cores alone say what counts."""
     env = os.environ if env is None else env
-    cgroup = own_cgroup()
-    if not env.get("SLURM_JOB_ID") and cgroup is None:
+    given = env.get(ENV_JOB_CGROUP)
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id and not given:
         return JobScope("node")
+    cgroup = Cgroup.parse(given) if given else slurm_job_cgroup(process_cgroups("self", proc_root), job_id)
     try:
         cores = frozenset(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
@@ -261,6 +321,7 @@ class GuardReport:
     engines: set[str] = field(default_factory=set)
     gpu_others: set[int] = field(default_factory=set)
     gpu_free_mib: float = float("nan")
+    cgroup: str = ""  # the job's cgroup judged ("" for a node, or a job whose cgroup is unknown)
     samples: int = 0
     reasons: list[str] = field(default_factory=list)
 
@@ -279,6 +340,7 @@ class GuardReport:
             "guard_samples": self.samples,
             "guard_gpu_free_mib": self.gpu_free_mib,
             "guard_scope": self.scope,
+            "guard_cgroup": self.cgroup,
         }
 
 
@@ -295,7 +357,8 @@ class QuietGuard:
             raise ConfigError(f"quiet guard mode {mode!r}: expected one of {', '.join(MODES)}")
         self.scope = scope or job_scope()
         self._nvml = nvml  # an NVML module; None: pynvml if it imports
-        self.report = GuardReport(mode=mode, cores=allowed_cores(), scope=self.scope.kind)
+        self.report = GuardReport(mode=mode, cores=allowed_cores(), scope=self.scope.kind,
+                                  cgroup=str(self.scope.cgroup or ""))
         self.interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -308,7 +371,7 @@ class QuietGuard:
         family = own_family()
         now = time.monotonic()
         scope = self.scope
-        members = cgroup_pids(scope.cgroup) if scope.cgroup is not None else set()
+        members = cgroup_members(scope.cgroup) if scope.cgroup is not None else set()
         gpu = _gpu_snapshot(scope.gpus if scope.kind == "job" else None, self._nvml)
         gpu_pids = {p for p in gpu.get("gpu_pids", []) if p not in family}
         for pid in _all_pids():

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from sdbench.analysis.goodput import latency_percentiles
-from sdbench.engine.hardware import provenance
+from sdbench.engine.hardware import engine_job, provenance
 from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
 from sdbench.engine.counters import acceptance_stats
 from sdbench.engine.engine import build_llm_kwargs
@@ -190,6 +190,7 @@ def run_server_group(
         )
 
 
+@engine_job
 def _cmd_serve_group(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
     from sdbench.engine.quietguard import Contaminated, mode_from_env

@@ -15,7 +15,8 @@ Downloaded once, at a pinned revision, by the workflow's local rules on the subm
 Both decide from the repository's file list at the resolved commit and record it, with what
 was taken, in ``<output>/sdbench-source.json``. The hub is reached whatever the machine's image
 exports (``HF_HUB_OFFLINE=1`` in the images: :func:`hub_online`); the token is huggingface_hub's
-(``HF_TOKEN``, which the workflow sets for its download jobs). Hub errors end in one line
+(``HF_TOKEN``, which the workflow gives its download jobs and no other job: :func:`download_env`,
+with the site's proxy, CA and hub-endpoint settings). Hub errors end in one line
 (:class:`HubError`): a gated repository names ``HF_TOKEN`` and the page where access is requested.
 """
 
@@ -348,23 +349,56 @@ def _cmd_download_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_hub_token(environ: dict[str, str] | None = None) -> bool:
-    """Put the submitting user's hub token into ``HF_TOKEN`` of ``environ`` (``os.environ``) for the
-    download jobs this workflow process runs; True when a token is there.
+# What a download job gets from the submitting host and no other job does: the hub token and the
+# site's network settings (proxies, CA bundles, a hub mirror). The workflow takes them out of its
+# own environment, which every job inherits (the local jobs, and SLURM jobs through sbatch
+# --export=ALL), and hands them to the download jobs' commands only (download_env).
+TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+NETWORK_VARS = (
+    "HF_ENDPOINT",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+)  # fmt: skip
+DOWNLOAD_VARS = (*TOKEN_VARS, *NETWORK_VARS)
+# An image started with --cleanenv sees a host variable only as APPTAINERENV_<NAME>.
+_CONTAINER_PREFIXES = ("APPTAINERENV_", "SINGULARITYENV_")
 
-    ``HF_TOKEN`` already set wins; otherwise the token file huggingface_hub reads on this host
-    (``hf auth login``; ``HF_TOKEN_PATH``, ``$HF_HOME/token``), which a job inside an image
-    whose home is the working directory would not see. The token never enters a command line,
-    a param or a log.
-    """
-    environ = os.environ if environ is None else environ
-    if environ.get("HF_TOKEN"):
-        return True
+
+def withhold_download_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Remove :data:`DOWNLOAD_VARS` (and their ``APPTAINERENV_``/``SINGULARITYENV_`` forms) from
+    ``environ`` (``os.environ``); returns the plain ones that were set."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    held = {name: environ[name] for name in DOWNLOAD_VARS if environ.get(name)}
+    for name in DOWNLOAD_VARS:
+        for key in (name, *(prefix + name for prefix in _CONTAINER_PREFIXES)):
+            environ.pop(key, None)
+    return held
+
+
+def hub_token(environ: dict[str, str] | None = None) -> str | None:
+    """The submitting user's hub token: ``HF_TOKEN`` (or the older ``HUGGING_FACE_HUB_TOKEN``) of
+    ``environ``, else the token file huggingface_hub reads on this host (``hf auth login``;
+    ``HF_TOKEN_PATH``, ``$HF_HOME/token``), which a job in an image whose home is the working
+    directory would not see; None without one."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    for name in TOKEN_VARS:
+        if environ.get(name):
+            return environ[name]
     try:
         from huggingface_hub import get_token
     except ImportError:  # no huggingface_hub beside Snakemake: jobs resolve their own token
-        return False
-    token = get_token()
+        return None
+    return get_token() or None
+
+
+def download_env(source: dict[str, str]) -> dict[str, str]:
+    """The variables a download job's command gets on top of the workflow's environment: the
+    network settings of ``source`` (what :func:`withhold_download_env` took) and the hub token
+    (:func:`hub_token` of ``source``) as ``HF_TOKEN``, each also as ``APPTAINERENV_<NAME>`` for a
+    job in an image started with ``--cleanenv``. The token never enters a command line, a param or
+    a log."""
+    env = {name: source[name] for name in NETWORK_VARS if source.get(name)}
+    token = hub_token(source)
     if token:
-        environ["HF_TOKEN"] = token
-    return bool(token)
+        env["HF_TOKEN"] = token
+    return {**env, **{_CONTAINER_PREFIXES[0] + name: value for name, value in env.items()}}

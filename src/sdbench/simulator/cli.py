@@ -134,6 +134,8 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
     )
     add_seed(sim, COMPAT_SEED, "the request sampling")
     sim.add_argument("--drafter", help="learned-drafter method standing for proposer eagle (default: eagle)")
+    sim.add_argument("--engine", help="engine key of the traces (a column of every row; with --model)")
+    sim.add_argument("--model", help="model key of the traces (a column of every row; with --engine)")
     _add_replay_inputs(sim)
     sim.add_argument(
         "--compat-match-probability",

@@ -36,6 +36,8 @@ def _load_sets(paths: Sequence[str], requests: Sequence[str] = ()) -> list[Trace
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     missing = [f"--{k.replace('_', '-')}" for k in ("traces", "proposer", "output") if not getattr(args, k)]
+    if bool(args.engine) != bool(args.model):
+        missing.append("--model" if args.engine else "--engine")
     if missing:
         raise ValueError(
             f"sdbench simulate: the following arguments are required: {', '.join(missing)} "
@@ -61,7 +63,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     # Which traced drafter the learned proposer replayed (validation matches cells by it).
     drafter = "" if args.proposer == "ngram" else draft_method_of(sets[0], args.drafter)
     df.insert(list(df.columns).index("proposer") + 1, "drafter", drafter)
-    write_results(df, args.output)
+    if args.engine:  # whose traces: validation matches a cell to its own engine and model's rows
+        df.insert(0, "model", args.model)
+        df.insert(0, "engine", args.engine)
+    from sdbench.columns import conform
+    from sdbench.simulator.core import WRITTEN_COLUMNS
+
+    write_results(conform(df, WRITTEN_COLUMNS if args.engine else WRITTEN_COLUMNS[2:], "simulate"), args.output)
     print(f"wrote {len(df)} rows to {args.output}")
     return 0
 

@@ -72,6 +72,9 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "ngram_step_share",
     "draft_step_share",
 )
+# A simulate CSV: RESULT_COLUMNS with the replayed drafter after the proposer, and for the grid's
+# own traces the engine and model first (sdbench simulate --engine --model).
+WRITTEN_COLUMNS: tuple[str, ...] = ("engine", "model", *RESULT_COLUMNS[:2], "drafter", *RESULT_COLUMNS[2:])
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,9 @@ def simulate_prepared(
                     "draft_step_share": float((tr.drafter == DRAFT).sum()) / steps,
                 }
             )
-    return pd.DataFrame(rows, columns=list(RESULT_COLUMNS))
+    from sdbench.columns import conform
+
+    return conform(pd.DataFrame(rows), RESULT_COLUMNS, "simulation")
 
 
 def sort_results(df: pd.DataFrame) -> pd.DataFrame:

@@ -294,6 +294,16 @@ def read_step_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     return df
 
 
+def one_target(steps: pd.DataFrame, what: str = "cost-model fit") -> None:
+    """Refuse step timings of more than one engine x model (``engine``/``model`` columns, where
+    present): a cost model prices one target's steps, and pooled steps of two fit neither."""
+    keys = [c for c in ("engine", "model") if c in steps.columns]
+    pairs = sorted(map(tuple, steps[keys].drop_duplicates().astype(str).to_numpy())) if keys else []
+    if len(pairs) > 1:
+        named = ", ".join("/".join(p) for p in pairs)
+        raise ValueError(f"{what}: steps of {len(pairs)} engine x model pairs ({named}); one at a time")
+
+
 def fit_cost_model(steps: pd.DataFrame, name: str, source: str = "") -> CostModel:
     """Least-squares fit of a cost model to per-step timings (columns :data:`STEP_COLUMNS`).
 
@@ -309,6 +319,7 @@ def fit_cost_model(steps: pd.DataFrame, name: str, source: str = "") -> CostMode
     missing = [c for c in STEP_COLUMNS if c not in steps.columns]
     if missing:
         raise ValueError(f"step table lacks column(s) {', '.join(missing)}")
+    one_target(steps)
     df = steps.copy()
     df["method"] = df["method"].fillna("").astype(str)
     df["propose_s"] = df["propose_s"].fillna(0.0).astype(float)

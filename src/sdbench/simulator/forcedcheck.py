@@ -30,12 +30,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost, load_cost_model, save_cost_model
 from sdbench.simulator.policytypes import DRAFT, EXACT, NGRAM, TraceArrays, Trajectories
 from sdbench.simulator.pricing import baseline_trajectories, replicated_latency
 
 NGRAM_METHOD = "ngram"
+CHECKED = ("engine", "model", "dataset", "base_method", "method", "sd_method", "batch_size",
+           "forced_acceptance_length", "mean_acceptance_length", "speedup", "speedup_ci_low", "speedup_ci_high")
+# Per cost model: the step-timing fit (no suffix) and the refit at the forced points (_refit).
+COLUMNS: tuple[str, ...] = (*CHECKED, *(f"{c}{tag}" for tag in ("", "_refit") for c in ("predicted", "error", "inside")))
 
 
 def _beatty(n: int, rate: float) -> np.ndarray:
@@ -177,15 +182,13 @@ def check_table(forced: pd.DataFrame, before: CostModel, after: CostModel,
                 prompts: dict[tuple[str, str], np.ndarray]) -> pd.DataFrame:  # fmt: skip
     """Per forced cell: measured speedup and interval, the prediction of each model, its error
     and whether it lies inside the interval."""
-    out = forced[["engine", "model", "dataset", "base_method", "method", "sd_method", "batch_size",
-                  "forced_acceptance_length", "mean_acceptance_length", "speedup", "speedup_ci_low",
-                  "speedup_ci_high"]].copy()  # fmt: skip
+    out = forced[list(CHECKED)].copy()
     for tag, cm in (("", before), ("_refit", after)):
         pred = predict(cm, forced, prompts)
         out[f"predicted{tag}"] = pred
         out[f"error{tag}"] = pred / out["speedup"] - 1
         out[f"inside{tag}"] = (pred >= out["speedup_ci_low"]) & (pred <= out["speedup_ci_high"])
-    return out
+    return conform(out, COLUMNS, "simulator at the forced points")
 
 
 def check_markdown(table: pd.DataFrame, before: CostModel, after: CostModel, labels: dict[str, str]) -> str:
@@ -198,23 +201,23 @@ def check_markdown(table: pd.DataFrame, before: CostModel, after: CostModel, lab
         f"{after.fit.get('refit', {}).get('relative_rms_error', float('nan')):.3f}), beside the measured speedup",
         "and its 95% interval. ✓: inside the interval.",
         "",
-        "| method | bs | τ forced | τ measured | measured [95% CI] | predicted | error | | refitted | error | |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | method | bs | τ forced | τ measured | measured [95% CI] | predicted | error | | refitted | error | |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.itertuples(index=False):
         lines.append(
-            f"| {labels.get(r.base_method, r.base_method)} | {r.batch_size} | {r.forced_acceptance_length:g} "
+            f"| {r.model} ({r.engine}) | {labels.get(r.base_method, r.base_method)} | {r.batch_size} | {r.forced_acceptance_length:g} "
             f"| {r.mean_acceptance_length:.2f} | {r.speedup:.2f} [{r.speedup_ci_low:.2f}, {r.speedup_ci_high:.2f}] "
             f"| {_num(r.predicted, '.2f')} | {_num(r.error, '+.0%')} | {'✓' if r.inside else ''} "
             f"| {_num(r.predicted_refit, '.2f')} | {_num(r.error_refit, '+.0%')} | {'✓' if r.inside_refit else ''} |"
         )
-    lines += ["", "| method | bs | inside (step-timing fit) | inside (refitted) | median error before | after |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for (base, b), sub in table.groupby(["base_method", "batch_size"], sort=True):
+    lines += ["", "| model | method | bs | inside (step-timing fit) | inside (refitted) | median error before | after |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for (engine, model, base, b), sub in table.groupby(["engine", "model", "base_method", "batch_size"], sort=True):
         priced = sub["predicted"].notna()
         before_inside = f"{int(sub['inside'].sum())} of {len(sub)}" if priced.any() else "not priced"
         lines.append(
-            f"| {labels.get(base, base)} | {b} | {before_inside} "
+            f"| {model} ({engine}) | {labels.get(base, base)} | {b} | {before_inside} "
             f"| {int(sub['inside_refit'].sum())} of {len(sub)} | {_num(sub['error'].median(), '+.0%')} "
             f"| {_num(sub['error_refit'].median(), '+.0%')} |"
         )

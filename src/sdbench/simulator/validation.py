@@ -14,8 +14,13 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.columns import conform
 from sdbench.io import read_csv, read_parquet, write_parquet, write_text
 
+COLUMNS: tuple[str, ...] = (
+    "engine", "model", "dataset", "method", "batch_size", "drafter", "measured_speedup", "measured_speedup_ci_low",
+    "measured_speedup_ci_high", "simulated_speedup", "contaminated", "ratio", "agrees",
+)  # fmt: skip
 # vLLM method -> simulator proposer (any learned drafter stands in for "eagle").
 PROPOSER = {"ngram": "ngram", "eagle": "eagle", "eagle3": "eagle", "draft_model": "eagle", "mtp": "eagle"}
 
@@ -33,20 +38,35 @@ def compare(
     simulated: pd.DataFrame,
     methods: dict[str, dict[str, Any]],
 ) -> pd.DataFrame:
-    """Join measured cells with simulated speedups of the same dataset x method x batch size.
+    """Join measured cells with simulated speedups of the same engine x model x dataset x method x
+    batch size.
+
+    ``simulated`` holds the simulations of several engines and models (one ``sdbench simulate
+    --engine E --model M`` output per engine x model x dataset and proposer): a cell is matched to
+    its own engine and model's only (the same dataset's traces of another model accept otherwise
+    and its cost model prices other steps). Raises ``ValueError`` when ``simulated`` has no
+    ``engine``/``model`` column, or when more than one simulated row matches a cell.
 
     A learned-drafter cell is compared only with the simulation that replayed its own
     drafter's trace (the ``drafter`` column of ``sdbench simulate`` output, a vLLM method):
     another drafter (EAGLE-3 beside EAGLE) accepts differently and would be judged on the
     wrong trace. Cells whose drafter was not traced are not judged.
     """
+    missing = [c for c in ("engine", "model") if c not in simulated]
+    if missing:
+        raise ValueError(
+            f"simulated rows lack column(s) {', '.join(missing)}: a cell cannot be matched to its own engine and "
+            "model's simulation (write them with sdbench simulate --engine E --model M)"
+        )
     rows = []
     for cell in cells.itertuples():
         key = simulated_policy(methods[cell.method])
         if key is None or "forced_acceptance_length" in methods[cell.method]:
             continue  # no SD, or acceptance forced: not what its drafter's trace accepts
         match = simulated[
-            (simulated["dataset"] == cell.dataset)
+            (simulated["engine"] == cell.engine)
+            & (simulated["model"] == cell.model)
+            & (simulated["dataset"] == cell.dataset)
             & (simulated["proposer"] == key[0])
             & (simulated["policy"] == key[1])
             & (simulated["batch_size"] == cell.batch_size)
@@ -56,6 +76,9 @@ def compare(
             match = match[drafters == methods[cell.method]["method"]]
         if match.empty:
             continue
+        if len(match) > 1:
+            name = "/".join(str(getattr(cell, k)) for k in ("engine", "model", "dataset", "method"))
+            raise ValueError(f"cell {name}/bs{cell.batch_size}: {len(match)} simulated rows match it (expected one)")
         rows.append(
             {
                 "engine": cell.engine,
@@ -72,6 +95,8 @@ def compare(
             }
         )
     out = pd.DataFrame(rows)
+    if out.empty:
+        return conform(out, COLUMNS, "simulated vs measured")
     if not out.empty:
         out["ratio"] = out["simulated_speedup"] / out["measured_speedup"]
         # Agreement: the simulated speedup lies inside the measured 95% interval; a cell
@@ -80,7 +105,8 @@ def compare(
             out["simulated_speedup"] <= out["measured_speedup_ci_high"]
         )
         out["agrees"] = inside.where(out["measured_speedup_ci_low"].notna())
-    return out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
+    out = out.sort_values(["engine", "model", "dataset", "method", "batch_size"]).reset_index(drop=True)
+    return conform(out, COLUMNS, "simulated vs measured")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:

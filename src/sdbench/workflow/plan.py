@@ -245,6 +245,12 @@ class Plan:
         entry = self.config["datasets"][dataset]
         return {k: entry[k] for k in ("hf_id", "revision", "hf_config", "split", "data_files") if k in entry}
 
+    def containers(self) -> list[str]:
+        """The images of the engines this run starts (their ``container``), sorted."""
+        groups = [*self.cells, *self.trace_groups, *self.server_groups]
+        engines = {g.engine for g in groups}
+        return sorted({c for e in engines if (c := self.config["engines"][e].get("container"))})
+
     def network_rules(self) -> tuple[str, ...]:
         """The rules that run locally on the submitting host (:data:`NETWORK_RULES`)."""
         return NETWORK_RULES
@@ -493,10 +499,11 @@ class Plan:
         )
 
     def acceptance_labels(self, key: str) -> list[str]:
-        """Names of the grid's traces <model>/<dataset> (published files name themselves)."""
+        """Names of the grid's traces <engine>/<model>/<dataset>: the tables key on them, so two
+        engines or models on one dataset stay apart (published files name themselves)."""
         targets, _ = self._scope_traces(key)
-        names = [f"{t.model}/{t.dataset}" for t in targets]
-        return names + [f"{m}/{d}" for (_, m, d) in self._offline_suffix_keys(targets)]
+        names = [f"{t.engine}/{t.model}/{t.dataset}" for t in targets]
+        return names + [f"{e}/{m}/{d}" for (e, m, d) in self._offline_suffix_keys(targets)]
 
     def published_trace_files(self) -> list[str]:
         return [P.PUBLISHED_TRACE.format(published=d) for d in self.published.get("datasets", [])]
@@ -554,6 +561,12 @@ class Plan:
     def validation_targets(self) -> dict[tuple[str, str, str], dict[str, Any]]:
         return simulator_choices.validation_targets(self.config, self.traces)
 
+    def priced_targets(self) -> dict[tuple[str, str, str], dict[str, Any]]:
+        """The validation targets the fitted cost model prices: those of the engine x model whose
+        breakdown steps fitted it (one pair, config check); another model's steps cost otherwise."""
+        priced = {(c.engine, c.model) for c in self.breakdown}
+        return {k: v for k, v in self.validation_targets().items() if k[:2] in priced}
+
     def sim_policies(self, proposer: str, mode: str) -> list[str]:
         return simulator_choices.published_policies(self.config, proposer, mode)
 
@@ -592,16 +605,17 @@ class Plan:
         that the fitted cost model prices (its method ran in breakdown mode)."""
         priced = {self.config["methods"][m]["method"] for m in self.config.get("breakdown", {}).get("methods", [])}
         files = []
-        for (e, m, d), target in self.validation_targets().items():
+        for (e, m, d), target in self.priced_targets().items():
             files.append(P.SIM_CELL.format(engine=e, model=m, dataset=d, proposer="ngram"))
             files += [P.SIM_DRAFTER.format(engine=e, model=m, dataset=d, method=x) for x in target["drafters"]
                       if self.config["methods"][x]["method"] in priced]  # fmt: skip
         return files
 
     def adaptive_cell_targets(self) -> dict[tuple[str, str], list[str]]:
-        """Engine x model -> datasets with both in-engine traces (adaptive policies on the grid)."""
+        """Engine x model -> datasets with both in-engine traces (adaptive policies on the grid),
+        of the engine x model the fitted cost model prices."""
         out: dict[tuple[str, str], list[str]] = {}
-        for e, m, d in self.validation_targets():
+        for e, m, d in self.priced_targets():
             out.setdefault((e, m), []).append(d)
         return out
 
@@ -635,8 +649,8 @@ class Plan:
         sources = (["grid"] if self.traces else []) + (["published"] if self.published.get("datasets") else [])
         sim_scopes: list[str] = []
         adaptive_scopes: list[str] = []
-        if self.breakdown and self.validation_targets():
-            sim_scopes += [f"{e}/{m}/{d}" for (e, m, d) in self.validation_targets()]
+        if self.priced_targets():
+            sim_scopes += [f"{e}/{m}/{d}" for (e, m, d) in self.priced_targets()]
             adaptive_scopes += [f"{e}/{m}" for (e, m) in self.adaptive_cell_targets()]
         if self.published.get("datasets"):
             sim_scopes += ["published/exact", "published/compat"]
@@ -665,7 +679,7 @@ class Plan:
             "fig11_oracle_combine": [{"scope": s} for s in sim_scopes],
             "ext03_compat_vs_exact": one if self.published.get("datasets") else [],
             "ext04_adaptive_policies": [{"scope": s} for s in adaptive_scopes],
-            "ext05_simulated_vs_measured": one if self.breakdown and self.validation_targets() else [],
+            "ext05_simulated_vs_measured": one if self.priced_targets() else [],
             "ext07_cost": one if self.cost else [],
             "ext16_energy_per_token": one,
             "ext08_proposal_length": one if self.config.get("proposal_length") else [],
