@@ -205,8 +205,8 @@ def server_prompts_arg(w, input):
 
 
 # --- traces and acceptance items ----------------------------------------------------------
-def baseline_requests(w):
-    return PLAN.baseline_requests(w.engine, w.model, w.dataset)
+def baseline_outputs(w):
+    return PLAN.baseline_outputs(w.engine, w.model, w.dataset)
 
 
 def _scope_key(w):
