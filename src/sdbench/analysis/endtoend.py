@@ -133,7 +133,8 @@ def _first_diffs(outputs: pa.ListArray, rows: np.ndarray, refs: list[np.ndarray]
 
 
 def _list_column(table: pa.Table, name: str) -> pa.ListArray:
-    column = table.column(name).combine_chunks()
+    chunks = table.column(name).chunks
+    column = chunks[0] if len(chunks) == 1 else table.column(name).combine_chunks()
     return column.cast(pa.list_(column.type.value_type)) if pa.types.is_large_list(column.type) else column
 
 
@@ -289,6 +290,7 @@ def aggregate_requests(
                 table = table.filter(pa.array(keep))
             counts.append(_divergence_counts(table, refs))
             del table
+            pa.default_memory_pool().release_unused()  # the next file reuses it, or the system does
     return lengths_table, _divergence_table(counts, cells)
 
 
@@ -296,9 +298,12 @@ def _read_cells(path: str, names: list[str], values: tuple) -> pa.Table:
     """The :data:`DIVERGENCE_COLUMNS` (those the file has) of the rows of ``path`` whose ``names`` equal ``values``."""
     import pyarrow.parquet as pq
 
+    import pyarrow.compute as pc
+
     have = set(pq.read_schema(path).names)
     table = pq.read_table(path, columns=[c for c in DIVERGENCE_COLUMNS if c in have])
-    return table.filter(_key_mask(table, names, values))
+    mask = _key_mask(table, names, values)
+    return table if pc.all(mask).as_py() else table.filter(mask)  # one cell per file: no copy
 
 
 def render_length_table(table: pd.DataFrame) -> str:
