@@ -25,6 +25,7 @@ from sdbench.io import write_parquet
 from sdbench.requesttable import expand_outputs, same_outputs
 
 KEYS = {"engine": "e", "model": "m", "dataset": "d"}
+REPO = Path(__file__).resolve().parents[1]
 
 
 class StandInLLM:
@@ -206,3 +207,25 @@ def test_a_reference_to_a_slot_without_an_output_is_refused() -> None:
     broken = _cell_rows("none", 2, [("b", [(1, None), (0, None)])])
     with pytest.raises(ValueError, match="call 0 refers to slot 1, which holds no output"):
         expand_outputs(broken)
+
+
+def test_the_synthetic_grid_gives_the_same_tables_in_both_layouts(tmp_path: Path) -> None:
+    """``bench aggregate-inputs``: every cell at num_prompts x batch size rows (code-edit: 8 prompts;
+    batch sizes 1, 4, 8; two methods: 8 x 13 x 2 = 208), the same contents with and without the
+    copied prompts; aggregate's tables of the two agree."""
+    from sdbench.analysis.endtoend import aggregate_requests
+    from sdbench.cli import main
+
+    tables = {}
+    for layout in ("compact", "full"):
+        out = tmp_path / layout
+        args = ["bench", "aggregate-inputs", "--config", str(REPO / "config" / "config.yaml"), "--output-dir", str(out),
+                "--models", "tiny-target", "--datasets", "code-edit", "--methods", "none", "ngram-k3"]  # fmt: skip
+        assert main(args + ["--full-rows"] * (layout == "full")) == 0
+        paths = (out / "requests.txt").read_text().split()
+        frames = [pd.read_parquet(p) for p in paths]
+        assert len(paths) == 6 and sum(len(f) for f in frames) == 208
+        assert all(("prompt_token_ids" in f) == (layout == "full") for f in frames)
+        tables[layout] = aggregate_requests(paths, "none")
+    for compact, full in zip(tables["compact"], tables["full"], strict=True):
+        pd.testing.assert_frame_equal(compact, full, check_exact=True)
