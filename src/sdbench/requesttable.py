@@ -3,8 +3,8 @@ in bounded memory.
 
 - **No prompt token ids.** A row names its prompt by ``request_id`` in the prepared prompt set
   (``results/prompts/<model>/<dataset>.parquet``) and keeps ``num_prompt_tokens``; a consumer that
-  needs the ids joins them back (:func:`with_prompt_ids`). Copied into every row, a 32k-token
-  prompt replicated 64 times took more memory than the engine job had.
+  needs the ids joins them back (:func:`with_prompt_ids`). Copied into every row as Python ints, a
+  SPEED-Bench 32k cell at batch 64 would hold about 120 GiB.
 - **An output stored once per call.** In replicate mode a call is one prompt replicated batch-size
   times, and greedy replicas nearly always generate the same tokens. A sequence whose output (token
   ids and text) equals that of an earlier slot of the same call for the same prompt stores neither:
@@ -13,8 +13,9 @@ in bounded memory.
   output; sampled replicas, and distinct prompts, each keep their own.
 - **int32 token ids**, recorded column by column (:class:`RequestRows`): no Python object per token.
 
-A cell's request rows then take ``rows x ~100 B + stored output tokens x 4 B`` (plus the stored
-outputs' text), whatever its prompt lengths (docs/measurement.md, "Memory of the request rows").
+A cell's request rows then take about ``rows x 170 B + stored output tokens x 4 B`` plus the stored
+outputs' text while it is timed, whatever its prompt lengths (docs/measurement.md, "Memory of
+request rows and of aggregate").
 Tables without ``output_slot`` (every sequence's output on its own row) are read the same way.
 """
 
