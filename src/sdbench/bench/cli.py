@@ -2,6 +2,7 @@
 
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
+``bench aggregate-inputs`` (:mod:`sdbench.bench.aggregateinputs`),
 ``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench timeline``
 (:mod:`sdbench.bench.timeline`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
 :mod:`sdbench.analysis.runcompare`). Argument parsing only (argparse and the
@@ -40,6 +41,21 @@ def add_tracer(bench: argparse._SubParsersAction) -> None:
     )
     add_seed(tracer, 0, "the reference subset")
     tracer.set_defaults(func=lazy("sdbench.bench.tracer", "_cmd_bench_tracer"))
+
+
+def add_aggregate_inputs(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench aggregate-inputs``."""
+    p = bench.add_parser("aggregate-inputs",
+                         help="synthetic summary/requests tables of a config's grid at real row counts")  # fmt: skip
+    add_config(p, "the grid")
+    p.add_argument("--output-dir", required=True, help="where to write <engine>/<model>/<dataset>/<method>/bs<N>/")
+    for key, what in (("engines", "engine"), ("models", "model"), ("datasets", "dataset"), ("methods", "method")):
+        p.add_argument(f"--{key}", nargs="+", default=None, help=f"only these {what} keys (default: all)")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=None, help="only these batch sizes (default: all)")
+    p.add_argument("--full-rows", action="store_true",
+                   help="every row with its prompt ids and its own output ids and text, int64 (the older layout)")
+    add_seed(p, 0, "the synthetic lengths and tokens")
+    p.set_defaults(func=lazy("sdbench.bench.aggregateinputs", "_cmd_aggregate_inputs"))
 
 
 def add_simulator(bench: argparse._SubParsersAction) -> None:
@@ -186,7 +202,7 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
     for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_engine_sharing, add_timeline,
-                add_compare_runs):
+                add_compare_runs, add_aggregate_inputs):
         add(bench)
 
 

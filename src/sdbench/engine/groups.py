@@ -35,6 +35,7 @@ from sdbench.engine.preflight import preflight
 from sdbench.engine.summary import cell_seed, summarise
 from sdbench.engine.trials import measure_cell
 from sdbench.io import write_parquet
+from sdbench.requesttable import same_outputs
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +128,7 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
         for name in ("calls", "baseline_calls")
     )
     requests = starts[0]["requests"]
-    same = all(
-        t["requests"]["output_token_ids"].map(tuple).tolist() == requests["output_token_ids"].map(tuple).tolist()
-        for t in starts[1:]
-    )
+    same = all(same_outputs(t["requests"], requests) for t in starts[1:])
     first = starts[0]["summary"].iloc[0]
     keys = {k: first[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
     summary = summarise(keys, spec, calls, requests)

@@ -23,6 +23,7 @@ from sdbench.engine.engine import Engine, start_engine
 from sdbench.engine.hardware import provenance
 from sdbench.engine.summary import PAIRED_COLUMNS, cell_seed, summarise
 from sdbench.engine.versions import engine_memory
+from sdbench.requesttable import RequestRows
 
 log = logging.getLogger(__name__)
 
@@ -180,9 +181,10 @@ class CellRun:
             if self.greedy and uniform else None
         self.plan = _calls(self.prompts, run.get("batch_mode", "replicate"), self.batch_size)
         self.num_calls = len(self.plan)
-        self.request_rows: list[dict[str, Any]] = []
+        # Trial 0's sequences (sdbench.requesttable: no prompt ids, a call's equal outputs once).
+        self.request_rows = RequestRows()
         self.call_rows: list[dict[str, Any]] = []
-        self.first_outputs: dict[tuple[int, int], list[int]] = {}
+        self.first_rows: dict[int, int] = {}  # call -> the row of its slot 0 in request_rows
         self.outputs_stable = True
         self.timed_s = 0.0
         self.warmup_s = 0.0
@@ -223,27 +225,25 @@ class CellRun:
         delta = read_counters(llm.get_metrics()) - before
         self.timed_s += duration
         n_out = 0
+        first_row = self.first_rows.get(call_index)  # None in the call's first trial
+        if first_row is None:
+            self.first_rows[call_index] = len(self.request_rows)
         for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
             completion = out.outputs[0]
-            tokens = [int(t) for t in completion.token_ids]
+            tokens = np.asarray(completion.token_ids, dtype=np.int32)
             n_out += len(tokens)
-            if (call_index, slot) in self.first_outputs:
-                self.outputs_stable &= self.first_outputs[(call_index, slot)] == tokens
+            if first_row is not None:
+                self.outputs_stable &= np.array_equal(self.request_rows.output(first_row + slot), tokens)
                 continue
-            self.first_outputs[(call_index, slot)] = tokens
-            self.request_rows.append(
-                {
-                    "call_index": call_index,
-                    "slot": slot,
-                    "request_id": str(prompts.at[row, "request_id"]),
-                    "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
-                    "output_token_ids": tokens,
-                    "output_text": completion.text or "",
-                    "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
-                    "num_output_tokens": len(tokens),
-                    "finish_reason": str(completion.finish_reason),
-                    **request_sd_metrics(completion),
-                }
+            self.request_rows.add(
+                call_index,
+                slot,
+                str(prompts.at[row, "request_id"]),
+                tokens,
+                completion.text or "",
+                len(prompts.at[row, "prompt_token_ids"]),
+                str(completion.finish_reason),
+                request_sd_metrics(completion),
             )
         self.call_rows.append(
             {
@@ -277,8 +277,7 @@ class CellRun:
             for i, (k, v) in enumerate(keys.items()):
                 steps.insert(i, k, v)
             steps.insert(len(keys), "sd_method", spec["method"]["method"])
-        requests = pd.DataFrame(self.request_rows).sort_values(["call_index", "slot"], kind="stable")
-        requests = requests.reset_index(drop=True)
+        requests = self.request_rows.frame()
         calls = pd.DataFrame(self.call_rows)
         for frame in (requests, calls):
             for i, (k, v) in enumerate(keys.items()):

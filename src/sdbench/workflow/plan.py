@@ -440,6 +440,13 @@ class Plan:
         """No-SD greedy outputs (smallest batch size) of an engine x model x dataset."""
         return self.cell_file(self.baseline_cells[(engine, model, dataset)], "requests")
 
+    def baseline_outputs(self, engine: str, model: str, dataset: str) -> dict[str, str]:
+        """:meth:`baseline_requests` and the prompt table its ``request_id`` values name (the
+        requests table holds no prompt ids; a temperature variant's prompts are its base's)."""
+        cell = self.baseline_cells[(engine, model, dataset)]
+        return {"requests": self.baseline_requests(engine, model, dataset),
+                "prompts": self.prompt_tables([cell])[cell.dataset]}  # fmt: skip
+
     def offline_ngram_files(self) -> list[str]:
         if "ngram" not in self.offline_tracers:
             return []
