@@ -23,7 +23,8 @@ How:
   own peak (``VmHWM``: the kernel's exact high-water mark, so a spike between two samples still
   counts; an upper bound of what a memory cgroup would have seen, page cache aside) and
   ``sampled_rss_kb``, the largest sum of their current ``VmRSS`` (a lower bound), with the
-  single largest process and its command line;
+  single largest process and its command line, and each process's start (from ``/proc``, exact),
+  last sighting, peak and first arguments (``process_list``: where a job's time went);
 * every ``query_every`` s (2) it reads the queue, ``squeue -t all`` (finished jobs stay there for
   ``MinJobAge`` = 600 s), for each job's state, partition, time limit, memory, CPUs, GPUs
   (``tres-per-job``), submit/start/end times and comment (the Snakemake SLURM executor sets it
@@ -55,6 +56,8 @@ SQUEUE_FIELDS = (
     "JobID", "State", "Partition", "TimeLimit", "MinMemory", "NumCPUs", "tres-per-job", "tres-per-node",
     "SubmitTime", "StartTime", "EndTime", "Name", "Comment", "WorkDir",
 )
+# Processes kept per job in its record (start, last seen, peak, first arguments), oldest first.
+MAX_PROCESSES = 40
 # Fields are read as fixed-width columns; this separator follows each (no field holds it).
 SEP = "\x1f"
 
@@ -65,7 +68,7 @@ class _JobUsage:
     sampled_rss_kb: int = 0
     peak_process_kb: int = 0
     peak_process: str = ""
-    processes: set[tuple[int, int]] = field(default_factory=set)
+    processes: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)  # key -> start, cmd, ...
     samples: int = 0
     first_seen: float | None = None
     last_seen: float | None = None
@@ -112,6 +115,9 @@ class UsageRecorder:
         self.identity: dict[tuple[int, int], tuple[str | None, bool]] = {}  # (pid, start tick) -> _identify
         self.owned: dict[tuple[int, int], str] = {}  # (pid, start tick) -> job id
         self.started_at = time.time()
+        self.ticks = os.sysconf("SC_CLK_TCK")  # /proc/<pid>/stat start times are clock ticks since boot
+        self.boot_time = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                              if line.startswith("btime "))
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,7 +183,15 @@ class UsageRecorder:
             usage.peak_rss_kb = max(usage.peak_rss_kb, sum(hwm for _, _, hwm in procs))
             usage.sampled_rss_kb = max(usage.sampled_rss_kb, sum(rss for _, rss, _ in procs))
             for key, _rss, hwm in procs:
-                usage.processes.add(key)
+                proc = usage.processes.get(key)
+                if proc is None and len(usage.processes) < MAX_PROCESSES:
+                    argv = (_read(f"/proc/{key[0]}/cmdline") or b"").split(b"\0")
+                    proc = usage.processes[key] = {
+                        "start": self.boot_time + key[1] / self.ticks,
+                        "argv": [a.decode(errors="replace")[:200] for a in argv[:6] if a],
+                    }
+                if proc is not None:
+                    proc["last_seen"], proc["hwm_kb"] = now, max(hwm, proc.get("hwm_kb", 0))
                 if hwm > usage.peak_process_kb:
                     usage.peak_process_kb = hwm
                     cmdline = (_read(f"/proc/{key[0]}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace")
@@ -219,6 +233,7 @@ class UsageRecorder:
                 "peak_process_kb": usage.peak_process_kb,
                 "peak_process": usage.peak_process,
                 "processes": len(usage.processes),
+                "process_list": sorted(usage.processes.values(), key=lambda p: p["start"]),
                 "samples": usage.samples,
                 "first_seen": usage.first_seen,
                 "last_seen": usage.last_seen,
