@@ -17,7 +17,8 @@
 # and run.md (what ran, when, how it ended). Exit status: 0 when Snakemake finished and no job
 # failed or went over its asks.
 #
-# Environment: CONFIGFILE (default config/paper.yaml), PROFILE (profiles/slurm),
+# Environment: CONFIGFILES (default config/paper.yaml; several, space-separated: the rehearsal
+# overlay goes right after the first, so later ones override it), PROFILE (profiles/slurm),
 # WORKFLOW_PROFILE (.test/profiles/slurm-rehearsal), TRACES_DIR (the published traces; default
 # ../shared/data/published-traces/llama3.1-8B beside the checkout).
 # Needs root the first time (the Debian slurm and munge packages are installed when missing).
@@ -26,7 +27,7 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 RUN=${1:-$REPO/../rehearsals/paper-$(date -u +%Y-%m-%dT%H%MZ)}
 shift $(( $# > 0 ? 1 : 0 ))
-CONFIGFILE=${CONFIGFILE:-config/paper.yaml}
+read -r -a CONFIGS <<< "${CONFIGFILES:-config/paper.yaml}"
 PROFILE=${PROFILE:-profiles/slurm}
 WORKFLOW_PROFILE=${WORKFLOW_PROFILE:-.test/profiles/slurm-rehearsal}
 TRACES_DIR=${TRACES_DIR:-$REPO/../shared/data/published-traces/llama3.1-8B}
@@ -71,7 +72,7 @@ source "$RUN/slurm.env"
 
 smk=0
 snakemake --snakefile "$REPO/Snakefile" --directory "$RUN" \
-    --configfile "$CONFIGFILE" "$RUN/rehearsal-overlay.yaml" \
+    --configfile "${CONFIGS[0]}" "$RUN/rehearsal-overlay.yaml" "${CONFIGS[@]:1}" \
     --profile "$PROFILE" --workflow-profile "$WORKFLOW_PROFILE" "$@" > "$RUN/snakemake.log" 2>&1 || smk=$?
 wall=$(( $(date +%s) - t0 ))
 stop_cluster  # writes the last usage records
@@ -84,11 +85,11 @@ log=$(ls -t "$RUN"/.snakemake/log/*.snakemake.log 2>/dev/null | head -1 || true)
 [[ -n $log ]] && sdbench bench timeline --log "$log" > "$RUN/timeline.txt" 2>&1 || true
 
 {
-    echo "# Rehearsal: $CONFIGFILE through the local SLURM"
+    echo "# Rehearsal: ${CONFIGS[*]} through the local SLURM"
     echo
     echo "- started $started, wall $(( wall / 3600 ))h $(( wall % 3600 / 60 ))min $(( wall % 60 ))s on $(hostname -s) ($(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB)"
     echo "- commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo ' (with local changes)')"
-    echo "- snakemake --configfile $CONFIGFILE rehearsal-overlay.yaml --profile $PROFILE --workflow-profile $WORKFLOW_PROFILE $*"
+    echo "- snakemake --configfile ${CONFIGS[0]} rehearsal-overlay.yaml ${CONFIGS[*]:1} --profile $PROFILE --workflow-profile $WORKFLOW_PROFILE $*"
     echo "- snakemake exit status $smk ($(grep -c 'has been submitted with SLURM jobid' "$RUN/snakemake.log" || true) SLURM jobs; last line: $(tail -1 "$RUN/snakemake.log"))"
     echo "- job check exit status $check$( [[ -s $RUN/job-usage.err ]] && echo ": $(cat "$RUN/job-usage.err")")"
     echo

@@ -112,9 +112,9 @@ class UsageRecorder:
         self.jobs: dict[str, _JobUsage] = {}
         self.queue: dict[str, dict[str, str]] = {}
         self.written: set[str] = set()
+        self.before: set[str] = set()  # the queue's jobs when the recorder started (not recorded)
         self.identity: dict[tuple[int, int], tuple[str | None, bool]] = {}  # (pid, start tick) -> _identify
         self.owned: dict[tuple[int, int], str] = {}  # (pid, start tick) -> job id
-        self.started_at = time.time()
         self.ticks = os.sysconf("SC_CLK_TCK")  # /proc/<pid>/stat start times are clock ticks since boot
         self.boot_time = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                               if line.startswith("btime "))
@@ -198,8 +198,8 @@ class UsageRecorder:
                     usage.peak_process = cmdline.strip()[:300]
 
     # ------------------------------------------------------------------ queue
-    def query(self) -> None:
-        """Read the queue and write the record of every job that has ended."""
+    def _read_queue(self) -> None:
+        """Every job squeue shows (running, pending and ended within MinJobAge) into ``self.queue``."""
         fmt = ",".join(f"{name}:{600 if name in ('Comment', 'WorkDir') else 40}{SEP}" for name in SQUEUE_FIELDS)
         out = self.cluster.run("squeue", "-h", "-t", "all", "-O", fmt, check=False, timeout=30)
         if out.returncode != 0:
@@ -207,19 +207,17 @@ class UsageRecorder:
             return
         for row in squeue_records(out.stdout):
             self.queue[row["JobID"]] = row
+
+    def query(self) -> None:
+        """Read the queue and write the record of every job of this recording that has ended."""
+        self._read_queue()
         for job, row in self.queue.items():
-            if job not in self.written and row["State"] not in ACTIVE_STATES and self._ours(job, row):
+            if job not in self.written and row["State"] not in ACTIVE_STATES and self._ours(job):
                 self.write(job)
 
-    def _ours(self, job: str, row: dict[str, str]) -> bool:
-        """A job of this recording: seen running, or submitted after the recorder started."""
-        if job in self.jobs:
-            return True
-        try:
-            submitted = time.mktime(time.strptime(row["SubmitTime"], "%Y-%m-%dT%H:%M:%S"))
-        except ValueError:
-            return False
-        return submitted >= int(self.started_at)
+    def _ours(self, job: str) -> bool:
+        """A job of this recording: seen running, or not yet in the queue when the recorder started."""
+        return job in self.jobs or job not in self.before
 
     def write(self, job: str) -> None:
         usage = self.jobs.get(job, _JobUsage())
@@ -261,6 +259,8 @@ class UsageRecorder:
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
 
     def start(self) -> UsageRecorder:
+        self._read_queue()
+        self.before = set(self.queue)  # a sbatch refused at submission leaves a FAILED job too
         self._thread = threading.Thread(target=self._run, name="slurm-usage", daemon=True)
         self._thread.start()
         return self
@@ -271,8 +271,8 @@ class UsageRecorder:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.query()
-        for job, row in self.queue.items():
-            if job not in self.written and self._ours(job, row):
+        for job in self.queue:
+            if job not in self.written and self._ours(job):
                 self.write(job)
         for job in self.jobs:
             if job not in self.written:
