@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 
 from sdbench.bench.jobusage import (
-    command_startup_s,
+    command_startup,
     parse_comment,
     parse_gpus,
     parse_memory_mb,
@@ -78,15 +78,15 @@ def test_slurm_fields_parse() -> None:
 
 def test_the_start_up_before_the_rules_command() -> None:
     processes = [
-        {"start": 100.0, "last_seen": 130.0, "argv": ["/bin/sh", "-c", "python -m snakemake"]},
-        {"start": 100.2, "last_seen": 130.0, "argv": ["/v/bin/python", "-m", "snakemake"]},
-        {"start": 104.0, "last_seen": 130.0, "argv": ["/v/bin/python", "-m", "snakemake"]},
-        {"start": 108.5, "last_seen": 128.5, "argv": ["/v/bin/python", "/v/bin/sdbench", "aggregate"]},
-        {"start": 109.0, "last_seen": 110.0, "argv": ["/v/bin/python", "/v/bin/sdbench", "other"]},
+        {"start": 104.0, "last_seen": 130.0, "cpu_s": 2.5, "argv": ["/v/bin/python", "-m", "snakemake"]},
+        {"start": 100.0, "last_seen": 130.0, "cpu_s": 0.0, "argv": ["/bin/sh", "-c", "python -m snakemake"]},
+        {"start": 100.2, "last_seen": 130.0, "cpu_s": 3.0, "argv": ["/v/bin/python", "-m", "snakemake"]},
+        {"start": 108.5, "last_seen": 128.5, "cpu_s": 19.0, "argv": ["/v/bin/python", "/v/bin/sdbench", "aggregate"]},
+        {"start": 109.0, "last_seen": 110.0, "cpu_s": 1.0, "argv": ["/v/bin/python", "/v/bin/sdbench", "other"]},
     ]
-    assert command_startup_s(processes) == (8.5, 20.0)
-    startup, command = command_startup_s(processes[:3])
-    assert math.isnan(startup) and math.isnan(command)
+    assert command_startup(processes) == (8.5, 5.5, 20.0)
+    assert all(math.isnan(v) for v in command_startup([p for p in processes if p["start"] < 105]))
+    assert all(math.isnan(v) for v in command_startup([]))
 
 
 def test_jobs_over_their_asks_and_failed_jobs(tmp_path: Path) -> None:

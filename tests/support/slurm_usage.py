@@ -24,7 +24,8 @@ How:
   counts; an upper bound of what a memory cgroup would have seen, page cache aside) and
   ``sampled_rss_kb``, the largest sum of their current ``VmRSS`` (a lower bound), with the
   single largest process and its command line, and each process's start (from ``/proc``, exact),
-  last sighting, peak and first arguments (``process_list``: where a job's time went);
+  last sighting, peak, CPU seconds at its last sighting and first arguments (``process_list``:
+  where a job's time went);
 * every ``query_every`` s (2) it reads the queue, ``squeue -t all`` (finished jobs stay there for
   ``MinJobAge`` = 600 s), for each job's state, partition, time limit, memory, CPUs, GPUs
   (``tres-per-job``), submit/start/end times and comment (the Snakemake SLURM executor sets it
@@ -115,6 +116,7 @@ class UsageRecorder:
         self.before: set[str] = set()  # the queue's jobs when the recorder started (not recorded)
         self.identity: dict[tuple[int, int], tuple[str | None, bool]] = {}  # (pid, start tick) -> _identify
         self.owned: dict[tuple[int, int], str] = {}  # (pid, start tick) -> job id
+        self.cpu: dict[tuple[int, int], float] = {}  # (pid, start tick) -> CPU seconds so far
         self.ticks = os.sysconf("SC_CLK_TCK")  # /proc/<pid>/stat start times are clock ticks since boot
         self.boot_time = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                               if line.startswith("btime "))
@@ -137,10 +139,12 @@ class UsageRecorder:
                 continue
             key = (int(entry), int(fields[19]))  # a pid with its start tick: pids are reused
             live[key] = int(fields[1])
+            self.cpu[key] = (int(fields[11]) + int(fields[12])) / self.ticks  # utime + stime
             if key not in self.identity:
                 self.identity[key] = self._identify(entry)
         self.identity = {key: ident for key, ident in self.identity.items() if key in live}
         self.owned = {key: job for key, job in self.owned.items() if key in live}
+        self.cpu = {key: cpu for key, cpu in self.cpu.items() if key in live}
         for key, (job, ours) in self.identity.items():
             if job is not None and ours:
                 self.owned[key] = job
@@ -185,13 +189,13 @@ class UsageRecorder:
             for key, _rss, hwm in procs:
                 proc = usage.processes.get(key)
                 if proc is None and len(usage.processes) < MAX_PROCESSES:
-                    argv = (_read(f"/proc/{key[0]}/cmdline") or b"").split(b"\0")
-                    proc = usage.processes[key] = {
-                        "start": self.boot_time + key[1] / self.ticks,
-                        "argv": [a.decode(errors="replace")[:200] for a in argv[:6] if a],
-                    }
+                    proc = usage.processes[key] = {"start": self.boot_time + key[1] / self.ticks}
                 if proc is not None:
                     proc["last_seen"], proc["hwm_kb"] = now, max(hwm, proc.get("hwm_kb", 0))
+                    proc["cpu_s"] = self.cpu.get(key, 0.0)
+                    argv = (_read(f"/proc/{key[0]}/cmdline") or b"").split(b"\0")
+                    if argv[0]:  # read again each time: a shell may exec its command (same pid)
+                        proc["argv"] = [a.decode(errors="replace")[:200] for a in argv[:6] if a]
                 if hwm > usage.peak_process_kb:
                     usage.peak_process_kb = hwm
                     cmdline = (_read(f"/proc/{key[0]}/cmdline") or b"").replace(b"\0", b" ").decode(errors="replace")

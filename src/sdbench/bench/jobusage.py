@@ -38,7 +38,7 @@ TOP = 10
 
 COLUMNS = (
     "job_id", "rule", "wildcards", "state", "failed", "partition", "mem_asked_mb", "time_limit_min",
-    "cpus", "gpus", "gpu_type", "submit", "start", "end", "wall_s", "startup_s", "command_s", "peak_rss_mb",
+    "cpus", "gpus", "gpu_type", "submit", "start", "end", "wall_s", "startup_s", "startup_cpu_s", "command_s", "peak_rss_mb",
     "sampled_rss_mb",
     "peak_process_mb", "peak_process", "processes", "samples", "interval_s", "mem_share", "time_share",
     "over_memory", "over_time",
@@ -105,24 +105,22 @@ def parse_comment(text: str) -> tuple[str, str]:
     return m.group("rule"), m.group("wildcards") or ""
 
 
-def command_startup_s(processes: list[dict]) -> tuple[float, float]:
-    """Seconds from a job's first process to its rule's command (the first ``sdbench`` process),
-    and that command's seconds (start to last sighting); NaN when no command was seen.
+def command_startup(processes: list[dict]) -> tuple[float, float, float]:
+    """A job's start-up before its rule's command (the first ``sdbench`` process): seconds from the
+    job's first process to the command, the CPU seconds of the processes started before it, and the
+    command's own seconds (start to last sighting); NaN when no command was seen.
 
-    Under the Snakemake SLURM executor the time before the command is the job step's own start-up:
-    the batch step's Snakemake and the srun step's Snakemake each load the workflow.
-
-    >>> command_startup_s([{"start": 10.0, "argv": ["/bin/sh"]},
-    ...                    {"start": 16.5, "last_seen": 20.0, "argv": ["/v/bin/python", "/v/bin/sdbench", "aggregate"]}])
-    (6.5, 3.5)
+    Under the Snakemake SLURM executor the start-up is the job step's: a shell, the batch step's
+    Snakemake, ``srun``, the srun step's Snakemake (each loading the workflow) and the rule's shell.
     """
     if not processes:
-        return math.nan, math.nan
-    first = min(p["start"] for p in processes)
-    for proc in sorted(processes, key=lambda p: p["start"]):
+        return math.nan, math.nan, math.nan
+    ordered = sorted(processes, key=lambda p: p["start"])
+    for i, proc in enumerate(ordered):
         if any(Path(arg).name == "sdbench" for arg in proc.get("argv", [])[:2]):
-            return proc["start"] - first, proc.get("last_seen", proc["start"]) - proc["start"]
-    return math.nan, math.nan
+            before = sum(p.get("cpu_s", 0.0) for p in ordered[:i])
+            return proc["start"] - ordered[0]["start"], before, proc.get("last_seen", proc["start"]) - proc["start"]
+    return math.nan, math.nan, math.nan
 
 
 def _timestamp(text: str) -> pd.Timestamp:
@@ -145,7 +143,7 @@ def job_row(record: dict) -> dict:
     state = q.get("State", "") or "UNKNOWN"
     mem, limit = parse_memory_mb(q.get("MinMemory", "")), parse_time_limit(q.get("TimeLimit", ""))
     peak = usage["peak_rss_kb"] / 1024
-    startup, command = command_startup_s(usage.get("process_list", []))
+    startup, startup_cpu, command = command_startup(usage.get("process_list", []))
     return {
         "job_id": str(record["job_id"]),
         "rule": rule,
@@ -163,6 +161,7 @@ def job_row(record: dict) -> dict:
         "end": end,
         "wall_s": wall,
         "startup_s": startup,
+        "startup_cpu_s": startup_cpu,
         "command_s": command,
         "peak_rss_mb": peak,
         "sampled_rss_mb": usage["sampled_rss_kb"] / 1024,
@@ -263,10 +262,10 @@ def format_report(table: pd.DataFrame, top: int = TOP) -> str:
         f"- over their memory: {int(table['over_memory'].sum())}",
         f"- over their time: {int(table['over_time'].sum())}",
         f"- first submission to last end: {_clock(wall)}",
-        f"- job step start-up (first process of a job to its rule's command): median "
-        f"{table['startup_s'].median():.1f} s, largest {table['startup_s'].max():.1f} s "
-        f"({int(table['startup_s'].notna().sum())} jobs); the commands: {table['command_s'].sum() / 60:.1f} min "
-        f"of {table['wall_s'].sum() / 60:.1f} job-minutes",
+        f"- job step start-up (a job's first process to its rule's command): median "
+        f"{table['startup_s'].median():.1f} s and {table['startup_cpu_s'].median():.1f} CPU-s, largest "
+        f"{table['startup_s'].max():.1f} s ({int(table['startup_s'].notna().sum())} jobs); the commands: "
+        f"{table['command_s'].sum() / 60:.1f} min of {table['wall_s'].sum() / 60:.1f} job-minutes",
         "",
         "Peak memory: the largest sum, over a job's processes alive at once, of each one's own peak",
         f"resident memory (VmHWM), sampled every {table['interval_s'].max():g} s; wall time: SLURM's start to end.",
