@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, live_cluster
 from support import slurm_cluster as harness
 from support.require import require
 
@@ -129,14 +129,8 @@ def test_the_slice_draws_every_item_of_the_paper_grid_on_few_cells() -> None:
 @pytest.fixture(scope="module")
 def paper_cluster():
     """A cluster whose node is the paper profile's GPU node (8 typed GPUs, 192 CPUs, 2 TB)."""
-    try:
-        cluster = harness.start_cluster(shape=harness.paper_node_shape(PROFILE))
-    except harness.SlurmUnavailable as exc:
-        require(False, str(exc))
-    try:
+    with live_cluster(shape=harness.paper_node_shape(PROFILE)) as cluster:
         yield cluster
-    finally:
-        harness.stop_cluster(cluster)
 
 
 def job_output(cluster, job: int) -> str:
