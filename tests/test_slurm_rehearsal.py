@@ -162,15 +162,19 @@ def test_the_gpu_node_takes_the_paper_asks_and_refuses_more(paper_cluster) -> No
 def test_the_watcher_and_the_check_see_real_jobs(paper_cluster, tmp_path: Path) -> None:
     from support.slurm_usage import UsageRecorder
 
-    allocate = (f"{sys.executable} -c 'import subprocess, sys, time; x = bytearray(200 * 2**20); "
-                f"x[::4096] = bytes(len(x[::4096])); time.sleep(2)'")
-    # The 200 MB live in a child of a child: the job's whole process tree counts.
-    nested = f"bash -c \"{allocate}\""
+    def allocate(mb: int) -> str:
+        return (f"{sys.executable} -c 'import time; x = bytearray({mb} * 2**20); "
+                f"x[::4096] = bytes(len(x[::4096])); time.sleep(3)'")
+
+    # 200 MB in a child of a child: the job's whole process tree counts. Two processes of 150 MB
+    # at once: their sum is over a 250 MB ask, each one alone is not.
+    nested = f"bash -c \"{allocate(200)}\""
+    pair = f"{allocate(150)} & {allocate(150)}; wait"
     recorder = UsageRecorder(paper_cluster, tmp_path / "usage").start()
     try:
         jobs = {
             "fits": paper_cluster.sbatch("--mem=1000", "-t", "5", "--comment=rule_fits_wildcards_a_1", wrap=nested),
-            "over": paper_cluster.sbatch("--mem=100", "-t", "5", "--comment=rule_over", wrap=allocate),
+            "over": paper_cluster.sbatch("--mem=250", "-t", "5", "--comment=rule_over", wrap=pair),
             "fails": paper_cluster.sbatch("--mem=100", "--comment=rule_fails", wrap="sleep 1; exit 3"),
             "gpu": paper_cluster.sbatch("-p", "gpu", "--gpus=h100:2", "--cpus-per-gpu=16", "--mem=128000",
                                         "-t", "2880", "--comment=rule_engine", wrap="sleep 2"),
@@ -189,7 +193,8 @@ def test_the_watcher_and_the_check_see_real_jobs(paper_cluster, tmp_path: Path) 
     assert sorted(table["job_id"].astype(int)) == sorted(jobs.values())
     assert table.loc["fits", "wildcards"] == "a_1" and not table.loc["fits", "over_memory"]
     assert 200 <= table.loc["fits", "peak_rss_mb"] < 1000
-    assert table.loc["over", "over_memory"] and table.loc["over", "mem_asked_mb"] == 100
+    assert table.loc["over", "over_memory"] and table.loc["over", "mem_asked_mb"] == 250
+    assert table.loc["over", "peak_process_mb"] < 250 <= 300 <= table.loc["over", "peak_rss_mb"]
     assert table.loc["fails", "state"] == "FAILED" and table.loc["fails", "failed"]
     gpu = table.loc["engine"]
     assert (gpu["partition"], gpu["gpus"], gpu["gpu_type"], gpu["cpus"], gpu["mem_asked_mb"]) == (
