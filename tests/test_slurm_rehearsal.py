@@ -170,6 +170,8 @@ def test_the_watcher_and_the_check_see_real_jobs(paper_cluster, tmp_path: Path) 
     # at once: their sum is over a 250 MB ask, each one alone is not.
     nested = f"bash -c \"{allocate(200)}\""
     pair = f"{allocate(150)} & {allocate(150)}; wait"
+    earlier = paper_cluster.sbatch("--comment=rule_earlier", wrap="true")  # in the queue before: not recorded
+    paper_cluster.wait_job(earlier, timeout=60)
     recorder = UsageRecorder(paper_cluster, tmp_path / "usage").start()
     try:
         jobs = {
