@@ -177,6 +177,9 @@ def test_the_watcher_and_the_check_see_real_jobs(paper_cluster, tmp_path: Path) 
         jobs = {
             "fits": paper_cluster.sbatch("--mem=1000", "-t", "5", "--comment=rule_fits_wildcards_a_1", wrap=nested),
             "over": paper_cluster.sbatch("--mem=250", "-t", "5", "--comment=rule_over", wrap=pair),
+            # Without SLURM_CONF (as the jobstep's shell before srun): its parent is the job's.
+            "stripped": paper_cluster.sbatch("--mem=150", "-t", "5", "--comment=rule_stripped",
+                                             wrap=f"env -u SLURM_CONF {allocate(200)}"),
             "fails": paper_cluster.sbatch("--mem=100", "--comment=rule_fails", wrap="sleep 1; exit 3"),
             "gpu": paper_cluster.sbatch("-p", "gpu", "--gpus=h100:2", "--cpus-per-gpu=16", "--mem=128000",
                                         "-t", "2880", "--comment=rule_engine", wrap="sleep 2"),
@@ -190,13 +193,14 @@ def test_the_watcher_and_the_check_see_real_jobs(paper_cluster, tmp_path: Path) 
                           str(tmp_path / "usage"), "--output", str(tmp_path / "usage.parquet")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 1, out.stdout
-    assert out.stderr.strip() == "error: 1 job(s) failed, 1 over their memory, 0 over their time (of 4)", out.stdout
+    assert out.stderr.strip() == "error: 1 job(s) failed, 2 over their memory, 0 over their time (of 5)", out.stdout
     table = pd.read_parquet(tmp_path / "usage.parquet").set_index("rule")
     assert sorted(table["job_id"].astype(int)) == sorted(jobs.values())
     assert table.loc["fits", "wildcards"] == "a_1" and not table.loc["fits", "over_memory"]
     assert 200 <= table.loc["fits", "peak_rss_mb"] < 1000
     assert table.loc["over", "over_memory"] and table.loc["over", "mem_asked_mb"] == 250
     assert table.loc["over", "peak_process_mb"] < 250 <= 300 <= table.loc["over", "peak_rss_mb"]
+    assert table.loc["stripped", "over_memory"] and table.loc["stripped", "peak_rss_mb"] >= 200
     assert table.loc["fails", "state"] == "FAILED" and table.loc["fails", "failed"]
     gpu = table.loc["engine"]
     assert (gpu["partition"], gpu["gpus"], gpu["gpu_type"], gpu["cpus"], gpu["mem_asked_mb"]) == (
