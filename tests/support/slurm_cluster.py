@@ -12,6 +12,13 @@ Usage::
 
 ``tests/conftest.py`` wraps it as the session fixture ``slurm_cluster``.
 
+``start_cluster(shape=paper_node_shape("profiles/slurm"))`` declares the GPU node of a SLURM
+profile's site block instead of the machine (:class:`NodeShape`: partitions and MaxTime, typed
+GPUs on stand-in device files, 192 CPUs and 2 TB, nothing enforced), and
+``python tests/support/slurm_cluster.py hold --profile profiles/slurm --env-file F [--usage-dir D]``
+keeps such a cluster up for a long run outside pytest (scripts/rehearse-paper-grid.sh;
+docs/cluster.md, "Rehearsal on a local SLURM").
+
 What it does
 ------------
 * Installs the Debian packages ``slurmctld slurmd slurm-client munge``
