@@ -87,7 +87,7 @@ def test_the_gpu_node_fits_every_engine_job_of_the_paper_grid() -> None:
     cpus_per_gpu = profile(PROFILE)["set-resources"]["run_engine"]["cpus_per_gpu"]
     gpus = max(scheduling.cell_gpus(config, c) for c in plan.cells)
     mem = max(scheduling.cell_mem_mb(config, c) for c in plan.cells)
-    assert (gpus, cpus_per_gpu, mem) == (4, 16, 256_000)  # Llama3-70B and GLM-4.5-Air: TP 4
+    assert (gpus, cpus_per_gpu) == (4, 16) and mem >= 4 * 64_000  # Llama3-70B and GLM-4.5-Air: TP 4
     assert shape.cpus >= gpus * cpus_per_gpu and shape.real_memory_mb >= mem
 
 
