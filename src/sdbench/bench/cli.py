@@ -4,7 +4,7 @@
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
 ``bench aggregate-inputs`` (:mod:`sdbench.bench.aggregateinputs`),
 ``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench timeline``
-(:mod:`sdbench.bench.timeline`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
+(:mod:`sdbench.bench.timeline`), ``bench job-usage`` (:mod:`sdbench.bench.jobusage`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
 :mod:`sdbench.analysis.runcompare`). Argument parsing only (argparse and the
 standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
 """
@@ -146,6 +146,18 @@ def add_timeline(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
 
 
+def add_job_usage(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench job-usage``."""
+    p = bench.add_parser(
+        "job-usage", help="every SLURM job's peak memory and time against its asks; exit 1 if one failed or went over"
+    )
+    p.add_argument("--usage-dir", required=True,
+                   help="the per-job records (<job_id>.json) of tests/support/slurm_usage.py")
+    add_output_table(p, "one row per job", required=False)
+    add_markdown(p, "the report", required=False)
+    p.set_defaults(func=lazy("sdbench.bench.jobusage", "_cmd_bench_job_usage"))
+
+
 def compare_options(p: argparse.ArgumentParser) -> None:
     """Options of ``sdbench compare`` (and of its alias ``bench compare-runs``) after the two runs."""
     p.add_argument("--threshold", type=float, default=None, metavar="FRACTION",
@@ -202,7 +214,7 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
     for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_engine_sharing, add_timeline,
-                add_compare_runs, add_aggregate_inputs):
+                add_job_usage, add_compare_runs, add_aggregate_inputs):
         add(bench)
 
 
