@@ -126,7 +126,7 @@ def _group(tmp_path: Path, batch_sizes: list[int]) -> tuple[list[dict], dict[str
 
 
 def test_a_group_split_differently_measures_nothing_measured_and_logs_other_hardware(
-    tmp_path: Path, tiny_model: str, caplog
+    tmp_path: Path, tiny_model: str, caplog, capsys
 ) -> None:
     """Cells measured by the unsplit group (max_num_seqs 4), on another kind of node, are found by a
     split part of it, which keeps max_num_seqs 4 (sdbench.workflow.plan): nothing to measure, no
@@ -154,3 +154,32 @@ def test_a_group_split_differently_measures_nothing_measured_and_logs_other_hard
                                    and "(the cell keeps the hardware it was measured on)" in line for line in lines)  # fmt: skip
     assert "group: 0 of 2 cell(s) to measure, 2 re-used" in caplog.text
     assert len([p for p in store.iterdir() if not p.name.startswith(".")]) == 3  # kept
+    # What `sdbench run-group --dry-run` says of the unsplit group and of a part that lost max_num_seqs.
+    from sdbench.cli import main
+
+    for cells_, extra, said in ((specs, {}, "0 cell(s) to measure, 3 re-used"),
+                                (part, {"max_num_seqs": 2}, "2 cell(s) to measure, 0 re-used")):  # fmt: skip
+        spec_path = tmp_path / "group.json"
+        spec_path.write_text(json.dumps({"cells": cells_, "prompts": prompts, **extra}))
+        argv = ["run-group", "--spec", f"@{spec_path}", "--model-dir", tiny_model, "--checkpoint-dir", str(store),
+                "--output-dir", str(tmp_path / "dry"), "--quiet-guard", "flag", "--dry-run"]  # fmt: skip
+        assert main(argv) == 0
+        assert capsys.readouterr().out == f"{tmp_path / 'dry'}: {said}\n"
+    assert not (tmp_path / "dry").exists()
+
+
+def test_the_hardware_record_reads_the_jobs_gpus_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi is the test double (tests/support/doubles/gpu): two GPUs, the job sees the second."""
+    from sdbench.engine.hardware import describe_hardware, hardware, same_hardware
+
+    doubles = Path(__file__).parent / "support" / "doubles" / "gpu"
+    monkeypatch.setenv("PATH", f"{doubles}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_DRIVER", "550.54.15")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    hw = hardware()
+    assert (hw["gpus"], hw["gpu_memory_mib"], hw["driver"]) == (["NVIDIA H100 80GB HBM3"], [81559], "550.54.15")
+    assert hw["cpu_count"] == os.cpu_count()
+    assert describe_hardware(hw).endswith(", 1 x NVIDIA H100 80GB HBM3 (81,559 MiB), driver 550.54.15")
+    monkeypatch.setenv("SDBENCH_NVIDIA_SMI_MEMORY", "40960")  # another kind of node, by its memory alone
+    assert not same_hardware(hardware(), hw) and same_hardware({**hw, "node": "elsewhere"}, hw)

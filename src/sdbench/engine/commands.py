@@ -119,6 +119,8 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
 def _dry_run_group(group: dict, args: argparse.Namespace) -> int:
     """``run-group --dry-run``: how many of the group's cells (in every engine start) its run would
     measure, the others being re-used from the checkpoint store; one line on stdout."""
+    from sdbench.engine.quietguard import mode_from_env
+
     multi = args.engine_start is None and engine_starts(group["cells"]) > 1 and not args.breakdown
     starts = range(engine_starts(group["cells"])) if multi else [args.engine_start]
     measure = reuse = 0

@@ -7,6 +7,11 @@ scopes (:meth:`Plan.final_outputs`, driven by :data:`sdbench.figureindex.ITEMS`)
 each step, and every params payload (resolved cell specs, labels, prices, sweep points). The rule
 files keep only thin adapters from Snakemake's wildcards to these methods.
 
+A site's runtime limit splits engine groups (their ``share`` names the parts, and their jobs'
+directories); it never changes a cell's measurement: a split group keeps its unsplit group's
+engine arguments and every group of an engine x model x method shares one checkpoint store
+(:meth:`Plan.group_checkpoint_dir`), so a group split differently finds its cells measured.
+
 Specs of engine jobs stay out of shell lines: :func:`spec_file` writes a spec once, under a name
 that is its digest (:data:`sdbench.workflow.paths.SPEC_FILE`), and the rule passes that path: the
 param changes exactly when the spec does, and a log shows a short command.
