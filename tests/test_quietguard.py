@@ -208,4 +208,6 @@ def test_interim_judges_so_far_and_a_resumed_cell_inherits_it(busy_process) -> N
     later.start()
     report = later.stop([seen])
     assert report.contaminated and report.samples == seen.samples + later.report.samples
-    assert f"engine process 1 of 2: busy processes: {busy_process.pid} " in report.columns()["contamination"]
+    # The reasons name the 3 busiest processes (a shared machine may have busier ones): the orphan by busy.
+    assert "engine process 1 of 2: busy processes: " in report.columns()["contamination"]
+    assert any(name.startswith(f"{busy_process.pid} ") for name in report.busy)
