@@ -102,6 +102,25 @@ class RequestRows:
         i = self._output[row]
         return self._buffer()[self._offsets[i] : self._offsets[i + 1]].copy()
 
+    def records(self, start: int = 0) -> list[dict[str, Any]]:
+        """Rows ``start``.. as :meth:`replay` takes them back (a killed cell's saved progress,
+        sdbench.engine.progress): :meth:`add`'s arguments, the SD counters flattened."""
+        out = []
+        for row in range(start, len(self)):
+            out.append({
+                "call_index": self._ints["call_index"][row], "slot": self._ints["slot"][row],
+                "request_id": self.request_id[row], "token_ids": self.output(row).tolist(),
+                "text": self._text[self._output[row]], "num_prompt_tokens": self._ints["num_prompt_tokens"][row],
+                "finish_reason": self.finish_reason[row], **{c: self._sd[c][row] for c in SD_COLUMNS},
+            })  # fmt: skip
+        return out
+
+    def replay(self, record: Mapping[str, Any]) -> int:
+        """Record a row of :meth:`records` again (rows in their order rebuild the same table)."""
+        sd = {c: record.get(c) for c in SD_COLUMNS}
+        return self.add(record["call_index"], record["slot"], record["request_id"], record["token_ids"],
+                        record["text"], record["num_prompt_tokens"], record["finish_reason"], sd)  # fmt: skip
+
     @property
     def stored_tokens(self) -> int:
         """Token ids held: those of the stored outputs."""
