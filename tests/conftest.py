@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +96,10 @@ def qwen3(qwen3_dir: Path) -> Any:
     return AutoTokenizer.from_pretrained(qwen3_dir)  # as `sdbench prepare-dataset` loads it
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A real single-node SLURM (munged + slurmctld + slurmd) shared by the session.
+@contextlib.contextmanager
+def live_cluster(**kwargs: Any) -> Iterator[Any]:
+    """A started SLURM cluster (``start_cluster(**kwargs)``), stopped on exit.
 
-    See tests/support/slurm_cluster.py: installs the Debian packages if needed (root),
-    keeps all state in a temp dir, always stops the daemons at session end.
     Skips when SLURM cannot be provided (not root and not installed, or
     SDBENCH_SLURM_TESTS=0); under CI that fails (support.require).
     """
@@ -108,11 +108,22 @@ def slurm_cluster():
     from support.require import require
 
     try:
-        cluster = harness.start_cluster()
+        cluster = harness.start_cluster(**kwargs)
     except harness.SlurmUnavailable as exc:
         require(False, str(exc))
     try:
         yield cluster
     finally:
         harness.stop_cluster(cluster)
-        print(f"\n[slurm timing] stop: {cluster.timings.get('stop', 0.0):.1f} s")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real single-node SLURM (munged + slurmctld + slurmd) shared by the session.
+
+    See tests/support/slurm_cluster.py: installs the Debian packages if needed (root),
+    keeps all state in a temp dir, always stops the daemons at session end (live_cluster).
+    """
+    with live_cluster() as cluster:
+        yield cluster
+    print(f"\n[slurm timing] stop: {cluster.timings.get('stop', 0.0):.1f} s")

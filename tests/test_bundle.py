@@ -76,6 +76,9 @@ def inputs(tmp_path: Path) -> dict:
         cell = res / f"runs/vllm-cpu/tiny-target/code-edit/{method}/bs{bs}"
         cell.mkdir(parents=True)
         _summary(method, bs).to_parquet(cell / "summary.parquet")
+    checkpoint = res / "engine_checkpoints/vllm-cpu/tiny-target/none/0123456789abcdef"
+    checkpoint.mkdir(parents=True)
+    _summary("none", 1).to_parquet(checkpoint / "summary.parquet")  # the same cell, in the checkpoint store
     model = res / "models/built/tiny-target"
     model.mkdir(parents=True)
     (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
@@ -195,6 +198,8 @@ def test_create_and_verify(archive: Path, tmp_path: Path, capsys: pytest.Capture
     excluded = pd.read_csv(root / "provenance/excluded.tsv", sep="\t")
     weights = excluded.set_index("path").loc["results/models/built/tiny-target/model.safetensors"]
     assert weights["bytes"] == 1000 and len(weights["sha256"]) == 64
+    stored = "results/engine_checkpoints/vllm-cpu/tiny-target/none/0123456789abcdef/summary.parquet"
+    assert stored not in names and stored in set(excluded["path"])
 
     manifest = _manifest(root)
     assert bundle.MANIFEST not in manifest and len(manifest) == len(names) - 1

@@ -18,6 +18,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from sdbench.requesttable import expand_outputs
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -157,7 +159,8 @@ def test_outputs_are_complete(pipeline: Path) -> None:
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/draft-k3/bs2/requests.parquet"
     )
     assert len(requests) == 2 * 2  # 2 prompts, each replicated batch-size times
-    assert requests["output_token_ids"].map(len).between(1, 16).all()
+    assert "prompt_token_ids" not in requests  # named by request_id in the prompt table
+    assert expand_outputs(requests)["output_token_ids"].map(len).between(1, 16).all()
 
 
 def test_learned_drafters_keep_greedy_outputs_and_report_per_request_counters(pipeline: Path) -> None:
@@ -166,10 +169,10 @@ def test_learned_drafters_keep_greedy_outputs_and_report_per_request_counters(pi
     compared = 0
     for dataset in ("code-edit", "code-write"):
         for bs in (1, 2):
-            baseline = pd.read_parquet(runs / dataset / "none" / f"bs{bs}" / "requests.parquet")
+            baseline = expand_outputs(pd.read_parquet(runs / dataset / "none" / f"bs{bs}" / "requests.parquet"))
             assert baseline["sd_num_steps"].isna().all()
             for method in ("eagle-k3", "eagle3-k3", "draft-k3"):
-                requests = pd.read_parquet(runs / dataset / method / f"bs{bs}" / "requests.parquet")
+                requests = expand_outputs(pd.read_parquet(runs / dataset / method / f"bs{bs}" / "requests.parquet"))
                 assert [list(x) for x in requests.output_token_ids] == [list(x) for x in baseline.output_token_ids]
                 # The engine's per-request counters add up to the cell's aggregate counters' scale.
                 assert (requests["sd_num_steps"] > 0).all()

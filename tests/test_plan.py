@@ -205,8 +205,36 @@ def test_split_groups_keep_the_unsplit_engine_and_their_cells_paths(paper: Plan,
     assert "max_num_seqs" not in paper.group_spec(whole)  # unsplit specs (and digests) as before
     assert "all.aime.bs1-2" in paper_at_site.shares and paper.shares == ["all", "all-temperature"]
     assert paper_at_site.group_checkpoint_dir(group) == (
-        "results/engine_checkpoints/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.aime.bs1-2"
+        "results/engine_checkpoints/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3"
     )
+
+
+def test_a_cells_checkpoint_does_not_depend_on_the_site(paper: Plan, paper_at_site: Plan) -> None:
+    """With the shipped site (2,880 min), at 1,440 min and without a site (``--report``, ``-n``
+    without the profile) the groups and their directories differ, but every cell has the same
+    checkpoint store, resolved spec and engine max_num_seqs: the same checkpoint key."""
+    from sdbench.engine.groups import checkpoint_key
+
+    half = _with_profile("paper.yaml", "slurm")
+    for partition in half["site"]["partitions"].values():
+        partition["max_runtime"] = 1440
+    at_1440 = Plan(half)
+    plans = {"none": paper, "2880": paper_at_site, "1440": at_1440}
+    context = {"code": "fixed"}  # the rest of the key is the job's, the same for every split
+
+    def keys(plan: Plan) -> dict[Cell, tuple[str, str]]:
+        out = {}
+        for group, cells_ in plan.groups.items():
+            spec = plan.group_spec(group)
+            max_num_seqs = spec.get("max_num_seqs") or max(c.batch_size for c in cells_)  # as run_group takes it
+            for cell, cell_spec in zip(cells_, spec["cells"], strict=True):
+                out[cell] = (plan.group_checkpoint_dir(group), checkpoint_key(cell_spec, context, max_num_seqs, None))
+        return out
+
+    found = {name: keys(plan) for name, plan in plans.items()}
+    assert len(found["none"]) == 786 and found["2880"] == found["none"] == found["1440"]
+    moved = [c for c in paper.cells if paper_at_site.group_dir_of_cell(c) != at_1440.group_dir_of_cell(c)]
+    assert moved  # cells whose group the edit re-splits (540 of 786): their jobs re-run and re-use them
 
 
 def test_the_cpu_profile_leaves_the_default_plan_alone(default: Plan) -> None:

@@ -214,6 +214,26 @@ def test_under_srun_the_guard_judges_the_job_not_the_step_or_the_node(job_cgroup
     assert outside not in pids, seen
 
 
+def test_interim_judges_so_far_and_a_resumed_cell_inherits_it(busy_process) -> None:
+    """What a killed job's guard had seen (kept with the cell's partial checkpoint) flags the cell
+    that resumes it, whatever the resumed process sees."""
+    guard = QuietGuard("refuse", interval=0.2)
+    guard.start()
+    time.sleep(1.0)
+    seen = guard.interim()  # judged, not raised, still sampling
+    assert seen.contaminated and any(name.startswith(f"{busy_process.pid} ") for name in seen.busy)
+    assert guard._thread is not None and guard._thread.is_alive()
+    with pytest.raises(Contaminated):
+        guard.stop()
+    later = QuietGuard("flag", interval=0.2)
+    later.start()
+    report = later.stop([seen])
+    assert report.contaminated and report.samples == seen.samples + later.report.samples
+    # The reasons name the 3 busiest processes (a shared machine may have busier ones): the orphan by busy.
+    assert "engine process 1 of 2: busy processes: " in report.columns()["contamination"]
+    assert any(name.startswith(f"{busy_process.pid} ") for name in report.busy)
+
+
 # ----------------------------------------------------------------------------- a /proc seen from a container
 
 

@@ -198,8 +198,11 @@ def test_engine_starts_merge_into_one_cell() -> None:
 
     spec = {"seed": 1, "cell": {}, "method": {"method": "none"}, "run": {}}
     starts = [_start_tables(100.0, [[1, 2], [3]]), _start_tables(200.0, [[1, 2], [3]], "busy processes: 9 x")]
+    for start, resumes in zip(starts, (0, 2)):  # the second start's job was killed twice inside the cell
+        start["summary"] = start["summary"].assign(resumed=resumes > 0, num_resumes=resumes)
     merged = merge_engine_starts(starts, spec)
     s = merged["summary"].iloc[0]
+    assert s["resumed"] and s["num_resumes"] == 2
     assert list(merged["summary"].columns) == list(starts[0]["summary"].columns)
     assert s["num_engine_starts"] == 2 and s["num_trials"] == 4 and len(merged["calls"]) == 8
     assert sorted(merged["calls"]["engine_start"].unique()) == [0, 1]

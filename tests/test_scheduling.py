@@ -206,19 +206,25 @@ def test_the_model_size_scales_a_gpu_step() -> None:
 
 # ------------------------------------------------------------------ host memory
 def test_memory_follows_gpus_prompt_length_and_batch_size() -> None:
-    """64 GB per GPU, and the cell's request rows: 100 prompts x 64 copies, each a 512 B row with its
-    512 output and 32,768 prompt token ids at 44 B, and the prompt table (100 x 32,768 ids at 16 B)."""
+    """64 GB per GPU, and the cell's requests table: 1,536 prompts x 64 copies, each a 512 B row,
+    the output ids it stores as int32 (greedy: a call's 64 equal outputs once; sampled: every
+    sequence's), twice at the peak, and the prompt table (1,536 x 32,768 ids at 16 B). A row
+    refers to its prompt by id: the prompt length enters once per prompt, not once per copy."""
     config = deepcopy(CONFIG)
-    config["datasets"]["long"] = {"num_prompts": 100, "max_tokens": 8192, "expected_output_tokens": 512,
-                                  "expected_prompt_tokens": 32768}  # fmt: skip
-    rows = 100 * 64
-    table = rows * (512 + (512 + 32768) * 44) + 100 * 32768 * 16
-    assert cell_mem_mb(config, Cell("gpu", "small", "long", "none", 64)) == math.ceil((64000 + table / 2**20) / 100) * 100
-    assert cell_mem_mb(config, Cell("gpu", "small", "long", "none", 64)) == 73000
-    assert cell_mem_mb(config, Cell("gpu", "big", "long", "none", 64)) == 4 * 64000 + 9000  # the same cell, 4 GPUs
+    long = {"num_prompts": 1536, "max_tokens": 8192, "expected_output_tokens": 512, "expected_prompt_tokens": 32768}
+    config["datasets"]["long"] = long
+    config["datasets"]["sampled"] = {**long, "temperature": 1.0}
+    rows, prompt_table = 1536 * 64, 1536 * 32768 * 16
+    greedy = 2 * (rows * 512 + 1536 * 512 * 4) + prompt_table
+    sampled = 2 * (rows * 512 + rows * 512 * 4) + prompt_table
     long64 = cell_mem_mb(config, Cell("gpu", "small", "long", "none", 64))
+    assert long64 == math.ceil((64000 + greedy / 2**20) / 100) * 100 == 64900
+    assert cell_mem_mb(config, Cell("gpu", "small", "sampled", "none", 64)) == math.ceil(
+        (64000 + sampled / 2**20) / 100
+    ) * 100 == 65300
+    assert cell_mem_mb(config, Cell("gpu", "big", "long", "none", 64)) == 4 * 64000 + 900  # the same cell, 4 GPUs
     assert cell_mem_mb(config, Cell("gpu", "small", "long", "none", 8)) < long64
-    assert cell_mem_mb(config, Cell("gpu", "small", "d", "none", 64)) == 64200 < long64  # 64-token prompts
+    assert cell_mem_mb(config, Cell("gpu", "small", "d", "none", 64)) == 64100 < long64  # 64-token prompts
     # CPU: 16,000 MB for the process and its 1 GiB KV cache, twice the cache with a paired no-SD
     # engine, and a few KB of tables: rounded up to 100 MB.
     assert cell_mem_mb(CONFIG, Cell("cpu", "small", "tiny", "none", 1)) == 17_100  # 16,000 + 1,024 + tables
@@ -242,25 +248,34 @@ def test_a_job_holds_its_largest_cell_and_a_trace_group_every_dataset() -> None:
 
 # ------------------------------------------------------------------ analysis jobs
 def test_analysis_resources_follow_what_their_inputs_hold() -> None:
-    """A requests table of 1,000 prompts x 64 copies, 32,768 + 4,096 token ids a row (16 B each in
-    memory) and 512 B of columns; twice that while concatenated, over a 1,000 MB base. Time: 60 s,
-    50 us a row, 1 us a token id, doubled."""
+    """A sampled requests table of 1,000 prompts x 64 copies: 512 B of columns a row and every
+    sequence's 4,096 output ids (16 B each in memory; no prompt ids: a row refers to its prompt);
+    twice that while concatenated, over a 1,000 MB base. Greedy, a call's 64 equal outputs are
+    stored once. Time: 60 s, 50 us a row, 1 us a token id, doubled."""
     from sdbench.scheduling import analysis_mem_mb, analysis_runtime_minutes, input_reads, total_reads
 
     config = deepcopy(CONFIG)
-    config["datasets"]["big"] = {"num_prompts": 1000, "max_tokens": 4096, "expected_prompt_tokens": 32768}
+    greedy = {"num_prompts": 1000, "max_tokens": 4096, "expected_prompt_tokens": 32768}
+    config["datasets"]["big"] = {**greedy, "temperature": 0.7}
+    config["datasets"]["greedy"] = greedy
     path = "results/runs/cpu/small/big/none/bs64/requests.parquet"
-    rows, tokens = 64_000, 64_000 * (32768 + 4096)
+    rows, tokens = 64_000, 64_000 * 4096
     reads = input_reads(config, path)
     assert (reads.rows, reads.tokens, reads.nbytes) == (rows, tokens, rows * 512 + tokens * 16)
-    assert analysis_mem_mb(reads) == math.ceil((1000 + 2 * (rows * 512 + tokens * 16) / 2**20) / 100) * 100 == 73100
-    assert analysis_runtime_minutes(config, reads) == math.ceil(2 * (60 + rows / 2e4 + tokens / 1e6) / 60) == 81
-    assert analysis_runtime_minutes(config, reads, passes=6) > 5 * 81  # a simulation: a pass per policy and batch size
-    assert analysis_runtime_minutes({**config, "site": _site(60)}, reads, attempt=2) == 60  # within the site
+    assert input_reads(config, path.replace("/big/", "/greedy/")).tokens == 1000 * 4096
+    assert analysis_mem_mb(reads) == math.ceil((1000 + 2 * (rows * 512 + tokens * 16) / 2**20) / 100) * 100 == 9100
+    assert analysis_runtime_minutes(config, reads) == math.ceil(2 * (60 + rows / 2e4 + tokens / 1e6) / 60) == 11
+    assert analysis_runtime_minutes(config, reads, passes=6) > 5 * 11  # a simulation: a pass per policy and batch size
+    assert analysis_runtime_minutes({**config, "site": _site(15)}, reads, attempt=2) == 15  # within the site
     both = [path, path.replace("/none/", "/ng/")]
     assert total_reads(config, both).nbytes == 2 * reads.nbytes
     streamed = total_reads(config, both, streamed=True)  # rows of both, token ids of one at a time
     assert streamed.nbytes == 2 * rows * 512 + tokens * 16
+    # aggregate reads file by file: 50 KB a cell and five copies of its largest file.
+    from sdbench.scheduling import streamed_mem_mb
+
+    largest = rows * 512 + tokens * 16
+    assert streamed_mem_mb(config, both, num_cells=2) == math.ceil((1000 + (2 * 50_000 + 5 * largest) / 2**20) / 100) * 100 == 21200
     assert input_reads(config, "results/runs/cpu/small/big/none/bs64/summary.parquet").rows == 1
     assert input_reads(config, "results/paper/fig01_end_to_end.png").nbytes == 0
     assert input_reads(config, "results/tables/cells.parquet", num_cells=786).rows == 786

@@ -89,6 +89,7 @@ def declared_tables() -> dict[str, tuple[str, ...]]:
     from sdbench.analysis import breakdown, categories, cost, energy, forced, proposal, randominputs, temperature, verdict
     from sdbench.analysis.bleu import BUCKET_COLUMNS
     from sdbench.analysis.memory import ANALYTICAL_COLUMNS
+    from sdbench.bench.jobusage import COLUMNS as JOB_USAGE_COLUMNS
     from sdbench.drawn import DRAWN_COLUMNS
     from sdbench.engine.steptiming import STEP_COLUMNS
     from sdbench.engine.summary import PAIRED_COLUMNS
@@ -117,6 +118,7 @@ def declared_tables() -> dict[str, tuple[str, ...]]:
         "buckets.parquet": BUCKET_COLUMNS,
         "engine_trace.parquet": TRACE_COLUMNS,
         "engine_requests.parquet": REQUESTS_COLUMNS,
+        "job usage": JOB_USAGE_COLUMNS,
     }
 
 

@@ -22,6 +22,7 @@ from sdbench import sweeps
 from sdbench.analysis import temperature as temp
 from sdbench.config import ConfigError, validate_config
 from sdbench.grid import Cell, baseline_cells, breakdown_cells, cells, engine_groups, resolve_cell, trace_targets
+from sdbench.requesttable import expand_outputs
 
 REPO = Path(__file__).resolve().parents[1]
 RAW = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
@@ -314,10 +315,10 @@ def test_real_vllm_ngram_cell_at_temperature_one(tmp_path: Path) -> None:
     rate = [s["num_accepted_tokens"] / (s["output_len_mean"] * s["num_sequences"] * s["num_trials"]) for s in (greedy, sampled)]
     assert sampled["num_drafts"] > 0 and rate[0] != rate[1], rate  # the sampled SD arm drafted and verified
     assert greedy["mean_acceptance_length"] != sampled["mean_acceptance_length"]
-    requests = pd.read_parquet(out / "ngram-k3" / "code-edit.t1.0" / "bs2" / "requests.parquet")
+    requests = expand_outputs(pd.read_parquet(out / "ngram-k3" / "code-edit.t1.0" / "bs2" / "requests.parquet"))
     for _, replicas in requests.groupby("request_id"):  # the two slots of a prompt sample differently
         assert len(replicas) == 2 and list(replicas.output_token_ids.iloc[0]) != list(replicas.output_token_ids.iloc[1])
-    greedy_requests = pd.read_parquet(out / "ngram-k3" / "code-edit" / "bs2" / "requests.parquet")
+    greedy_requests = expand_outputs(pd.read_parquet(out / "ngram-k3" / "code-edit" / "bs2" / "requests.parquet"))
     for _, replicas in greedy_requests.groupby("request_id"):
         assert list(replicas.output_token_ids.iloc[0]) == list(replicas.output_token_ids.iloc[1])
     print(f"\n[temperature] outputs_stable at T=1.0: {bool(sampled['outputs_stable'])}; "

@@ -103,7 +103,7 @@ def test_a_call_counts_every_sequence_of_its_batch_and_is_timed_by_the_engines_c
     assert [second[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")] == [7, 21, 9]
     assert run.timed_s == 0.75
     # The first trial's sequences, one row each, with their own lengths.
-    assert [(r["call_index"], r["slot"], r["num_output_tokens"]) for r in run.request_rows] == [
+    assert [(r.call_index, r.slot, r.num_output_tokens) for r in run.request_rows.frame().itertuples()] == [
         (0, 0, 4), (0, 1, 6), (0, 2, 5), (1, 0, 4), (1, 1, 6), (1, 2, 5)]  # fmt: skip
 
 

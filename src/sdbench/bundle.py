@@ -163,6 +163,8 @@ def collect_results(results: Path) -> tuple[list[tuple[str, Path]], list[tuple[s
             excluded.append((rel, path, "model weights (rebuilt from the config)"))
         elif parts[0] == P.stage_dir(P.GROUP_DIR):
             excluded.append((rel, path, "engine-group copy of a cell's tables (bundled under results/runs/)"))
+        elif parts[0] == P.stage_dir(P.GROUP_CHECKPOINT_DIR):
+            excluded.append((rel, path, "engine checkpoint of a cell (its tables are bundled under results/runs/)"))
         else:
             included.append((rel, path))
     return included, excluded

@@ -118,8 +118,9 @@ ROW_BYTES = 512
 TRACE_ROW_BYTES = 200
 # Tables held while a job reads them and while it concatenates them: two copies at the peak.
 CONCAT_COPIES = 2
-# The requests table (engine/trials.py request_rows) holds each sequence's prompt token ids too.
-REQUEST_ROWS_CARRY_PROMPTS = True
+# A token id of a requests table (sdbench.requesttable): int32, in one buffer per cell, as held
+# while measured and as stored; its rows refer to their prompt by request id (no prompt ids).
+STORED_TOKEN_BYTES = 4
 # An analysis job before its data: the interpreter with pandas, pyarrow, matplotlib and the analysis
 # modules imported (155 MB peak RSS measured here), and room for drawing a figure (an allowance).
 ANALYSIS_BASE_MB = 1_000
@@ -554,12 +555,16 @@ def request_rows(config: dict[str, Any], cell: Cell) -> int:
     return n if run.get("batch_mode", "replicate") == "distinct" else n * cell.batch_size
 
 
-def request_row_tokens(config: dict[str, Any], cell: Cell) -> int:
-    """Token ids one request row holds: its output, and its prompt while
-    :data:`REQUEST_ROWS_CARRY_PROMPTS`."""
+def stored_output_tokens(config: dict[str, Any], cell: Cell) -> int:
+    """Output token ids a cell's requests table stores (sdbench.requesttable): a call's equal
+    outputs once, so one output per greedy replicated call; every sequence's when sampled or
+    in distinct mode. Prompt ids are not stored (a row refers to its prompt by request id)."""
     run = _cell_run(config, cell)
-    prompt = prompt_tokens(config, cell.dataset) if REQUEST_ROWS_CARRY_PROMPTS else 0
-    return output_tokens(config, cell.dataset, run) + prompt
+    n = _num_prompts(config, cell.dataset, run)
+    greedy = float(config["datasets"][cell.dataset].get("temperature", 0.0)) == 0.0
+    replicated = run.get("batch_mode", "replicate") == "replicate"
+    outputs = n if greedy and replicated else request_rows(config, cell)
+    return outputs * output_tokens(config, cell.dataset, run)
 
 
 def _paired(config: dict[str, Any], cell: Cell) -> bool:
@@ -568,11 +573,12 @@ def _paired(config: dict[str, Any], cell: Cell) -> bool:
 
 
 def cell_tables_bytes(config: dict[str, Any], cell: Cell, arms: int = 1) -> int:
-    """Host bytes of a cell's tables while it is measured: every request row of its ``arms``, its
-    token ids as Python ints (:data:`PY_TOKEN_BYTES`), and the dataset's prompt table."""
-    rows = request_rows(config, cell) * arms
+    """Host bytes of a cell's tables while it is measured: every request row of its ``arms``
+    (:data:`ROW_BYTES`) and the output ids they store (:func:`stored_output_tokens`, int32), twice
+    (the table is built from them at the end), and the dataset's prompt table."""
+    stored = arms * (request_rows(config, cell) * ROW_BYTES + stored_output_tokens(config, cell) * STORED_TOKEN_BYTES)
     prompts = _num_prompts(config, cell.dataset, _cell_run(config, cell)) * prompt_tokens(config, cell.dataset)
-    return rows * (ROW_BYTES + request_row_tokens(config, cell) * PY_TOKEN_BYTES) + prompts * ARROW_TOKEN_BYTES
+    return CONCAT_COPIES * stored + prompts * ARROW_TOKEN_BYTES
 
 
 def job_mem_mb(config: dict[str, Any], kind: str, cells_: list[Cell]) -> int:
@@ -878,7 +884,8 @@ def _cell_of(config: dict[str, Any], w: dict[str, str]) -> Cell | None:
 def input_reads(config: dict[str, Any], path: str, num_cells: int = 0) -> Reads:
     """What an analysis job reads from ``path`` (an input of the plan), from the config alone:
 
-    - a cell's ``requests``: :func:`request_rows` rows of :func:`request_row_tokens` token ids;
+    - a cell's ``requests``: :func:`request_rows` rows and the output ids it stores
+      (:func:`stored_output_tokens`);
       ``calls`` / ``baseline_calls``: one row per call and trial (the trial bound); ``summary``: one;
       a breakdown cell's ``steps``: one row per engine step of every trial;
     - an in-engine trace / offline trace: one row per request and output position; a trace
@@ -922,8 +929,7 @@ def input_reads(config: dict[str, Any], path: str, num_cells: int = 0) -> Reads:
             return Reads()
         table = w.get("name")
         if table == "requests":
-            rows = request_rows(config, cell)
-            return _reads(rows, rows * request_row_tokens(config, cell))
+            return _reads(request_rows(config, cell), stored_output_tokens(config, cell))
         if table in ("calls", "baseline_calls", "steps"):
             run = _cell_run(config, cell)
             if name == "breakdown":
@@ -970,6 +976,20 @@ def analysis_mem_mb(reads: Reads) -> int:
     """Host memory (MB) of an analysis job reading ``reads``: :data:`ANALYSIS_BASE_MB` and
     :data:`CONCAT_COPIES` copies of what it reads."""
     return _mem_mb(CONCAT_COPIES * reads.nbytes, ANALYSIS_BASE_MB)
+
+
+# A job that streams its inputs file by file (sdbench aggregate): per cell it keeps its keys and
+# lengths (50 KB, an allowance over the 0.15 GiB + 50 KB per cell measured on the paper grid's
+# 786 cells: docs/results/2026-11-27-aggregate-memory.md), and at most this many copies of one file.
+STREAMED_CELL_BYTES = 50_000
+STREAMED_FILE_COPIES = 5
+
+
+def streamed_mem_mb(config: dict[str, Any], paths: Iterable[str], num_cells: int) -> int:
+    """Host memory (MB) of a job that reads its inputs one at a time (``aggregate``): what it keeps
+    per cell (:data:`STREAMED_CELL_BYTES`) and :data:`STREAMED_FILE_COPIES` copies of its largest input."""
+    largest = max((input_reads(config, p, num_cells).nbytes for p in paths), default=0)
+    return _mem_mb(num_cells * STREAMED_CELL_BYTES + STREAMED_FILE_COPIES * largest, ANALYSIS_BASE_MB)
 
 
 def analysis_runtime_minutes(config: dict[str, Any], reads: Reads, attempt: int = 1, passes: int = 1) -> int:

@@ -55,7 +55,7 @@ rule trace_cell:
 
 rule trace_ngram_offline:
     input:
-        baseline_requests,
+        unpack(baseline_outputs),
     output:
         P.OFFLINE_NGRAM,
     log:
@@ -67,13 +67,13 @@ rule trace_ngram_offline:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
     shell:
-        "sdbench trace ngram --input {input} --output {output} "
+        "sdbench trace ngram --input {input.requests} --prompts {input.prompts} --output {output} "
         "--num-speculative-tokens {params.k} > {log} 2>&1"
 
 
 rule trace_suffix_offline:
     input:
-        baseline_requests,
+        unpack(baseline_outputs),
     output:
         P.OFFLINE_SUFFIX,
     log:
@@ -86,7 +86,7 @@ rule trace_suffix_offline:
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
         settings=PLAN.suffix_trace_args(),
     shell:
-        "sdbench trace suffix --input {input} --output {output} "
+        "sdbench trace suffix --input {input.requests} --prompts {input.prompts} --output {output} "
         "--num-speculative-tokens {params.k} {params.settings} > {log} 2>&1"
 
 

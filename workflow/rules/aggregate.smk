@@ -37,7 +37,7 @@ rule aggregate:
     log:
         "logs/aggregate.log",
     resources:
-        mem_mb=analysis_mem_mb,
+        mem_mb=streamed_mem_mb,
         runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.endtoend"),

@@ -4,7 +4,7 @@
 
 rule bleu_buckets:
     input:
-        baseline_requests,
+        unpack(baseline_outputs),
     output:
         P.BLEU_BUCKETS,
     log:
@@ -16,7 +16,8 @@ rule bleu_buckets:
         code=code_digest("sdbench.analysis.cli", "sdbench.analysis.bleu"),
         order=BLEU.get("order", 4),
     shell:
-        "sdbench bleu buckets --input {input} --output {output} --order {params.order} > {log} 2>&1"
+        "sdbench bleu buckets --input {input.requests} --prompts {input.prompts} "
+        "--output {output} --order {params.order} > {log} 2>&1"
 
 
 rule fig08_bleu_measured:

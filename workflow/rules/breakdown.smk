@@ -1,6 +1,7 @@
 # Runtime breakdown (paper Sec. 5.1, Fig. 3): selected cells re-run with per-step
 # stage timing (drafting, verification, sampling, other), one engine per engine x model x
 # method (as the grid's engine groups); each cell then gets its own tables under BREAKDOWN_DIR.
+# Finished cells are kept in the same checkpoint store as the grid's (their keys differ).
 
 
 rule breakdown_group:
@@ -27,9 +28,10 @@ rule breakdown_group:
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.breakdown_group_spec(_group(w))),
         drafter=drafter_arg,
+        checkpoints=lambda w: PLAN.group_checkpoint_dir(_group(w)),
     shell:
         "sdbench run-group --breakdown --spec @{params.spec} --model-dir {input.model} "
-        "{params.drafter} --threads {threads} --output-dir {output} > {log} 2>&1"
+        "{params.drafter} --threads {threads} --checkpoint-dir {params.checkpoints} --output-dir {output} > {log} 2>&1"
 
 
 rule breakdown_cell:

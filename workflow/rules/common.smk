@@ -260,6 +260,11 @@ def analysis_mem_mb(w, input):
     return scheduling.analysis_mem_mb(_reads(input))
 
 
+def streamed_mem_mb(w, input):
+    """An analysis that reads its inputs file by file (aggregate): its largest file, not their sum."""
+    return scheduling.streamed_mem_mb(config, list(input), len(CELLS))
+
+
 def analysis_runtime(w, input, attempt):
     return scheduling.analysis_runtime_minutes(config, _reads(input), attempt)
 
@@ -277,8 +282,8 @@ def simulation_runtime(policies, batch_sizes):
 
 
 # --- traces and acceptance items ----------------------------------------------------------
-def baseline_requests(w):
-    return PLAN.baseline_requests(w.engine, w.model, w.dataset)
+def baseline_outputs(w):
+    return PLAN.baseline_outputs(w.engine, w.model, w.dataset)
 
 
 def _scope_key(w):

@@ -2,8 +2,10 @@
 # measuring every dataset x batch size of the grid on it; each cell then gets its
 # own tables under results/runs/ (CELL_DIR). A site's runtime limit (config `site`, which
 # the SLURM profiles pass) splits groups by dataset, then batch size (sdbench.scheduling);
-# each split is logged once, when the DAG is built. A group keeps each finished cell in
-# its checkpoint directory, which a failed job leaves for the group's next run.
+# each split is logged once, when the DAG is built. Every cell a group measures is kept in
+# the checkpoint store of its engine x model x method (not of its share), with a long cell's
+# finished calls: a failed job's rerun, or a group split differently (another max_runtime, or no
+# site), re-uses them and measures only what was never measured.
 from snakemake.logging import logger
 
 if workflow.is_main_process:

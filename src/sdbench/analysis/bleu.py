@@ -93,11 +93,12 @@ def bucket_of(score: float) -> str:
 # Inputs
 
 
-def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
+def read_requests(path: str | os.PathLike[str], prompts: str | os.PathLike[str] | None = None) -> pd.DataFrame:
     """Read requests from a published-trace JSONL or a run-cell requests parquet, in file order.
 
     Returns ``request_id``, ``prompt_token_ids``, ``output_token_ids`` and, when the parquet has them,
-    ``prompt_text`` / ``output_text``.
+    ``prompt_text`` / ``output_text``. A run cell's table holds no prompt ids: they come from its
+    prompt table ``prompts`` by ``request_id`` (sdbench.requesttable), the text stays the table's own.
     """
     path = Path(path)
     if path.suffix in (".jsonl", ".json"):
@@ -108,12 +109,13 @@ def read_requests(path: str | os.PathLike[str]) -> pd.DataFrame:
             columns=["request_id", "prompt_token_ids", "output_token_ids"],
         )
     elif path.suffix == ".parquet":
-        from sdbench.io import read_parquet
+        from sdbench.requesttable import PROMPTS_HINT, read_with_prompts
 
-        df = read_parquet(path, what="requests table")
+        df = read_with_prompts(path, prompts)
         missing = [c for c in ("request_id", "prompt_token_ids", "output_token_ids") if c not in df.columns]
         if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (have: {', '.join(df.columns)})")
+            hint = f"; {PROMPTS_HINT}" if missing == ["prompt_token_ids"] else ""
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (have: {', '.join(df.columns)}{hint})")
         keep = [
             c
             for c in ("request_id", "prompt_token_ids", "output_token_ids", "prompt_text", "output_text")
@@ -277,7 +279,7 @@ def plot_heatmap(
 
 def _cmd_buckets(args: argparse.Namespace) -> int:
     # Errors (ValueError naming the file) become one `error:` line in sdbench.cli.main.
-    requests = read_requests(args.input)
+    requests = read_requests(args.input, args.prompts)
     if args.tokenizer:
         requests = _decode_with(args.tokenizer, requests)
     out = compute_buckets(requests, order=args.order, basis=args.basis)

@@ -199,6 +199,8 @@ def add_bleu(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument(
         "--input", required=True, type=Path, metavar="FILE", help="published-trace .jsonl or requests .parquet"
     )
+    b.add_argument("--prompts", type=Path, default=None, metavar="FILE",
+                   help="the prompt table of a requests .parquet (its prompt ids, by request_id)")
     add_output_table(b, "per-request BLEU and its bucket")
     b.add_argument(
         "--order", type=int, default=DEFAULT_ORDER, choices=range(1, MAX_ORDER + 1), metavar=f"1..{MAX_ORDER}"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
@@ -143,6 +145,108 @@ def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
     return grouped.agg(output_len_mean="mean", output_len_std=lambda s: s.std(ddof=0), n="size").reset_index()
 
 
+# What output_divergence reads of a requests table (output_slot where the table has it).
+DIVERGENCE_COLUMNS = [*SORT, "request_id", "call_index", "slot", "output_slot", "output_token_ids"]
+PAIR = ["engine", "model", "dataset"]
+
+
+def _first_diffs(outputs: pa.ListArray, rows: np.ndarray, refs: list[np.ndarray]) -> np.ndarray:
+    """First position where ``outputs[rows[i]]`` differs from ``refs[i]`` (a length difference
+    counts at the shorter length), -1 where they are equal."""
+    offsets = outputs.offsets.to_numpy()
+    values = outputs.values.to_numpy(zero_copy_only=False)
+    out = np.empty(len(rows), dtype=np.int64)
+    for i, (row, ref) in enumerate(zip(rows, refs, strict=True)):
+        a = values[offsets[row] : offsets[row + 1]]
+        n = min(len(a), len(ref))
+        d = np.flatnonzero(a[:n] != ref[:n])
+        out[i] = d[0] if d.size else (n if len(a) != len(ref) else -1)
+    return out
+
+
+def _list_column(table: pa.Table, name: str) -> pa.ListArray:
+    chunks = table.column(name).chunks
+    column = chunks[0] if len(chunks) == 1 else table.column(name).combine_chunks()
+    return column.cast(pa.list_(column.type.value_type)) if pa.types.is_large_list(column.type) else column
+
+
+def _reference_outputs(table: pa.Table) -> dict[str, np.ndarray]:
+    """request_id -> output token ids of slot 0 of the rows in ``table`` (a no-SD cell's), first row
+    of each request; slot 0 always holds its own output."""
+    slots = table.column("slot").to_numpy()
+    rows = np.flatnonzero(slots == 0)
+    ids = table.column("request_id").to_pylist()
+    outputs = _list_column(table, "output_token_ids")
+    offsets, values = outputs.offsets.to_numpy(), outputs.values.to_numpy(zero_copy_only=False)
+    refs: dict[str, np.ndarray] = {}
+    for row in rows:
+        refs.setdefault(str(ids[row]), values[offsets[row] : offsets[row + 1]])
+    return refs
+
+
+def _divergence_counts(table: pa.Table, refs: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Per cell of ``table`` (rows of one engine x model x dataset): sequences compared with their
+    reference (``n``), how many differ and the sum of their first differing positions. A row that
+    refers to another slot's output (``output_slot``) counts that slot's result."""
+    frame = table.select(SORT).to_pandas()
+    rid = pd.Series(table.column("request_id").to_pylist(), dtype=object).astype(str).to_numpy()
+    slot = table.column("slot").to_numpy()
+    output_slot = table.column("output_slot").to_numpy() if "output_slot" in table.column_names else slot
+    holds = output_slot == slot
+    own = np.flatnonzero(holds & np.isin(rid, list(refs)))
+    first = np.full(len(slot), np.nan)  # NaN: no reference for the request
+    first[own] = _first_diffs(_list_column(table, "output_token_ids"), own, [refs[r] for r in rid[own]])
+    refer = np.flatnonzero(~holds)
+    if refer.size:
+        frame["call_index"] = table.column("call_index").to_numpy()
+        on = [*SORT, "call_index", "slot"]
+        holders = frame.iloc[own].assign(slot=slot[own], _first=first[own])[[*on, "_first"]]
+        wanted = frame.iloc[refer].assign(slot=output_slot[refer])[on]
+        first[refer] = wanted.merge(holders, on=on, how="left", validate="many_to_one")["_first"].to_numpy()
+    compared = ~np.isnan(first)
+    frame = frame[compared].assign(first_diff=first[compared])
+    frame["differs"] = frame["first_diff"] >= 0
+    frame["diff_sum"] = frame["first_diff"].where(frame["differs"], 0).astype("int64")
+    grouped = frame.groupby(SORT, sort=True)
+    return grouped.agg(n=("differs", "size"), n_differs=("differs", "sum"), diff_sum=("diff_sum", "sum")).reset_index()
+
+
+def _forced_cells(cells: pd.DataFrame | None) -> set[tuple]:
+    """Forced-acceptance cells (``sweep`` ``forced_acceptance``): their accepted tokens are the
+    drafter's, not the greedy ones, by design."""
+    if cells is None or "sweep" not in cells:
+        return set()
+    return set(cells.loc[cells["sweep"] == "forced_acceptance", SORT].itertuples(index=False, name=None))
+
+
+def _divergence_table(counts: list[pd.DataFrame], cells: pd.DataFrame | None) -> pd.DataFrame:
+    """The divergence table from per-cell counts (:func:`_divergence_counts`)."""
+    columns = [*SORT, "n", "n_differs", "diff_sum"]
+    total = pd.concat([c[columns] for c in counts], ignore_index=True) if counts else pd.DataFrame(columns=columns)
+    total = total.groupby(SORT, sort=True)[["n", "n_differs", "diff_sum"]].sum().reset_index()
+    total = total[total["n"] > 0]
+    out = total[SORT].assign(
+        n=total["n"].astype("int64"),
+        share_differs=total["n_differs"] / total["n"],
+        first_diff_mean=(total["diff_sum"] / total["n_differs"]).where(total["n_differs"] > 0),
+    ).reset_index(drop=True)
+    if cells is None:
+        return out
+    temps = cells[SORT + ["temperature"]] if "temperature" in cells else cells[SORT].assign(temperature=0.0)
+    out = out.merge(temps, on=SORT, how="left", validate="one_to_one")
+    out["temperature"] = out["temperature"].fillna(0.0)  # summaries from before temperatures: greedy
+    out["reference"] = [
+        "greedy no-SD" if t == 0 else f"no-SD sampled at T={t:g}, same seeds" for t in out["temperature"]
+    ]
+    return out
+
+
+def _reference_cells(present: pd.DataFrame, baseline: str) -> dict[tuple, tuple]:
+    """(engine, model, dataset) -> the no-SD cell whose outputs are the reference: the smallest batch size."""
+    base = present[present["method"] == baseline].sort_values("batch_size", kind="stable").drop_duplicates(PAIR)
+    return {tuple(r[:3]): tuple(r) for r in base[SORT].itertuples(index=False, name=None)}
+
+
 def output_divergence(requests: pd.DataFrame, baseline: str, cells: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per cell: share of sequences whose output differs from the reference output.
 
@@ -153,44 +257,85 @@ def output_divergence(requests: pd.DataFrame, baseline: str, cells: pd.DataFrame
     no SD, or, for a sampled dataset, no SD sampled with the same seeds, which SD matches in
     distribution but need not reproduce (sdbench.engine.sampling): there a difference is expected.
     Forced-acceptance cells (``sweep`` ``forced_acceptance`` in ``cells``) are left out: their
-    accepted tokens are the drafter's, not the greedy ones, by design.
+    accepted tokens are the drafter's, not the greedy ones, by design. A row that refers to
+    another slot's output (``output_slot``, sdbench.requesttable) counts as that slot.
+    :func:`aggregate_requests` computes the same from files, one cell at a time.
     """
-    if cells is not None and "sweep" in cells:
-        forced = cells.loc[cells["sweep"] == "forced_acceptance", SORT]
-        if len(forced):
-            keep = requests.merge(forced.assign(_forced=True), on=SORT, how="left")["_forced"].isna().to_numpy()
-            requests = requests[keep]
-    base = requests[requests["method"] == baseline]
-    smallest = base.groupby(["engine", "model", "dataset"])["batch_size"].transform("min")
-    ref = base[(base["batch_size"] == smallest) & (base["slot"] == 0)]
-    ref = ref.drop_duplicates(["engine", "model", "dataset", "request_id"])
-    ref = ref[["engine", "model", "dataset", "request_id", "output_token_ids"]].rename(
-        columns={"output_token_ids": "reference_ids"}
-    )
-    joined = requests.merge(ref, on=["engine", "model", "dataset", "request_id"], how="inner")
+    forced = _forced_cells(cells)
+    if forced:
+        keep = [k not in forced for k in requests[SORT].itertuples(index=False, name=None)]
+        requests = requests[keep]
+    table = pa.Table.from_pandas(requests[[c for c in DIVERGENCE_COLUMNS if c in requests]], preserve_index=False)
+    counts = []
+    for pair, ref_cell in _reference_cells(requests[SORT].drop_duplicates(), baseline).items():
+        refs = _reference_outputs(table.filter(_key_mask(table, SORT, ref_cell)))
+        counts.append(_divergence_counts(table.filter(_key_mask(table, PAIR, pair)), refs))
+    return _divergence_table(counts, cells)
 
-    def first_diff(a: list[int], b: list[int]) -> int:
-        n = min(len(a), len(b))
-        for i in range(n):
-            if a[i] != b[i]:
-                return i
-        return n if len(a) != len(b) else -1
 
-    joined["first_diff"] = [first_diff(list(a), list(b)) for a, b in zip(joined.output_token_ids, joined.reference_ids)]
-    joined["differs"] = joined["first_diff"] >= 0
-    grouped = joined.groupby(SORT, sort=True)
-    out = grouped.agg(n=("differs", "size"), share_differs=("differs", "mean")).reset_index()
-    diffs = joined[joined["differs"]].groupby(SORT)["first_diff"].mean().rename("first_diff_mean")
-    out = out.merge(diffs.reset_index(), on=SORT, how="left")
-    if cells is None:
-        return out
-    temps = cells[SORT + ["temperature"]] if "temperature" in cells else cells[SORT].assign(temperature=0.0)
-    out = out.merge(temps, on=SORT, how="left", validate="one_to_one")
-    out["temperature"] = out["temperature"].fillna(0.0)  # summaries from before temperatures: greedy
-    out["reference"] = [
-        "greedy no-SD" if t == 0 else f"no-SD sampled at T={t:g}, same seeds" for t in out["temperature"]
-    ]
-    return out
+def _key_mask(table: pa.Table, names: list[str], values: tuple) -> pa.Array:
+    import pyarrow.compute as pc
+
+    mask = None
+    for name, value in zip(names, values, strict=True):
+        m = pc.equal(table.column(name), pa.scalar(value, table.schema.field(name).type))
+        mask = m if mask is None else pc.and_(mask, m)
+    return mask
+
+
+def aggregate_requests(
+    paths: list[str], baseline: str, cells: pd.DataFrame | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tab. 1 (:func:`generation_length_table`) and :func:`output_divergence` from requests tables,
+    file by file: each file is read twice, only the columns needed (``pyarrow`` column projection),
+    so memory holds one file's outputs and one reference cell's, never the grid's.
+
+    First the cell keys and output lengths of every file; then, per engine x model x dataset, the
+    reference cell's slot-0 outputs and each of the pair's files against them. A cell in two
+    files is refused (a requests table is one cell's, or a disjoint set of cells').
+    """
+    from sdbench.io import read_parquet
+
+    lengths, present = [], []
+    for path in paths:
+        table = read_parquet(path, columns=[*SORT, "num_output_tokens"], what="requests table")
+        lengths.append(generation_length_table(table))
+        present.append(table[SORT].drop_duplicates().assign(_file=path))
+    lengths_table = pd.concat(lengths, ignore_index=True)
+    twice = lengths_table.duplicated(SORT)
+    if twice.any():
+        files = pd.concat(present).merge(lengths_table.loc[twice, SORT], on=SORT)["_file"].unique()
+        raise ValueError(f"aggregate: cell(s) {lengths_table.loc[twice, SORT].to_dict('records')[:3]} in more "
+                         f"than one requests table ({', '.join(files[:4])})")  # fmt: skip
+    lengths_table = lengths_table.sort_values(SORT, kind="stable").reset_index(drop=True)
+    forced = _forced_cells(cells)
+    present_all = pd.concat(present, ignore_index=True)
+    present_all = present_all[[k not in forced for k in present_all[SORT].itertuples(index=False, name=None)]]
+    counts = []
+    for pair, ref_cell in _reference_cells(present_all, baseline).items():
+        ref_file = present_all.merge(pd.DataFrame([ref_cell], columns=SORT), on=SORT)["_file"].iloc[0]
+        refs = _reference_outputs(_read_cells(ref_file, SORT, ref_cell))
+        for path in present_all.merge(pd.DataFrame([pair], columns=PAIR), on=PAIR)["_file"].unique():
+            table = _read_cells(path, PAIR, pair)
+            if forced:
+                keep = [k not in forced for k in table.select(SORT).to_pandas().itertuples(index=False, name=None)]
+                table = table.filter(pa.array(keep))
+            counts.append(_divergence_counts(table, refs))
+            del table
+            pa.default_memory_pool().release_unused()  # the next file reuses it, or the system does
+    return lengths_table, _divergence_table(counts, cells)
+
+
+def _read_cells(path: str, names: list[str], values: tuple) -> pa.Table:
+    """The :data:`DIVERGENCE_COLUMNS` (those the file has) of the rows of ``path`` whose ``names`` equal ``values``."""
+    import pyarrow.parquet as pq
+
+    import pyarrow.compute as pc
+
+    have = set(pq.read_schema(path).names)
+    table = pq.read_table(path, columns=[c for c in DIVERGENCE_COLUMNS if c in have])
+    mask = _key_mask(table, names, values)
+    return table if pc.all(mask).as_py() else table.filter(mask)  # one cell per file: no copy
 
 
 def render_length_table(table: pd.DataFrame) -> str:
@@ -334,13 +479,11 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
         write_text(speedup_markdown(cells), args.speedups_md)
     if not by_requests:
         return 0
-    requests = pd.concat([read_parquet(p, what="requests table") for p in args.requests], ignore_index=True)
-    lengths = generation_length_table(requests)
+    lengths, divergence = aggregate_requests(args.requests, args.baseline, cells)
     if args.lengths:
         write_parquet(lengths, args.lengths)
     if args.lengths_md:
         write_text(render_length_table(lengths), args.lengths_md)
-    divergence = output_divergence(requests, args.baseline, cells)
     if args.divergence:
         write_parquet(divergence, args.divergence)
     if args.divergence_md:

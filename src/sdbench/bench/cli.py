@@ -2,8 +2,9 @@
 
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
+``bench aggregate-inputs`` (:mod:`sdbench.bench.aggregateinputs`),
 ``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench timeline``
-(:mod:`sdbench.bench.timeline`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
+(:mod:`sdbench.bench.timeline`), ``bench job-usage`` (:mod:`sdbench.bench.jobusage`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
 :mod:`sdbench.analysis.runcompare`). Argument parsing only (argparse and the
 standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
 """
@@ -40,6 +41,21 @@ def add_tracer(bench: argparse._SubParsersAction) -> None:
     )
     add_seed(tracer, 0, "the reference subset")
     tracer.set_defaults(func=lazy("sdbench.bench.tracer", "_cmd_bench_tracer"))
+
+
+def add_aggregate_inputs(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench aggregate-inputs``."""
+    p = bench.add_parser("aggregate-inputs",
+                         help="synthetic summary/requests tables of a config's grid at real row counts")  # fmt: skip
+    add_config(p, "the grid")
+    p.add_argument("--output-dir", required=True, help="where to write <engine>/<model>/<dataset>/<method>/bs<N>/")
+    for key, what in (("engines", "engine"), ("models", "model"), ("datasets", "dataset"), ("methods", "method")):
+        p.add_argument(f"--{key}", nargs="+", default=None, help=f"only these {what} keys (default: all)")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=None, help="only these batch sizes (default: all)")
+    p.add_argument("--full-rows", action="store_true",
+                   help="every row with its prompt ids and its own output ids and text, int64 (the older layout)")
+    add_seed(p, 0, "the synthetic lengths and tokens")
+    p.set_defaults(func=lazy("sdbench.bench.aggregateinputs", "_cmd_aggregate_inputs"))
 
 
 def add_simulator(bench: argparse._SubParsersAction) -> None:
@@ -130,6 +146,18 @@ def add_timeline(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.bench.timeline", "_cmd_bench_timeline"))
 
 
+def add_job_usage(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench job-usage``."""
+    p = bench.add_parser(
+        "job-usage", help="every SLURM job's peak memory and time against its asks; exit 1 if one failed or went over"
+    )
+    p.add_argument("--usage-dir", required=True,
+                   help="the per-job records (<job_id>.json) of tests/support/slurm_usage.py")
+    add_output_table(p, "one row per job", required=False)
+    add_markdown(p, "the report", required=False)
+    p.set_defaults(func=lazy("sdbench.bench.jobusage", "_cmd_bench_job_usage"))
+
+
 def compare_options(p: argparse.ArgumentParser) -> None:
     """Options of ``sdbench compare`` (and of its alias ``bench compare-runs``) after the two runs."""
     p.add_argument("--threshold", type=float, default=None, metavar="FRACTION",
@@ -186,7 +214,7 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
     for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_engine_sharing, add_timeline,
-                add_compare_runs):
+                add_job_usage, add_compare_runs, add_aggregate_inputs):
         add(bench)
 
 

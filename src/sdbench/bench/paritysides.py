@@ -20,6 +20,7 @@ import pandas as pd
 
 from sdbench.bench.paritytool import vllm_bench_parser
 from sdbench.cliargs import add_model_dirs, add_prompts
+from sdbench.requesttable import expand_outputs, with_prompt_ids
 
 
 def _engine_summary(llm: Any) -> dict[str, Any]:
@@ -61,6 +62,8 @@ def _child_runner(args: argparse.Namespace) -> int:
     _record_engine_config(engine)
     prompts = pd.read_parquet(args.prompts)
     requests, calls, summary, _ = run_cell(spec, prompts, args.model_dir, args.drafter_dir)
+    # The table names prompts by request_id and stores a call's equal outputs once (sdbench.requesttable).
+    requests = with_prompt_ids(expand_outputs(requests), prompts)
     row = summary.iloc[0]
     result = {
         "side": "runner",

@@ -62,8 +62,11 @@ def add_run_group(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--breakdown", action="store_true",
                    help="time every engine step by stage; each cell's directory also gets steps.parquet")
     g.add_argument("--checkpoint-dir", default=None,
-                   help="keep each finished cell here; a rerun re-uses those measured under the same spec "
-                        "(default: none, every cell is measured)")
+                   help="keep each finished cell (and a long cell's finished calls) here; any run of a group re-uses "
+                        "those measured under the same spec (default: none, every cell is measured)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="say how many cells would be measured and how many re-used from --checkpoint-dir; "
+                        "start no engine, write nothing")
     g.add_argument("--engine-start", type=int, default=None,
                    help="measure in this process only, as engine start N of run.engine_starts (set by run-group itself)")
     g.set_defaults(func=lazy(COMMANDS, "_cmd_run_group"))

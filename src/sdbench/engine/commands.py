@@ -100,6 +100,8 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
 
     watch_workflow()
     group = read_spec(args.spec)
+    if args.dry_run:
+        return _dry_run_group(group, args)
     if args.engine_start is None and engine_starts(group["cells"]) > 1 and not args.breakdown:
         own = ["run-group", "--spec", args.spec, "--model-dir", args.model_dir]
         own += ["--drafter-dir", args.drafter_dir] if args.drafter_dir else []
@@ -115,6 +117,26 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
     except Contaminated as exc:  # refuse mode: no output; a cluster retries the job
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    return 0
+
+
+def _dry_run_group(group: dict, args: argparse.Namespace) -> int:
+    """``run-group --dry-run``: how many of the group's cells (in every engine start) its run would
+    measure, the others being re-used from the checkpoint store; one line on stdout."""
+    from sdbench.engine.quietguard import mode_from_env
+
+    multi = args.engine_start is None and engine_starts(group["cells"]) > 1 and not args.breakdown
+    starts = range(engine_starts(group["cells"])) if multi else [args.engine_start]
+    measure = reuse = 0
+    for start in starts:
+        m, r = run_group(
+            group["cells"], group["prompts"], args.model_dir, args.drafter_dir, args.output_dir,
+            args.quiet_guard or mode_from_env(), breakdown=args.breakdown,
+            max_num_seqs=group.get("max_num_seqs"), checkpoint_dir=args.checkpoint_dir,
+            engine_start=start, dry_run=True,
+        )  # fmt: skip
+        measure, reuse = measure + m, reuse + r
+    print(f"{args.output_dir}: {measure} cell(s) to measure, {reuse} re-used")
     return 0
 
 

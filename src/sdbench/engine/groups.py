@@ -5,15 +5,21 @@ per cell (:data:`CELL_TABLES`); ``sdbench cell-tables`` copies one cell's tables
 With ``run.paired_baseline`` an SD group's process also hosts a no-SD engine, and each SD
 cell's calls are timed in pairs with it (:mod:`sdbench.engine.paired`).
 
-Each cell is written when it finishes, to the group's checkpoint directory
-(``--checkpoint-dir``, :data:`sdbench.workflow.paths.GROUP_CHECKPOINT_DIR`), under its
-:func:`checkpoint_key`. Snakemake deletes the output of a job that fails or is killed, not
-the checkpoints: the group's next run copies the cells whose key it finds and measures only
-the others. The key covers everything a measurement depends on, so a cell is re-used only
-if it was measured under the same spec, engine arguments, inputs, code, software and
-hardware. A paired cell's checkpoint holds both arms, timed call by call in the process that
-measured it: a re-used speedup still compares SD and no-SD calls of one process. The
-checkpoints are deleted once the group's directory is complete.
+Each cell is written when it finishes to the checkpoint store (``--checkpoint-dir``,
+:data:`sdbench.workflow.paths.GROUP_CHECKPOINT_DIR`: one per engine x model x method, whatever
+the site's split), under its :func:`checkpoint_key`, with the hardware it was measured on
+(:data:`HARDWARE_FILE`). A group's run copies the cells whose key it finds there and measures only
+the others; the store is kept, so a group that is split differently (another ``max_runtime``, or
+no site) or whose job was killed measures nothing that was measured. The key covers everything a
+measurement depends on except the hardware: the resolved spec, the engine's ``max_num_seqs``, the
+inputs, the code and the software. The hardware is checked, not keyed: a cell measured on another
+kind of node is re-used as that node's measurement (its summary keeps that node's provenance
+columns) and the log names both. A paired cell's checkpoint holds both arms, timed call by call in
+the process that measured it: a re-used speedup still compares SD and no-SD calls of one process on
+one node. Under ``run.engine_starts`` a cell's starts share hardware (:func:`reusable_cells`).
+
+A cell killed inside its timed part keeps the calls it finished (:mod:`sdbench.engine.progress`):
+the group's next run resumes it at the next call.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from sdbench.engine.preflight import preflight
 from sdbench.engine.summary import cell_seed, summarise
 from sdbench.engine.trials import measure_cell
 from sdbench.io import write_parquet
+from sdbench.requesttable import same_outputs
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,9 @@ log = logging.getLogger(__name__)
 CELL_TABLES = ("requests", "calls", "baseline_calls", "summary")
 # A breakdown group's cells also hold their per-step stage timings (sdbench.engine.steptiming).
 STEPS_TABLE = "steps"
+# Beside a checkpoint's tables: what it was measured on (sdbench.engine.hardware.hardware) and the cell.
+HARDWARE_FILE = "hardware.json"
+CELL_FILE = "cell.json"
 
 
 def cell_subdir(method: str, dataset: str, batch_size: int) -> str:
@@ -81,9 +91,10 @@ def measurement_context(
     prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool
 ) -> dict[str, Any]:
     """What a group's cells are measured under besides their specs: the prompt tables' content,
-    the model and drafter files, the engine code, the software and the hardware (not the host)."""
+    the model and drafter files, the engine code and the software (not the hardware, which
+    :func:`reusable_cells` checks, nor the host)."""
     from sdbench.codedigest import code_digest
-    from sdbench.engine.hardware import provenance
+    from sdbench.engine.hardware import software
 
     prompts = {d: hashlib.sha256(Path(p).read_bytes()).hexdigest() for d, p in sorted(prompt_paths.items())}
     return {
@@ -91,7 +102,7 @@ def measurement_context(
         "model": _tree_signature(model_dir),
         "drafter": _tree_signature(drafter_dir),
         "code": code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
-        "provenance": {k: v for k, v in provenance().items() if k != "hostname"},
+        "software": software(),
         "guard_mode": guard_mode,
         "breakdown": breakdown,
     }
@@ -99,9 +110,60 @@ def measurement_context(
 
 def checkpoint_key(spec: dict[str, Any], context: dict[str, Any], max_num_seqs: int, engine_start: int | None) -> str:
     """A finished cell's checkpoint name: the digest of its resolved spec (pairing included),
-    the engine's ``max_num_seqs``, the engine start and the :func:`measurement_context`."""
+    the engine's ``max_num_seqs``, the engine start and the :func:`measurement_context`.
+
+    Nothing in it names the group the cell ran in: a split group keeps its unsplit group's
+    ``max_num_seqs`` (sdbench.workflow.plan), so the key is the same however the site splits.
+    """
     text = json.dumps([spec, context, max_num_seqs, engine_start], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def recorded_hardware(entry: Path, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """The hardware a complete checkpoint ``entry`` was measured on; None if it is incomplete."""
+    if not all((entry / f"{n}.parquet").is_file() for n in names):
+        return None
+    try:
+        return json.loads((entry / HARDWARE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def reusable_cells(
+    store: Path,
+    keys: list[str],
+    names: tuple[str, ...],
+    here: dict[str, Any],
+    start_keys: list[list[str]] | None = None,
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Checkpoints to re-use: {key: hardware it was measured on}, and one log line per cell
+    measured again because of its hardware.
+
+    One engine start (``start_keys`` None): every complete checkpoint, on whatever hardware.
+    Several (``start_keys[i]``: the keys of cell i in every start): a cell's starts are resampled
+    together, so they must share hardware: a start is re-used if every start of the cell is there
+    on one kind of node, or if it was measured on this job's kind of node (the others are then
+    measured here); else it is measured again here.
+    """
+    from sdbench.engine.hardware import describe_hardware, same_hardware
+
+    found: dict[str, dict[str, Any]] = {}
+    notes: list[str] = []
+    for i, key in enumerate(keys):
+        hw = recorded_hardware(store / key, names)
+        if hw is None:
+            continue
+        if start_keys is not None and not same_hardware(hw, here):
+            others = [recorded_hardware(store / k, names) for k in start_keys[i]]
+            if any(o is None or not same_hardware(o, hw) for o in others):
+                notes.append(
+                    f"checkpoint {key} was measured on {describe_hardware(hw)}, not every engine start of its cell "
+                    f"is there on that hardware, and this job runs on {describe_hardware(here)}: measured again "
+                    "here, so that the cell's engine starts share hardware"
+                )
+                continue
+        found[key] = hw
+    return found, notes
 
 
 def _cell_name(spec: dict[str, Any]) -> str:
@@ -127,10 +189,7 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
         for name in ("calls", "baseline_calls")
     )
     requests = starts[0]["requests"]
-    same = all(
-        t["requests"]["output_token_ids"].map(tuple).tolist() == requests["output_token_ids"].map(tuple).tolist()
-        for t in starts[1:]
-    )
+    same = all(same_outputs(t["requests"], requests) for t in starts[1:])
     first = starts[0]["summary"].iloc[0]
     keys = {k: first[k] for k in ("engine", "model", "dataset", "method", "batch_size")}
     summary = summarise(keys, spec, calls, requests)
@@ -148,6 +207,8 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
         warmup_s=float(np.mean([r["warmup_s"] for r in rows])),
         peak_rss_gib=max(float(r["peak_rss_gib"]) for r in rows),
         peak_device_gib=max(float(r["peak_device_gib"]) for r in rows),
+        resumed=bool(any(r.get("resumed", False) for r in rows)),
+        num_resumes=int(sum(int(r.get("num_resumes", 0)) for r in rows)),
     )
     summary = summary.assign(**{c: rest[c] for c in starts[0]["summary"].columns if c in rest})
     if is_paired(spec):
@@ -198,11 +259,19 @@ def run_group_starts(
         if out.exists():
             shutil.rmtree(out)
         os.replace(merged, out)
-        if checkpoint_dir:  # every start's cells are in the group's directory now
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (no second copy of a checkpoint's tables), or a copy
+    where the file system has no links between them. Snakemake dates a directory output by its
+    own timestamp file, not by the files in it."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def run_group(
@@ -216,58 +285,77 @@ def run_group(
     max_num_seqs: int | None = None,
     checkpoint_dir: str | None = None,
     engine_start: int | None = None,
-) -> None:
-    """Measure every cell of an engine group on one engine (sdbench.grid.EngineGroup).
+    dry_run: bool = False,
+) -> tuple[int, int]:
+    """Measure every cell of an engine group on one engine (sdbench.grid.EngineGroup); returns
+    (cells measured, cells re-used).
 
     The engine is started once with ``max_num_seqs`` = the largest batch size of the
     group (or the given one: a split group keeps its unsplit group's); each cell then
     warms up and is timed at its own batch size, exactly as a cell on its own engine would
     be (the paper's driver does the same). Each cell is written to ``checkpoint_dir`` as it
-    finishes, and cells found there under their :func:`checkpoint_key` are copied, not
-    measured (no engine starts when every cell is there). The group's directory holds the
-    :data:`CELL_TABLES` of each cell under ``<dataset>/bs<N>/`` and is complete or absent: it
-    is assembled beside the destination and renamed; then the checkpoints are deleted (unless
-    this is one ``engine_start`` of several: :func:`run_group_starts` deletes them after the
-    merge). With ``breakdown`` every engine step is timed by stage (sdbench.engine.steptiming)
-    and each cell's directory also gets its timed steps (:data:`STEPS_TABLE`).
+    finishes, and cells found there under their :func:`checkpoint_key` are re-used, not
+    measured (:func:`reusable_cells`; no engine starts when every cell is there). A cell killed
+    inside its timed part resumes at its next call (:mod:`sdbench.engine.progress`; not in
+    breakdown mode). The group's directory holds the :data:`CELL_TABLES` of each cell under
+    ``<dataset>/bs<N>/`` and is complete or absent: it is assembled beside the destination and
+    renamed. The checkpoints are kept (a later split of the group re-uses them). With
+    ``breakdown`` every engine step is timed by stage (sdbench.engine.steptiming) and each cell's
+    directory also gets its timed steps (:data:`STEPS_TABLE`). ``dry_run``: log which cells would
+    be measured and which re-used, and stop there (no engine, nothing written).
     """
     import tempfile
 
+    from sdbench.engine.hardware import describe_hardware, hardware, same_hardware
+
     out = Path(output_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
     prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
     max_num_seqs = max_num_seqs or max(int(s["cell"]["batch_size"]) for s in cell_specs)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    store = Path(checkpoint_dir) if checkpoint_dir else scratch / ".cells"
     context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown)
     keys = [checkpoint_key(spec, context, max_num_seqs, engine_start) for spec in cell_specs]
+    start_keys = None
+    if engine_start is not None:
+        n = engine_starts(cell_specs)
+        start_keys = [[checkpoint_key(spec, context, max_num_seqs, i) for i in range(n)] for spec in cell_specs]
     names = (*CELL_TABLES, STEPS_TABLE) if breakdown else CELL_TABLES
-    done = {k for k in keys if all((store / k / f"{n}.parquet").is_file() for n in names)}
+    here = hardware()
+    store = Path(checkpoint_dir) if checkpoint_dir else None
+    done, notes = reusable_cells(store, keys, names, here, start_keys) if store else ({}, [])
+    for line in notes:
+        log.info("%s", line)
     for spec, key in zip(cell_specs, keys):
-        if key in done:
-            log.info("cell %s: re-used from checkpoint %s (measured by an earlier run of this group)",
-                     _cell_name(spec), store / key)  # fmt: skip
+        if key not in done:
+            continue
+        elsewhere = "" if same_hardware(done[key], here) else (
+            f", measured on {describe_hardware(done[key])}; this job runs on {describe_hardware(here)} "
+            "(the cell keeps the hardware it was measured on)"
+        )
+        log.info("cell %s: re-used from checkpoint %s/%s%s", _cell_name(spec), checkpoint_dir, key, elsewhere)
     todo = [(spec, key) for spec, key in zip(cell_specs, keys) if key not in done]
     log.info("group: %d of %d cell(s) to measure, %d re-used", len(todo), len(cell_specs), len(done))
+    if dry_run:
+        return len(todo), len(done)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
+        source = store or scratch / ".cells"
         if todo:
-            _measure_cells(todo, prompts, model_dir, drafter_dir, store, scratch, guard_mode,
-                           breakdown, max_num_seqs, len(cell_specs))  # fmt: skip
+            _measure_cells(todo, prompts, model_dir, drafter_dir, source, scratch, guard_mode,
+                           breakdown, max_num_seqs, len(cell_specs), here)  # fmt: skip
         for spec, key in zip(cell_specs, keys):
             cell_dir = scratch / spec_subdir(spec)
             cell_dir.mkdir(parents=True, exist_ok=True)
             for name in names:
-                shutil.copyfile(store / key / f"{name}.parquet", cell_dir / f"{name}.parquet")
+                _link_or_copy(source / key / f"{name}.parquet", cell_dir / f"{name}.parquet")
         for private in (scratch / ".cells", scratch / ".steps"):  # without --checkpoint-dir; breakdown steps
             shutil.rmtree(private, ignore_errors=True)
         if out.exists():
             shutil.rmtree(out)
         os.replace(scratch, out)
-        if checkpoint_dir and engine_start is None:  # the group's directory has every cell now
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
     finally:
         if scratch.exists():
             shutil.rmtree(scratch)
+    return len(todo), len(done)
 
 
 def _measure_cells(
@@ -281,9 +369,12 @@ def _measure_cells(
     breakdown: bool,
     max_num_seqs: int,
     shared_by: int,
+    here: dict[str, Any],
 ) -> None:
     """Start the group's engine(s) and measure ``todo`` (spec, checkpoint key) one cell after
-    the other, each written to ``store/<key>`` (atomically) as soon as it is measured."""
+    the other, each written to ``store/<key>`` (atomically) as soon as it is measured, with the
+    hardware ``here`` it ran on; its calls are saved as they finish (sdbench.engine.progress)."""
+    from sdbench.engine.progress import PROGRESS_DIR, Progress
     from sdbench.io import atomic_dir
 
     first = todo[0][0]
@@ -300,16 +391,23 @@ def _measure_cells(
     for spec, key in todo:
         cell = spec["cell"]
         log.info("cell %s%s: measuring", _cell_name(spec), " (paired)" if baseline else "")
+        # Breakdown cells restart whole: the killed process's step timings are gone with it.
+        progress = None if breakdown else Progress(store / PROGRESS_DIR / key, here, guard_mode)
         if baseline is not None:
-            tables = measure_paired(engine, baseline, spec, prompts[cell["dataset"]], guard_mode)
+            tables = measure_paired(engine, baseline, spec, prompts[cell["dataset"]], guard_mode, progress)
             steps = None
         else:
-            requests, calls, summary, steps = measure_cell(engine, spec, prompts[cell["dataset"]], steps_dir, guard_mode)
+            requests, calls, summary, steps = measure_cell(
+                engine, spec, prompts[cell["dataset"]], steps_dir, guard_mode, progress
+            )
             tables = {"requests": requests, "calls": calls, "baseline_calls": calls.iloc[0:0], "summary": summary}
         store.mkdir(parents=True, exist_ok=True)
         with atomic_dir(store / key) as tmp:
             if steps is not None:
                 write_parquet(steps, tmp / f"{STEPS_TABLE}.parquet")
             write_cell_tables(tables, tmp)
-            (tmp / "cell.json").write_text(json.dumps(spec["cell"], sort_keys=True) + "\n")
+            (tmp / CELL_FILE).write_text(json.dumps(spec["cell"], sort_keys=True) + "\n")
+            (tmp / HARDWARE_FILE).write_text(json.dumps(here, sort_keys=True) + "\n")
+        if progress is not None:
+            progress.clear()
         log.info("cell %s: measured, checkpoint %s", _cell_name(spec), store / key)

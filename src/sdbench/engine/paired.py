@@ -70,12 +70,15 @@ def measure_paired(
     spec: dict[str, Any],
     prompts: pd.DataFrame,
     guard_mode: str = "flag",
+    progress: Any = None,
 ) -> dict[str, pd.DataFrame]:
     """Measure an SD cell and its no-SD arm call by call; returns the cell's tables.
 
     Both arms time each call in turn (:func:`sdbench.engine.trials.timed_part`); one
     quiet-machine guard watches both, and its verdict applies to both. A forced-acceptance
     cell's SD engine is forced from its warm-up to its last call (sdbench.engine.forcing).
+    With ``progress`` (sdbench.engine.progress) both arms are saved together as calls finish
+    and resume together: one partial checkpoint, on one hardware, holds the pair.
     """
     from sdbench.engine.forcing import forced_acceptance, forced_length_of
 
@@ -84,7 +87,7 @@ def measure_paired(
     with forced_acceptance(engine.llm, forced_length_of(spec)):
         base.warm_up()
         sd.warm_up()
-        report = timed_part([base, sd], spec["run"], guard_mode)
+        report = timed_part([base, sd], spec["run"], guard_mode, progress)
     requests, calls, summary, _ = sd.tables(report)
     _, baseline_calls, _, _ = base.tables(report)
     summary = summary.assign(**paired_columns(calls, baseline_calls, cell_seed(spec)))

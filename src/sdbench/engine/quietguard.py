@@ -27,12 +27,14 @@ the workflow that started it) never count.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -430,18 +432,9 @@ class QuietGuard:
         self._thread = threading.Thread(target=self._loop, name="sdbench-quiet-guard", daemon=True)
         self._thread.start()
 
-    def stop(self) -> GuardReport:
-        """Stop sampling, decide, and (mode ``refuse``) raise :class:`Contaminated`."""
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            # A timed part shorter than the judging window (tiny cells) would leave every process
-            # unjudged: extend the observation to the window, after the timed part has ended.
-            short = MIN_WINDOW_S * 1.25 - (time.monotonic() - self._started)
-            if short > 0:
-                time.sleep(short)
-            self._sample()
-        r = self.report
+    def _judge(self) -> GuardReport:
+        """The report with what has been seen so far judged (busy processes, reasons)."""
+        r = copy.deepcopy(self.report)
         if r.mode == "disabled":
             return r
         # The load average is recorded, not judged: it lags by a minute and counts
@@ -454,9 +447,51 @@ class QuietGuard:
             r.reasons.append("other engine processes: " + ", ".join(sorted(r.engines)[:3]))
         if r.gpu_others:
             r.reasons.append("other GPU processes: " + ", ".join(map(str, sorted(r.gpu_others))))
+        return r
+
+    def interim(self) -> GuardReport:
+        """What the guard has seen so far, judged as :meth:`stop` would, without stopping or raising
+        (a cell's partial checkpoint keeps it: sdbench.engine.progress)."""
+        return self._judge()
+
+    def stop(self, earlier: Sequence[GuardReport] = ()) -> GuardReport:
+        """Stop sampling, decide, and (mode ``refuse``) raise :class:`Contaminated`.
+
+        ``earlier``: the reports of the engine processes that timed this cell's calls before it
+        was resumed (:func:`merge_reports`); the verdict covers them too.
+        """
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            # A timed part shorter than the judging window (tiny cells) would leave every process
+            # unjudged: extend the observation to the window, after the timed part has ended.
+            short = MIN_WINDOW_S * 1.25 - (time.monotonic() - self._started)
+            if short > 0:
+                time.sleep(short)
+            self._sample()
+        r = merge_reports([*earlier, self._judge()])
         if r.mode == "refuse" and r.reasons:
             raise Contaminated("timed part ran on a busy machine: " + "; ".join(r.reasons))
         return r
+
+
+def merge_reports(reports: list[GuardReport]) -> GuardReport:
+    """One report over the engine processes that timed one cell (the last one's mode, cores and
+    scope): a cell resumed after its job was killed is contaminated if any of them was."""
+    if len(reports) == 1:
+        return reports[0]
+    last = reports[-1]
+    frees = [r.gpu_free_mib for r in reports if r.gpu_free_mib == r.gpu_free_mib]
+    merged = GuardReport(mode=last.mode, cores=last.cores, scope=last.scope)
+    merged.load_max = max(r.load_max for r in reports)
+    merged.samples = sum(r.samples for r in reports)
+    merged.gpu_free_mib = min(frees) if frees else float("nan")
+    for i, r in enumerate(reports):
+        merged.busy.update(r.busy)
+        merged.engines |= r.engines
+        merged.gpu_others |= r.gpu_others
+        merged.reasons += [f"engine process {i + 1} of {len(reports)}: {reason}" for reason in r.reasons]
+    return merged
 
 
 def mode_from_env(default: str = "flag") -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +23,10 @@ from sdbench.engine.engine import Engine, start_engine
 from sdbench.engine.hardware import provenance
 from sdbench.engine.summary import PAIRED_COLUMNS, cell_seed, summarise
 from sdbench.engine.versions import engine_memory
+from sdbench.requesttable import RequestRows
+
+if TYPE_CHECKING:
+    from sdbench.engine.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,7 @@ def measure_cell(
     prompts: pd.DataFrame,
     steps_dir: str | None = None,
     guard_mode: str = "flag",
+    progress: Progress | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame | None]:
     """Measure one cell on a started engine; returns (requests, calls, summary, steps).
 
@@ -98,17 +103,18 @@ def measure_cell(
     first trial's sequences (outputs, greedy or sampled with fixed seeds, are checked to be
     identical in every trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
     outside the timed part. A forced-acceptance cell is forced from its warm-up to its last call
-    (sdbench.engine.forcing).
+    (sdbench.engine.forcing). With ``progress`` a cell whose job was killed resumes after its
+    last saved call (:func:`timed_part`).
     """
     from sdbench.engine.forcing import forced_acceptance, forced_length_of
 
     with forced_acceptance(engine.llm, forced_length_of(spec)):
         run = CellRun(engine, spec, prompts, steps_dir)
         run.warm_up()
-        return run.tables(timed_part([run], spec["run"], guard_mode))
+        return run.tables(timed_part([run], spec["run"], guard_mode, progress))
 
 
-def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any:
+def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str, progress: Progress | None = None) -> Any:
     """Time the arms' calls in trials under one quiet-machine guard; returns the guard's report.
 
     Several arms (an SD cell and its paired no-SD arm, sdbench.engine.paired) time each call
@@ -116,12 +122,26 @@ def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any
     second. Trials follow ``run.repeats`` / ``run.min_measured_s`` (the slowest arm decides),
     then continue while the interval is wider than ``run.target_half_width`` (relative; of
     ``arms[1] / arms[0]`` with two arms), all within ``run.max_repeats``.
+
+    With ``progress`` (sdbench.engine.progress) the arms' rows are written to the cell's partial
+    checkpoint as calls finish, and a cell whose job was killed resumes at the next call: the
+    rules above decide on the restored rows as they would have without the interruption.
     """
     from sdbench.engine.quietguard import QuietGuard
 
     check_layouts(arms)
     min_trials, min_seconds, max_trials, target = _trial_plan(run)
     seed = cell_seed(arms[-1].spec)
+
+    def enough(trial: int) -> bool:
+        """Whether the rules stop the timed part after ``trial``."""
+        return (
+            trial + 1 >= min_trials
+            and min(arm.timed_s for arm in arms) >= min_seconds
+            and _precise_enough(arms, target, seed)
+        )
+
+    trial, first_call = progress.resume(arms) if progress is not None else (0, 0)
     guard = QuietGuard(guard_mode)
     guard.start()
     log.info(
@@ -132,19 +152,21 @@ def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str) -> Any
         target,
         len(arms),
     )
-    for trial in range(max_trials):
-        for call_index in range(arms[0].num_calls):
+    # Resumed just after a trial's last call: the rules had not yet decided on that trial.
+    done = first_call == 0 and trial > 0 and enough(trial - 1)
+    while not done and trial < max_trials:
+        for call_index in range(first_call, arms[0].num_calls):
             order = arms if (trial + call_index) % 2 == 0 else arms[::-1]
             for arm in order:
                 arm.time_call(trial, call_index)
-        if (
-            trial + 1 >= min_trials
-            and min(arm.timed_s for arm in arms) >= min_seconds
-            and _precise_enough(arms, target, seed)
-        ):
-            break
-    log.info("timed part: %d trial(s)", trial + 1)
-    return guard.stop()  # raises Contaminated in refuse mode
+            if progress is not None:
+                progress.after_call(arms, trial, call_index, guard)
+        first_call = 0
+        done = enough(trial)
+        trial += 1
+    log.info("timed part: %d trial(s)", trial)
+    # Raises Contaminated in refuse mode (the engine processes before a resume included).
+    return guard.stop(progress.earlier if progress is not None else ())
 
 
 def check_layouts(arms: list[CellRun]) -> None:
@@ -180,13 +202,16 @@ class CellRun:
             if self.greedy and uniform else None
         self.plan = _calls(self.prompts, run.get("batch_mode", "replicate"), self.batch_size)
         self.num_calls = len(self.plan)
-        self.request_rows: list[dict[str, Any]] = []
+        # Trial 0's sequences (sdbench.requesttable: no prompt ids, a call's equal outputs once).
+        self.request_rows = RequestRows()
         self.call_rows: list[dict[str, Any]] = []
-        self.first_outputs: dict[tuple[int, int], list[int]] = {}
+        self.first_rows: dict[int, int] = {}  # call -> the row of its slot 0 in request_rows
         self.outputs_stable = True
         self.timed_s = 0.0
         self.warmup_s = 0.0
         self.warmup_steps = 0
+        # Times the timed part was resumed in a new engine process (sdbench.engine.progress).
+        self.num_resumes = 0
 
     def _sampling_for(self, rows: list[int]) -> Any:
         """Sampling parameters of a call over prompt rows ``rows`` (sdbench.engine.sampling)."""
@@ -225,27 +250,25 @@ class CellRun:
         delta = read_counters(llm.get_metrics()) - before
         self.timed_s += duration
         n_out = 0
+        first_row = self.first_rows.get(call_index)  # None in the call's first trial
+        if first_row is None:
+            self.first_rows[call_index] = len(self.request_rows)
         for slot, (row, out) in enumerate(zip(rows, outputs, strict=True)):
             completion = out.outputs[0]
-            tokens = [int(t) for t in completion.token_ids]
+            tokens = np.asarray(completion.token_ids, dtype=np.int32)
             n_out += len(tokens)
-            if (call_index, slot) in self.first_outputs:
-                self.outputs_stable &= self.first_outputs[(call_index, slot)] == tokens
+            if first_row is not None:
+                self.outputs_stable &= np.array_equal(self.request_rows.output(first_row + slot), tokens)
                 continue
-            self.first_outputs[(call_index, slot)] = tokens
-            self.request_rows.append(
-                {
-                    "call_index": call_index,
-                    "slot": slot,
-                    "request_id": str(prompts.at[row, "request_id"]),
-                    "prompt_token_ids": [int(t) for t in prompts.at[row, "prompt_token_ids"]],
-                    "output_token_ids": tokens,
-                    "output_text": completion.text or "",
-                    "num_prompt_tokens": len(prompts.at[row, "prompt_token_ids"]),
-                    "num_output_tokens": len(tokens),
-                    "finish_reason": str(completion.finish_reason),
-                    **request_sd_metrics(completion),
-                }
+            self.request_rows.add(
+                call_index,
+                slot,
+                str(prompts.at[row, "request_id"]),
+                tokens,
+                completion.text or "",
+                len(prompts.at[row, "prompt_token_ids"]),
+                str(completion.finish_reason),
+                request_sd_metrics(completion),
             )
         self.call_rows.append(
             {
@@ -281,8 +304,7 @@ class CellRun:
             for i, (k, v) in enumerate(keys.items()):
                 steps.insert(i, k, v)
             steps.insert(len(keys), "sd_method", spec["method"]["method"])
-        requests = pd.DataFrame(self.request_rows).sort_values(["call_index", "slot"], kind="stable")
-        requests = requests.reset_index(drop=True)
+        requests = self.request_rows.frame()
         calls = pd.DataFrame(self.call_rows)
         for frame in (requests, calls):
             for i, (k, v) in enumerate(keys.items()):
@@ -293,6 +315,8 @@ class CellRun:
             engine_shared_by=engine.shared_by,
             engine_layout=engine.layout,
             outputs_stable=self.outputs_stable,
+            resumed=self.num_resumes > 0,
+            num_resumes=self.num_resumes,
             **guard_report.columns(),
             drafter=spec.get("drafter") or "",
             startup_s=engine.startup_s,

@@ -20,6 +20,7 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
     ngram = sub.add_parser("ngram", help="replay vLLM's n-gram proposer over greedy outputs")
     ngram.add_argument("--input", required=True, help="published-trace .jsonl or requests .parquet")
+    ngram.add_argument("--prompts", default=None, help="the prompt table of a requests .parquet (its prompt ids)")
     add_output_table(ngram, "the trace table")
     ngram.add_argument("--num-speculative-tokens", type=int, default=20)
     ngram.add_argument("--prompt-lookup-min", type=int, default=3)
@@ -28,6 +29,7 @@ def add_trace(subparsers: argparse._SubParsersAction) -> None:
 
     suffix = sub.add_parser("suffix", help="replay SuffixDecoding (vLLM method suffix) over greedy outputs")
     suffix.add_argument("--input", required=True, help="published-trace .jsonl or requests .parquet")
+    suffix.add_argument("--prompts", default=None, help="the prompt table of a requests .parquet (its prompt ids)")
     add_output_table(suffix, "the trace table")
     suffix.add_argument("--num-speculative-tokens", type=int, default=20)
     # Defaults: vLLM 0.11.1's suffix_decoding_* (sdbench.traces.suffix; not imported here).

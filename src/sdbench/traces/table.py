@@ -62,11 +62,16 @@ class MethodTrace:
     censored: np.ndarray | None = None
 
 
-def read_token_requests(path: str | os.PathLike[str]) -> list[TokenRequest]:
+def read_token_requests(
+    path: str | os.PathLike[str], prompts: str | os.PathLike[str] | None = None
+) -> list[TokenRequest]:
     """Requests from a published-trace JSONL (``.jsonl``) or a ``requests`` parquet table.
 
-    The parquet table needs columns ``request_id``, ``prompt_token_ids``, ``output_token_ids``;
-    other columns are ignored. Raises ``ValueError`` naming the file on bad input.
+    The parquet table needs columns ``request_id``, ``prompt_token_ids``, ``output_token_ids``
+    (a run cell's table has no prompt ids: they come from its prompt table ``prompts`` by
+    ``request_id``, and a sequence stored by reference gets its slot's output,
+    sdbench.requesttable); other columns are ignored. Raises ``ValueError`` naming the file on
+    bad input.
     """
     path = Path(path)
     if path.suffix == ".jsonl":
@@ -75,11 +80,15 @@ def read_token_requests(path: str | os.PathLike[str]) -> list[TokenRequest]:
             for r in read_published_jsonl(path)
         ]
     if path.suffix == ".parquet":
-        df = read_parquet(path, what="requests table")
+        from sdbench.requesttable import PROMPTS_HINT, read_with_prompts
+
+        df = read_with_prompts(path, prompts)
         missing = [c for c in REQUESTS_COLUMNS if c not in df.columns]
         if missing:
+            hint = f"; {PROMPTS_HINT}" if missing == ["prompt_token_ids"] else ""
             raise ValueError(
-                f"{path}: requests table lacks column(s) {', '.join(missing)} (has: {', '.join(df.columns) or 'none'})"
+                f"{path}: requests table lacks column(s) {', '.join(missing)} "
+                f"(has: {', '.join(df.columns) or 'none'}{hint})"
             )
         if df.empty:
             raise ValueError(f"{path}: requests table has no rows (expected one row per request)")
@@ -192,7 +201,7 @@ def read_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def _cmd_trace_ngram(args: argparse.Namespace) -> int:
-    requests = read_token_requests(args.input)
+    requests = read_token_requests(args.input, args.prompts)
     table = ngram_trace_table(
         requests, args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max
     )
@@ -213,7 +222,7 @@ def _cmd_trace_suffix(args: argparse.Namespace) -> int:
     except ValueError as exc:
         name, rest = str(exc).split(" ", 1)  # messages start with the setting's name
         raise ValueError(f"sdbench trace suffix: --{name.replace('_', '-')} {rest}") from None
-    table = suffix_trace_table(read_token_requests(args.input), params, args.method)
+    table = suffix_trace_table(read_token_requests(args.input, args.prompts), params, args.method)
     write_parquet(table, args.output)
     return 0
 

@@ -24,11 +24,13 @@ PROMPTS = "results/prompts/{model}/{dataset}.parquet"
 # SPEED-Bench's layout with the pipeline's own prompts, for a dataset whose local_path names it.
 SPEED_BENCH_SAMPLE = "results/datasets/speed-bench-sample"
 
-# Engine cells: one engine per group (GROUP_DIR), each cell's own tables (CELL_DIR).
+# Engine cells: one engine per group (GROUP_DIR, named by the site's split: `share`), each cell's
+# own tables (CELL_DIR).
 GROUP_DIR = "results/engines/{engine}/{model}/{method}/{share}"
-# Cells an engine group finished, kept when its job fails (Snakemake deletes GROUP_DIR then);
-# the group's next run re-uses those measured under the same spec (sdbench.engine.groups).
-GROUP_CHECKPOINT_DIR = "results/engine_checkpoints/{engine}/{model}/{method}/{share}"
+# Every cell an engine or breakdown group measured, under its checkpoint key, whatever the split:
+# kept when a job fails (Snakemake deletes GROUP_DIR then) and after it succeeds, so that any
+# later group holding the cell (a rerun, another split) re-uses it (sdbench.engine.groups).
+GROUP_CHECKPOINT_DIR = "results/engine_checkpoints/{engine}/{model}/{method}"
 CELL_DIR = "results/runs/{engine}/{model}/{dataset}/{method}/bs{batch_size}"
 CELL_TABLE = CELL_DIR + "/{name}.parquet"
 

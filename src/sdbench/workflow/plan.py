@@ -7,6 +7,11 @@ scopes (:meth:`Plan.final_outputs`, driven by :data:`sdbench.figureindex.ITEMS`)
 each step, and every params payload (resolved cell specs, labels, prices, sweep points). The rule
 files keep only thin adapters from Snakemake's wildcards to these methods.
 
+A site's runtime limit splits engine groups (their ``share`` names the parts, and their jobs'
+directories); it never changes a cell's measurement: a split group keeps its unsplit group's
+engine arguments and every group of an engine x model x method shares one checkpoint store
+(:meth:`Plan.group_checkpoint_dir`), so a group split differently finds its cells measured.
+
 Specs of engine jobs stay out of shell lines: :func:`spec_file` writes a spec once, under a name
 that is its digest (:data:`sdbench.workflow.paths.SPEC_FILE`), and the rule passes that path: the
 param changes exactly when the spec does, and a log shows a short command.
@@ -347,8 +352,12 @@ class Plan:
         return P.GROUP_DIR.format(**self._group_of[cell].as_dict())
 
     def group_checkpoint_dir(self, group: EngineGroup) -> str:
-        """Where an engine group keeps the cells it finished (kept when its job fails)."""
-        return P.GROUP_CHECKPOINT_DIR.format(**group.as_dict())
+        """Where an engine or breakdown group keeps the cells it measured: one store per engine x
+        model x method, not per share, so that a group split differently (another site limit, or
+        none: ``--report``, ``-n`` without the profile) finds the cells measured before. A split
+        changes which jobs run (their directories are named by share), never a cell's key; a
+        re-split group's job re-uses its cells and measures none (sdbench.engine.groups)."""
+        return P.GROUP_CHECKPOINT_DIR.format(engine=group.engine, model=group.model, method=group.method)
 
     def speed_bench_cells(self) -> list[Cell]:
         """SD cells on SPEED-Bench datasets (builder speed_bench): the per-category table's inputs."""
@@ -439,6 +448,13 @@ class Plan:
     def baseline_requests(self, engine: str, model: str, dataset: str) -> str:
         """No-SD greedy outputs (smallest batch size) of an engine x model x dataset."""
         return self.cell_file(self.baseline_cells[(engine, model, dataset)], "requests")
+
+    def baseline_outputs(self, engine: str, model: str, dataset: str) -> dict[str, str]:
+        """:meth:`baseline_requests` and the prompt table its ``request_id`` values name (the
+        requests table holds no prompt ids; a temperature variant's prompts are its base's)."""
+        cell = self.baseline_cells[(engine, model, dataset)]
+        return {"requests": self.baseline_requests(engine, model, dataset),
+                "prompts": self.prompt_tables([cell])[cell.dataset]}  # fmt: skip
 
     def offline_ngram_files(self) -> list[str]:
         if "ngram" not in self.offline_tracers:
