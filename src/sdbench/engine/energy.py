@@ -246,3 +246,10 @@ def paired_energy_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, see
         "paired_energy_ratio_ci_low": low,
         "paired_energy_ratio_ci_high": high,
     }
+
+
+# ----------------------------------------------------------------------------- touchpoints
+from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+
+# The NVML binding vLLM ships, the meter's fallback where pynvml is not installed on its own.
+TOUCHPOINTS = tp.declare(__name__, tp.defined("energy.nvml_binding", "vllm.third_party:pynvml"))

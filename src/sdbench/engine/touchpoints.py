@@ -43,6 +43,7 @@ DECLARING_MODULES: tuple[str, ...] = (
     "sdbench.engine.forcing",
     "sdbench.engine.server",
     "sdbench.engine.loadgen",
+    "sdbench.engine.energy",
     "sdbench.bench.paritytool",
     "sdbench.bench.paritysides",
     "sdbench.bench.serveparity",
