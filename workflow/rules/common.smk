@@ -50,6 +50,10 @@ localrules:
     fetch_published_traces,
 
 
+# engine_mode: rehearsal (sdbench.rehearsal): engine jobs on the rehearsal engine, no GPU; hub models
+# are stand-ins and hub datasets rehearsal prompt sets. The shell lines of a measured run are unchanged.
+REHEARSAL_DOWNLOAD = " --rehearsal" if PLAN.rehearsal else ""
+REHEARSAL_PREPARE = PLAN.rehearsal_prepare_arg()
 CELLS = PLAN.cells
 TRACE_SETTINGS = PLAN.trace_settings
 BLEU = PLAN.bleu or {}
@@ -155,9 +159,14 @@ def cell_image(w):
     return image_identity(cell_container(w), Path(workflow.basedir) / "containers")
 
 
+def job_gpus(cell):
+    """GPUs of an engine job sized by ``cell``; none for the rehearsal engine."""
+    return 0 if PLAN.rehearsal else scheduling.cell_gpus(config, cell)
+
+
 def cell_gpus(w):
-    """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines)."""
-    return scheduling.cell_gpus(config, _engine_cell(w))
+    """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines and in a rehearsal)."""
+    return job_gpus(_engine_cell(w))
 
 
 def cell_mem_mb(w):

@@ -43,7 +43,7 @@ rule prepare_dataset:
     shell:
         "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
         "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} {params.context} "
-        "--chat-template-kwargs {params.chat} --output {output} > {log} 2>&1"
+        "--chat-template-kwargs {params.chat} --output {output}" + REHEARSAL_PREPARE + " > {log} 2>&1"
 
 
 # SPEED-Bench's file layout with the pipeline's own prompts (a stand-in: no hub access here).

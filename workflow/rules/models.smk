@@ -69,4 +69,4 @@ rule download_model:
         revision=lambda w: PLAN.hub_revision(w.hub_model),
     shell:
         "sdbench download-model --repo {params.repo} --revision {params.revision} "
-        "--output {output} > {log} 2>&1"
+        "--output {output}" + REHEARSAL_DOWNLOAD + " > {log} 2>&1"

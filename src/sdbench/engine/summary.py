@@ -80,6 +80,8 @@ def summarise(
         # Timed calls during which the scheduler preempted requests (the KV cache was full).
         "num_preemptions": int(calls["num_preemptions"].sum()) if "num_preemptions" in calls else 0,
         **acc,
+        # False when any call was modelled, not measured (the rehearsal engine, sdbench.rehearsal).
+        "measured": bool(calls["measured"].all()) if "measured" in calls else True,
     }
     return pd.DataFrame([row])
 
