@@ -262,11 +262,11 @@ def test_a_rehearsed_trace_records_the_published_accepted_lengths(traces: dict[s
 
 def test_a_rehearsed_server_level_times_requests_from_the_modelled_steps(traces: dict[str, str], llama: str) -> None:
     """Concurrency 1: each request alone on the engine, its TTFT the prefill step, one chunk per step."""
-    from sdbench.rehearsal.llm import start_engine
+    from sdbench.engine.engine import start_rehearsal_engine
     from sdbench.rehearsal.serve import RehearsalClient
 
     prompts = gsm8k(traces, 1, max_tokens=8)
-    client = RehearsalClient(start_engine(spec(traces, "eagle"), llama, None, {"gsm8k": prompts}), "/dev/null")
+    client = RehearsalClient(start_rehearsal_engine(spec(traces, "eagle"), llama, None, {"gsm8k": prompts}), "/dev/null")
     ids = prompts.at[0, "prompt_token_ids"]
     results, wall = client.run_level(client.base_url, [("0", ids)], 8, 1, 2)
     prefill = C_COMPUTE * RECORD0_PROMPT + C_FIXED + OVERHEAD
@@ -322,13 +322,13 @@ def test_the_rehearsal_imports_neither_vllm_nor_torch(traces: dict[str, str], ll
         "sys.path.insert(0, 'tests')\n"
         "import test_rehearsal as t\n"
         "from sdbench.engine.tracegroup import trace_group\n"
-        "from sdbench.rehearsal.llm import start_engine\n"
+        "from sdbench.engine.engine import start_rehearsal_engine\n"
         "from sdbench.rehearsal.serve import RehearsalClient\n"
         f"traces, llama = json.loads({json.dumps(json.dumps(traces))}), {llama!r}\n"
         "prompts = t.gsm8k(traces, 1, 32)\n"
         "t.rehearse(t.spec(traces, 'eagle', 2, 32), prompts, llama)\n"
         f"trace_group([t.spec(traces, 'eagle')], {{'gsm8k': prompts}}, llama, None, 20, 2, {str(tmp_path)!r})\n"
-        "client = RehearsalClient(start_engine(t.spec(traces, 'eagle'), llama, None, {'gsm8k': prompts}), '/dev/null')\n"
+        "client = RehearsalClient(start_rehearsal_engine(t.spec(traces, 'eagle'), llama, None, {'gsm8k': prompts}), '')\n"
         "client.run_level('', [('0', prompts.at[0, 'prompt_token_ids'])], 8, 1, 2)\n"
         "print(sorted(m for m in ('vllm', 'torch', 'transformers') if m in sys.modules))\n"
     )

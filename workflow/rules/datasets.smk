@@ -30,6 +30,7 @@ rule prepare_dataset:
             "sdbench.datasets.randomtokens",
             "sdbench.datasets.speedbench",
             "sdbench.datasets.userprompts",
+            *REHEARSAL_CODE,
         ),
         entry=lambda w: quoted(PLAN.dataset_entry(w.dataset)),
         chat=lambda w: quoted(PLAN.chat_template_kwargs(w.model)),
@@ -41,9 +42,11 @@ rule prepare_dataset:
             else ""
         ),
     shell:
-        "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
+        PREPARE_DATASET + " --name {wildcards.dataset} --entry {params.entry} "
         "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} {params.context} "
-        "--chat-template-kwargs {params.chat} --output {output}" + REHEARSAL_PREPARE + " > {log} 2>&1"
+        "--chat-template-kwargs {params.chat} --output {output}"
+        + REHEARSAL_PREPARE
+        + " > {log} 2>&1"
 
 
 # SPEED-Bench's file layout with the pipeline's own prompts (a stand-in: no hub access here).

@@ -32,7 +32,9 @@ rule run_engine:
         mem_mb=cell_mem_mb,
         runtime=group_runtime,
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=code_digest(
+            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
+        ),
         image=cell_image,
         spec=group_spec,
         drafter=drafter_arg,

@@ -28,14 +28,6 @@ def add_prepare_dataset(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="the model's context length (default: max_position_embeddings of config.json in --tokenizer)",
     )
-    p.add_argument(
-        "--rehearsal-traces",
-        nargs="+",
-        default=None,
-        metavar="NAME=PATH",
-        help="rehearsal mode: the published traces (gsm8k=..., instructcoder=...); a hub dataset, or one whose "
-        "tokenizer is a stand-in, gets a rehearsal prompt set (sdbench.rehearsal.prepare)",
-    )
     add_output_table(p, "the prompt table")
     p.set_defaults(func=lazy("sdbench.datasets.prompts", "_cmd_prepare"))
 

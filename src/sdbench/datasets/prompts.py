@@ -650,12 +650,6 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
     chat_kwargs = _json_arg("--chat-template-kwargs", args.chat_template_kwargs)
     if not Path(args.tokenizer).is_dir():
         raise FileNotFoundError(2, "no such directory (expected the target's tokenizer directory)", args.tokenizer)
-    if getattr(args, "rehearsal_traces", None):
-        from sdbench.rehearsal.prepare import needs_rehearsal_set, prepare_rehearsal
-
-        if needs_rehearsal_set(entry, args.tokenizer):  # nothing here can read or tokenize the real one
-            write_parquet(prepare_rehearsal(args, {**entry, "_name": args.name}), Path(args.output))
-            return 0
     from transformers import AutoTokenizer  # slow: only once the arguments are known good
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

@@ -51,9 +51,9 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
             for name, table in zip(TRACE_TABLES, tables, strict=True):
                 write_parquet(table, tmp / dataset / f"{name}.parquet")
         if totals:  # a rehearsal: the job's modelled seconds (sdbench.rehearsal.report)
-            from sdbench.rehearsal.report import write_job_total
+            from sdbench import rehearsal
 
-            write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
+            rehearsal.module("report").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
     return 0
 
 

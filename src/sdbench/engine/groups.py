@@ -280,13 +280,11 @@ def run_group(
 
 def _rehearsal_total(cell_specs: list[dict[str, Any]], directory: Path, kind: str = "engine") -> None:
     """A rehearsed group's modelled seconds beside its cells (sdbench.rehearsal.report)."""
-    from sdbench.rehearsal import is_rehearsal
+    from sdbench import rehearsal
 
-    if is_rehearsal(cell_specs[0]):
-        from sdbench.rehearsal.report import write_group_total
-
+    if rehearsal.is_rehearsal(cell_specs[0]):
         summaries = [pd.read_parquet(directory / spec_subdir(s) / "summary.parquet") for s in cell_specs]
-        write_group_total(directory, summaries, kind)
+        rehearsal.module("report").write_group_total(directory, summaries, kind)
 
 
 def _measure_cells(

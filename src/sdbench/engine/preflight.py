@@ -22,8 +22,7 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     from sdbench.models.check import check_model_dir
 
     prompts = read_prompt_table(prompts_path)
-    from sdbench.rehearsal import is_rehearsal
-    from sdbench.rehearsal.prepare import is_standin
+    from sdbench.rehearsal import is_rehearsal, is_standin
 
     rehearsal = is_rehearsal(spec)
     for path in (model_dir, drafter_dir):

@@ -50,10 +50,10 @@ def call_sampling_params(spec: dict[str, Any], request_ids: list[str], max_token
     sequence; sampled ones seeded by :func:`request_seed`. A rehearsal spec gets the rehearsal
     engine's stand-in class (no vLLM import).
     """
-    from sdbench.rehearsal import is_rehearsal
+    from sdbench import rehearsal
 
-    if is_rehearsal(spec):
-        from sdbench.rehearsal.llm import SamplingParams
+    if rehearsal.is_rehearsal(spec):
+        SamplingParams = rehearsal.module("llm").SamplingParams  # noqa: N806 - vLLM's class name
     else:
         from vllm import SamplingParams
 

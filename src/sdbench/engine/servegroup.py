@@ -42,7 +42,7 @@ from sdbench.engine.server import (
     server_env,
 )
 from sdbench.io import atomic_dir, read_spec, write_parquet
-from sdbench.rehearsal import is_rehearsal
+from sdbench.rehearsal import is_rehearsal  # the package's __init__ only (standard library)
 
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 95, 99)
@@ -178,13 +178,20 @@ def run_server_group(
     dies during a cell; then nothing is written.
     """
     cell_spec = server_cell_spec(spec)
-    if is_rehearsal(spec):  # no server: the rehearsal engine serves the levels (sdbench.rehearsal.serve)
-        from sdbench.rehearsal.serve import rehearse_levels
-
-        tables, meta, total = rehearse_levels(spec, cell_spec, prompts, model_dir, drafter_dir, server_log, guard_mode)
-        _write_group(output_dir, tables, meta, total)
-        return
     kwargs = build_llm_kwargs(cell_spec, model_dir, drafter_dir)
+    if is_rehearsal(spec):  # no server: the rehearsal engine serves the levels (sdbench.rehearsal.serve)
+        from sdbench import rehearsal
+        from sdbench.engine.engine import start_rehearsal_engine
+
+        engine = start_rehearsal_engine(cell_spec, model_dir, drafter_dir, prompts)
+        Path(server_log).parent.mkdir(parents=True, exist_ok=True)
+        Path(server_log).write_text("rehearsal: no server ran; the rehearsal engine served every level\n")
+        client = rehearsal.module("serve").RehearsalClient(engine, server_log)
+        tables = measure_levels(client, spec, prompts, guard_mode, client=client)  # type: ignore[arg-type]
+        meta = {"argv": server_argv(kwargs, spec["engine"]["vllm_version"], 0)[1:], "startup_s": engine.startup_s,
+                "group": spec["group"], "cores": {"server": [], "client": []}, "rehearsal": True}  # fmt: skip
+        _write_group(output_dir, tables, meta, (engine.startup_s, engine.llm.modelled_s))
+        return
     port = free_port()
     argv = server_argv(kwargs, spec["engine"]["vllm_version"], port)
     log.info("server: %s", " ".join(argv))
@@ -229,9 +236,9 @@ def _write_group(
                 write_parquet(frame, tmp / sub / f"{name}.parquet")
         (tmp / "server.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         if total is not None:
-            from sdbench.rehearsal.report import write_job_total
+            from sdbench import rehearsal
 
-            write_job_total(tmp, "server", total[0], total[1], len(tables))
+            rehearsal.module("report").write_job_total(tmp, "server", total[0], total[1], len(tables))
 
 
 def _cmd_serve_group(args: argparse.Namespace) -> int:

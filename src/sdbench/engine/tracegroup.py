@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.engine import build_llm_kwargs
+from sdbench.engine.engine import build_llm_kwargs, start_rehearsal_engine
 from sdbench.engine.hardware import job_env
 from sdbench.engine.trials import _select_prompts
 from sdbench.engine.versions import apply_env, engine_env
@@ -81,10 +81,12 @@ def trace_group(
         # later (empty in _bookkeeping_sync), and the trace would have no rows to record.
         llm = LLM(**{**engine_kwargs, "seed": first["seed"], "async_scheduling": False})
     else:  # the rehearsal engine writes the trace plugin's records itself
-        from sdbench.rehearsal.llm import SamplingParams, TokensPrompt
-        from sdbench.rehearsal.llm import start_engine as start_rehearsal
+        from sdbench import rehearsal
 
-        engine = start_rehearsal(first, model_dir, drafter_dir, prompts, max_num_seqs=max_num_seqs, trace_dir=trace_dir)
+        SamplingParams, TokensPrompt = rehearsal.module("llm").SamplingParams, rehearsal.module("llm").TokensPrompt  # noqa: N806
+
+        engine = start_rehearsal_engine(first, model_dir, drafter_dir, prompts, max_num_seqs=max_num_seqs,
+                                        trace_dir=trace_dir)  # fmt: skip
         llm = engine.llm
     method = first["method"]["method"]
     out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}

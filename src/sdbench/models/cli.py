@@ -23,8 +23,6 @@ def add_download_model(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repo", required=True, help="Hugging Face repo id, e.g. meta-llama/Llama-3.1-8B-Instruct")
     p.add_argument("--revision", default="main", help="commit sha (or branch/tag, resolved and recorded)")
     p.add_argument("--output", required=True, help="output directory")
-    p.add_argument("--rehearsal", action="store_true",
-                   help="write a rehearsal stand-in instead (config.json and a marker, no weights; no network)")
     p.set_defaults(func=lazy("sdbench.models.hub", "_cmd_download"))
 
 

@@ -333,11 +333,6 @@ def download_dataset(entry: dict[str, Any], output: str | os.PathLike[str], name
 
 
 def _cmd_download(args: argparse.Namespace) -> int:
-    if getattr(args, "rehearsal", False):  # engine_mode: rehearsal (sdbench.rehearsal.prepare)
-        from sdbench.rehearsal.prepare import write_standin_model
-
-        write_standin_model(args.repo, args.revision, args.output)
-        return 0
     download_model(args.repo, args.revision, args.output)
     return 0
 

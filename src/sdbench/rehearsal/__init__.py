@@ -15,11 +15,16 @@ call. Nothing it writes is a measurement: every table it writes has ``measured =
 - :mod:`sdbench.rehearsal.serve`: server mode without a server;
 - :mod:`sdbench.rehearsal.prepare`: rehearsal prompt sets and stand-in model directories.
 
-No module of the package imports vLLM or torch.
+No module of the package imports vLLM or torch. The engine code reaches the package's modules only
+through :func:`module` (by name): a measured run's code digests (:mod:`sdbench.codedigest`, what
+reruns an engine job) do not cover the rehearsal's code, and a rehearsal's rules add the package.
 """
 
 from __future__ import annotations
 
+import importlib
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 MEASURED = "measured"
@@ -37,3 +42,13 @@ def engine_mode(spec: dict[str, Any]) -> str:
 def is_rehearsal(spec: dict[str, Any]) -> bool:
     """Whether an engine job's spec runs on the rehearsal engine."""
     return engine_mode(spec) == REHEARSAL
+
+
+def is_standin(path: str | Path) -> bool:
+    """Whether ``path`` is a rehearsal stand-in model directory (:mod:`sdbench.rehearsal.prepare`)."""
+    return (Path(path) / MARKER).is_file()
+
+
+def module(name: str) -> ModuleType:
+    """The rehearsal's module ``sdbench.rehearsal.<name>``, imported by name (module docstring)."""
+    return importlib.import_module(f"{__name__}.{name}")

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from sdbench.engine.engine import Engine, build_llm_kwargs
 from sdbench.rehearsal import standins
 from sdbench.rehearsal.costs import StepCost, load_target_spec, startup_seconds, step_cost
 from sdbench.rehearsal.steps import Plan, counters, run
@@ -320,13 +319,6 @@ def _memory(spec: dict[str, Any], model_dir: str, drafter_dir: str | None) -> di
 
 
 # ----------------------------------------------------------------------------- starting one
-class RehearsalEngine(Engine):
-    """A started rehearsal engine: prompts are token ids (no ``vllm.inputs``)."""
-
-    def prompt(self, token_ids: Any) -> Any:
-        return TokensPrompt(token_ids)
-
-
 def model_facts(model_dir: str) -> tuple[int, int]:
     """(vocabulary size, end-of-sequence id) of the model in ``model_dir`` (its config.json)."""
     path = Path(model_dir) / "config.json"
@@ -348,28 +340,3 @@ def workload_for(spec: dict[str, Any], model_dir: str, prompts: dict[str, Any]) 
     vocab, eos = model_facts(model_dir)
     traces = load_traces(spec.get("rehearsal", {}).get("published_traces", {}))
     return Workload(prompts, traces, vocab, eos, int(spec["seed"]))
-
-
-def start_engine(
-    spec: dict[str, Any],
-    model_dir: str,
-    drafter_dir: str | None,
-    prompts: dict[str, Any],
-    steps_dir: str | None = None,
-    max_num_seqs: int | None = None,
-    trace_dir: str | None = None,
-) -> Any:
-    """A started rehearsal engine for a cell spec: an :class:`sdbench.engine.engine.Engine` whose
-    ``llm`` is a :class:`RehearsalLLM`, whose clock is its virtual clock and which takes prompts as
-    token ids (``prompts``: the job's prompt tables by dataset)."""
-    from sdbench.engine.versions import engine_layout, quirks_for
-
-    quirks_for(spec["engine"]["vllm_version"])  # fail early on an unknown engine, as a real start does
-    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
-    if max_num_seqs is not None:
-        kwargs["max_num_seqs"] = max_num_seqs
-    llm = RehearsalLLM(spec, model_dir, drafter_dir, workload_for(spec, model_dir, prompts), kwargs["max_num_seqs"],
-                       steps_dir=steps_dir, trace_dir=trace_dir)  # fmt: skip
-    return RehearsalEngine(llm, kwargs, llm.memory["startup_s"], layout=engine_layout(spec["engine"]),
-                           clock=llm.clock, measured=False)  # fmt: skip
-

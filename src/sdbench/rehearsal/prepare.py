@@ -1,12 +1,12 @@
 """Inputs of a rehearsal where the real ones are out of reach: stand-in model directories and
 rehearsal prompt sets.
 
-- :func:`write_standin_model` (``sdbench download-model --rehearsal``): a directory holding a
+- :func:`write_standin_model` (``sdbench rehearsal standin-model``, what ``download_model`` runs): a directory holding a
   ``config.json`` built from the repository's shipped architecture config
   (``src/sdbench/data/models``) plus :data:`~sdbench.rehearsal.standins.MODEL_FACTS`, and the
   marker :data:`~sdbench.rehearsal.MARKER`; no weights, no tokenizer. Memory accounting and the
   rehearsal engine read it; a measured engine refuses it.
-- :func:`rehearsal_prompts` (``sdbench prepare-dataset --rehearsal-traces ...``): the dataset's
+- :func:`rehearsal_prompts` (``sdbench rehearsal prepare-dataset``, what ``prepare_dataset`` runs): the dataset's
   request count (``num_prompts``) with prompt and output lengths from
   :data:`~sdbench.rehearsal.standins.LENGTHS_BY_BUILDER` (the published traces' own for GSM8K and
   InstructCoder), token ids drawn with a seeded generator below the model's vocabulary size, and
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.rehearsal import MARKER, standins
+from sdbench.rehearsal import MARKER, is_standin, standins
 from sdbench.rehearsal.workload import OUTPUT_COLUMN, TRACE_COLUMN, stable_index, trace_for
 
 # config.json model_type / architectures of each architecture YAML kind.
@@ -37,11 +37,6 @@ _HF_TYPES = {
     "eagle": ("llama", "LlamaForCausalLM"),
     "eagle3": ("llama", "LlamaForCausalLMEagle3"),
 }
-
-
-def is_standin(path: str | Path) -> bool:
-    """Whether ``path`` is a rehearsal stand-in model directory."""
-    return (Path(path) / MARKER).is_file()
 
 
 def standin_config(repo: str) -> tuple[dict[str, Any], str]:
@@ -185,22 +180,34 @@ def rehearsal_prompts(
     return table
 
 
-def prepare_rehearsal(args: Any, entry: dict[str, Any]) -> pd.DataFrame:
-    """``sdbench prepare-dataset`` of a rehearsal set (its arguments, parsed)."""
-    from sdbench.datasets.prompts import model_context, read_prompt_table
+def _cmd_prepare(args: Any) -> int:
+    """``sdbench rehearsal prepare-dataset``: ``sdbench prepare-dataset`` of a rehearsal, which
+    writes a rehearsal prompt set where :func:`needs_rehearsal_set`, else prepares the real one."""
+    from sdbench.datasets.prompts import _cmd_prepare as prepare_real
+    from sdbench.datasets.prompts import _json_arg, model_context, read_prompt_table
+    from sdbench.io import write_parquet
     from sdbench.rehearsal.llm import model_facts
     from sdbench.rehearsal.workload import load_traces
 
+    entry = _json_arg("--entry", args.entry)
+    if not Path(args.tokenizer).is_dir():
+        raise FileNotFoundError(2, "no such directory (expected the target's tokenizer directory)", args.tokenizer)
+    if not needs_rehearsal_set(entry, args.tokenizer):
+        return prepare_real(args)
     traces = load_traces(dict(item.split("=", 1) for item in args.rehearsal_traces))
     vocab, eos = model_facts(args.tokenizer)
     matched = read_prompt_table(args.matched) if entry.get("source") == "random_tokens" and args.matched else None
     context = model_context(args.tokenizer, args.max_model_len)
     table = rehearsal_prompts(args.name, entry, traces, vocab, eos, args.seed, context, matched)
-    print(f"datasets.{args.name}: {len(table)} rehearsal prompts (not the dataset's: lengths "
-          f"{'from ' + entry.get('matched_to', '') if matched is not None else 'per docs/methods/rehearsal.md'}, "
-          f"token ids drawn below {vocab}); mean prompt {np.mean([len(x) for x in table['prompt_token_ids']]):.0f}, "
-          f"mean greedy output {table[OUTPUT_COLUMN].mean():.0f} tokens", file=sys.stderr)  # fmt: skip
-    return table
+    lengths = f"those of {entry.get('matched_to')}" if matched is not None else "per docs/methods/rehearsal.md"
+    print(f"datasets.{args.name}: {len(table)} rehearsal prompts, not the dataset's (lengths {lengths}, token ids "
+          f"drawn below {vocab}); mean prompt {table['prompt_token_ids'].map(len).mean():.0f}, mean greedy output "
+          f"{table[OUTPUT_COLUMN].mean():.0f} tokens", file=sys.stderr)  # fmt: skip
+    write_parquet(table, Path(args.output))
+    return 0
 
 
-__all__ = ["is_standin", "needs_rehearsal_set", "prepare_rehearsal", "rehearsal_prompts", "write_standin_model"]
+def _cmd_standin_model(args: Any) -> int:
+    """``sdbench rehearsal standin-model``: :func:`write_standin_model`."""
+    write_standin_model(args.repo, args.revision, args.output)
+    return 0

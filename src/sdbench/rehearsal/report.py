@@ -83,9 +83,15 @@ def estimates_table(config: dict[str, Any], root: str | Path = ".") -> pd.DataFr
 
 
 def _cmd_estimates(args: argparse.Namespace) -> int:
-    from sdbench.config import load_config, validate_config
+    import yaml
 
-    config = validate_config(load_config(args.config), source=args.config)
+    from sdbench.config import load_config, validate_config
+    from sdbench.workflow.plan import profile_config
+
+    load_config(args.config)  # errors name the file and key
+    raw = yaml.safe_load(Path(args.config).read_text())
+    extra = profile_config(args.profile) if args.profile else {}
+    config = validate_config({**raw, **extra, "engine_mode": "rehearsal"}, source=args.config)
     table = estimates_table(config, args.root)
     if args.output:
         from sdbench.io import write_parquet

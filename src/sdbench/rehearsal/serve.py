@@ -16,8 +16,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from sdbench.engine.counters import SDCounters, read_counters
 from sdbench.engine.loadgen import RequestResult
 from sdbench.rehearsal.steps import Plan, counters, run
@@ -91,28 +89,3 @@ class RehearsalClient:
                                      1 + len(plan.decode)))  # fmt: skip
         return out, result.seconds
 
-
-def rehearse_levels(
-    spec: dict[str, Any],
-    cell_spec: dict[str, Any],
-    prompts: dict[str, pd.DataFrame],
-    model_dir: str,
-    drafter_dir: str | None,
-    server_log: str | Path,
-    guard_mode: str,
-) -> tuple[dict[str, dict[str, pd.DataFrame]], dict[str, Any], tuple[float, float]]:
-    """Every cell of a server group on the rehearsal engine: (tables, server.json, (start-up, serve seconds))."""
-    from sdbench.engine.engine import build_llm_kwargs
-    from sdbench.engine.server import server_argv
-    from sdbench.engine.servegroup import measure_levels
-    from sdbench.rehearsal.llm import start_engine
-
-    engine = start_engine(cell_spec, model_dir, drafter_dir, prompts)
-    Path(server_log).parent.mkdir(parents=True, exist_ok=True)
-    Path(server_log).write_text("rehearsal: no server ran; the rehearsal engine served every level (sdbench.rehearsal.serve)\n")
-    client = RehearsalClient(engine, server_log)
-    tables = measure_levels(client, spec, prompts, guard_mode, client=client)  # type: ignore[arg-type]
-    argv = server_argv(build_llm_kwargs(cell_spec, model_dir, drafter_dir), spec["engine"]["vllm_version"], 0)
-    meta = {"argv": argv[1:], "startup_s": engine.startup_s, "group": spec["group"], "cores": {"server": [], "client": []},
-            "rehearsal": True}  # fmt: skip
-    return tables, meta, (engine.startup_s, engine.llm.modelled_s)

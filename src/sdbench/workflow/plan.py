@@ -243,7 +243,7 @@ class Plan:
         return {f"rehearsal_{d}": path for d, path in self.rehearsal_traces().items()}
 
     def rehearsal_prepare_arg(self) -> str:
-        """The ``prepare-dataset`` option of rehearsal mode (a shell template over its inputs), else ""."""
+        """The ``rehearsal prepare-dataset`` option (a shell template over its inputs); "" when measured."""
         if not self.rehearsal:
             return ""
         return " --rehearsal-traces " + " ".join(f"{d}={{input.rehearsal_{d}}}" for d in self.rehearsal_traces())
