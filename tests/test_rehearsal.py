@@ -344,3 +344,62 @@ def test_every_standin_is_in_the_docs() -> None:
              *standins.SPEED_BENCH_INPUT, *(str(f.eos_token_id) for f in standins.MODEL_FACTS.values())]  # fmt: skip
     missing = [n for n in names if f"`{n}`" not in doc and n not in doc]
     assert not missing
+
+
+def test_the_rehearsal_commands_write_a_standin_model_and_prompt_sets(traces: dict[str, str], tmp_path: Path) -> None:
+    """What download_model and prepare_dataset run in a rehearsal: a hub dataset, and a built-in one
+    whose tokenizer is a stand-in, both become rehearsal prompt sets of the entry's size."""
+    sdbench = [sys.executable, "-m", "sdbench.cli"]
+    model = tmp_path / "qwen"
+    subprocess.run([*sdbench, "rehearsal", "standin-model", "--repo", "Qwen/Qwen3-8B", "--output", str(model)],
+                   check=True, capture_output=True)  # fmt: skip
+    config = json.loads((model / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["eos_token_id"]) == ("qwen3", 151936, 151645)
+    arg = ["--rehearsal-traces", *(f"{d}={p}" for d, p in traces.items())]
+    for name, entry in (("cnn", {"source": "huggingface", "builder": "cnn_dailymail", "num_prompts": 5, "max_tokens": 64}),
+                        ("edit", {"source": "builtin", "builder": "code_edit", "num_prompts": 4, "max_tokens": 64})):  # fmt: skip
+        out = tmp_path / f"{name}.parquet"
+        subprocess.run([*sdbench, "rehearsal", "prepare-dataset", "--name", name, "--entry", json.dumps(entry),
+                        "--tokenizer", str(model), "--output", str(out), *arg], check=True, capture_output=True)  # fmt: skip
+        table = pd.read_parquet(out)
+        assert len(table) == entry["num_prompts"] and table["rehearsal_trace"].str.startswith("gsm8k:").all()
+        assert table["prompt_token_ids"].map(lambda ids: max(ids) < 151936).all()
+
+
+# ----------------------------------------------------------------------------- the whole workflow
+@pytest.mark.slow
+def test_a_paper_style_config_rehearses_to_the_end(published_traces_dir: Path, tmp_path: Path) -> None:
+    """.test/config/rehearsal.yaml (hub models and datasets, every engine job kind, no GPU, no
+    download, no training) with --config engine_mode=rehearsal: every job ends, every engine table
+    says it was not measured, every engine job has its modelled time, a second run does nothing."""
+    import os
+
+    import yaml
+
+    from sdbench.rehearsal.report import estimates_table
+    from sdbench.workflow.plan import Plan
+
+    raw = yaml.safe_load((REPO / ".test" / "config" / "rehearsal.yaml").read_text())
+    raw["published_traces"]["local_dir"] = str(published_traces_dir)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    bin_dir = Path(sys.executable).parent
+    cmd = [str(bin_dir / "snakemake"), "--snakefile", str(REPO / "Snakefile"), "--directory", str(tmp_path),
+           "--configfile", str(tmp_path / "config.yaml"), "--config", "engine_mode=rehearsal", "--cores", "2"]  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    run = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    config = {**raw, "engine_mode": "rehearsal"}
+    from sdbench.config import validate_config
+
+    plan = Plan(validate_config(config, source="test"))
+    assert all((tmp_path / f).is_file() for f in plan.final_outputs())
+    tables = [*tmp_path.glob("results/runs/**/*.parquet"), *tmp_path.glob("results/server/**/*.parquet"),
+              *tmp_path.glob("results/traces/*/*/*/*/engine_*.parquet"), *tmp_path.glob("results/breakdown/**/steps.parquet")]  # fmt: skip
+    assert len(tables) > 100
+    for path in tables:
+        frame = pd.read_parquet(path)
+        assert "measured" in frame and not frame["measured"].any(), path
+    estimates = estimates_table(validate_config(config, source="test"), tmp_path)
+    assert estimates["modelled_min"].notna().all() and (estimates["modelled_min"] > 0).all()
+    again = subprocess.run([*cmd, "-n"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert "Nothing to be done" in again.stdout + again.stderr
