@@ -146,6 +146,22 @@ def test_an_eagle_step_pays_verification_drafting_and_overhead(traces: dict[str,
     assert summary.at[0, "mean_acceptance_length"] == pytest.approx(1 + 4 / 3)
 
 
+def test_the_closed_form_and_the_step_loop_price_a_request_alike(traces: dict[str, str], llama: str) -> None:
+    """A replicated request alone (closed form) and the same request in the general step loop (a
+    closed-loop client that sends nothing more): the same steps, chunked prefill included."""
+    from sdbench.rehearsal.costs import step_cost
+    from sdbench.rehearsal.steps import Plan, run
+
+    cost = step_cost(spec(traces, "eagle"), llama)
+    decode = np.array([4, 1, 3, 1, 2, 2, 2])
+    alone = run([Plan(10000, decode, 3, copies=4)], cost, 8, record=True)
+    looped = run([Plan(10000, decode, 3, copies=4)], cost, 8, record=True, on_finish=lambda plan, t: [])
+    # 40,000 prompt tokens: 4 full chunks of 8,192 and one of 7,232, then 7 verification steps.
+    assert [s["num_batched_tokens"] for s in alone.steps] == [8192] * 4 + [7232] + [16] * 7
+    assert pd.DataFrame(looped.steps).to_numpy() == pytest.approx(pd.DataFrame(alone.steps).to_numpy(), rel=1e-12)
+    assert looped.seconds == pytest.approx(alone.seconds, rel=1e-12)
+
+
 def test_replicate_cells_have_prompts_times_batch_size_rows_and_say_they_are_not_measured(
     traces: dict[str, str], llama: str, tmp_path: Path
 ) -> None:

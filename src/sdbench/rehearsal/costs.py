@@ -95,18 +95,19 @@ class StepCost:
     draft_ratio: float
     num_speculative_tokens: int
 
-    def verify(self, kv: float, batched: float) -> float:
-        """The target's forward pass over ``batched`` tokens with ``kv`` tokens in the cache."""
-        return float(self.target.time(kv, batched))
+    def verify(self, kv: Any, batched: Any) -> Any:
+        """The target's forward pass over ``batched`` tokens with ``kv`` tokens in the cache
+        (elementwise on arrays, as everything here)."""
+        return self.target.time(kv, batched)
 
-    def draft(self, verify_s: float, kv: float, proposed: float, seqs: float) -> float:
+    def draft(self, verify_s: Any, kv: Any, proposed: float, seqs: float) -> Any:
         """Drafting for ``seqs`` sequences proposing ``proposed`` tokens in all (0: none)."""
         if self.drafting is None or proposed <= 0:
-            return 0.0
+            return 0.0 * verify_s
         if self.drafting == "ngram":
             return self.ngram_fraction * verify_s
         if self.drafting == "eagle":
-            return float(self.head.time(verify_s, kv, proposed))
+            return self.head.time(verify_s, kv, proposed)
         # A draft model: one pass per draft position, each a fraction of a one-token target pass.
         return self.num_speculative_tokens * self.draft_ratio * self.verify(kv, seqs)
 

@@ -63,8 +63,8 @@ def _record(steps: list[dict[str, float]] | None, **values: float) -> None:
 
 def _price(cost: StepCost, kv: float, batched: float, kv_draft: float, proposed: float, seqs_draft: float,
            reqs: float, steps: list[dict[str, float]] | None) -> float:  # fmt: skip
-    verify = cost.verify(kv, batched)
-    propose = cost.draft(verify, kv_draft, proposed, seqs_draft)
+    verify = float(cost.verify(kv, batched))
+    propose = float(cost.draft(verify, kv_draft, proposed, seqs_draft))
     step = verify + propose + cost.overhead
     _record(steps, num_reqs=reqs, num_batched_tokens=batched, num_kv_tokens=kv, num_proposed_tokens=proposed,
             verify_s=verify, propose_s=propose, sample_s=0.0, other_s=cost.overhead, step_s=step)  # fmt: skip
@@ -88,15 +88,8 @@ def _alone(plan: Plan, cost: StepCost, start: float, record: bool) -> Result:
         kv = plan.copies * (plan.prompt_len + generated).astype(float)
         batched = float(plan.copies * (1 + plan.proposed))
         proposed = float(plan.copies * plan.proposed)
-        verify = cost.target.time(kv, batched)
-        if cost.drafting is None or proposed == 0:
-            propose = np.zeros(n)
-        elif cost.drafting == "ngram":
-            propose = cost.ngram_fraction * verify
-        elif cost.drafting == "eagle":
-            propose = cost.head.time(verify, kv, proposed)
-        else:
-            propose = cost.num_speculative_tokens * cost.draft_ratio * cost.target.time(kv, float(plan.copies))
+        verify = cost.verify(kv, batched)
+        propose = cost.draft(verify, kv, proposed, float(plan.copies))
         step = verify + propose + cost.overhead
         seconds += float(step.sum())
         if steps is not None:
