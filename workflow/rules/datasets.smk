@@ -42,11 +42,11 @@ rule prepare_dataset:
             else ""
         ),
     shell:
-        PREPARE_DATASET + " --name {wildcards.dataset} --entry {params.entry} "
+        f"{PREPARE_DATASET} "
+        "--name {wildcards.dataset} --entry {params.entry} "
         "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} {params.context} "
         "--chat-template-kwargs {params.chat} --output {output}"
-        + REHEARSAL_PREPARE
-        + " > {log} 2>&1"
+        f"{REHEARSAL_PREPARE} > {{log}} 2>&1"
 
 
 # SPEED-Bench's file layout with the pipeline's own prompts (a stand-in: no hub access here).

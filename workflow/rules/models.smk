@@ -68,5 +68,6 @@ rule download_model:
         repo=lambda w: PLAN.hub_id(w.hub_model),
         revision=lambda w: PLAN.hub_revision(w.hub_model),
     shell:
-        DOWNLOAD_MODEL + " --repo {params.repo} --revision {params.revision} "
+        f"{DOWNLOAD_MODEL} "
+        "--repo {params.repo} --revision {params.revision} "
         "--output {output} > {log} 2>&1"
