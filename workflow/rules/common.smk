@@ -167,14 +167,9 @@ def cell_image(w):
     return image_identity(cell_container(w), Path(workflow.basedir) / "containers")
 
 
-def job_gpus(cell):
-    """GPUs of an engine job sized by ``cell``; none for the rehearsal engine."""
-    return 0 if PLAN.rehearsal else scheduling.cell_gpus(config, cell)
-
-
 def cell_gpus(w):
-    """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines and in a rehearsal)."""
-    return job_gpus(_engine_cell(w))
+    """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines)."""
+    return scheduling.cell_gpus(config, _engine_cell(w))
 
 
 def cell_mem_mb(w):

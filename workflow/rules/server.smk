@@ -20,7 +20,7 @@ rule serve_group:
     resources:
         # One node: a tensor-parallel engine's GPUs must not be split across nodes (sbatch --nodes=1).
         nodes=1,
-        gpu=lambda w: job_gpus(PLAN.server_cell(_server_group(w))),
+        gpu=lambda w: scheduling.cell_gpus(config, PLAN.server_cell(_server_group(w))),
         mem_mb=lambda w: scheduling.cell_mem_mb(
             config, PLAN.server_cell(_server_group(w))
         ),
