@@ -30,6 +30,7 @@ from typing import NoReturn
 from sdbench import provenance
 from sdbench.analysis import cli as analysis_cli
 from sdbench.bench import cli as bench_cli
+from sdbench.cliargs import add_config
 from sdbench.datasets import cli as datasets_cli
 from sdbench.engine import cli as engine_cli
 from sdbench.lazy import lazy
@@ -167,6 +168,31 @@ def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.doctor", "_cmd_doctor"))
 
 
+def _add_rehearsal(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench rehearsal estimates|prepare-dataset|standin-model`` (:mod:`sdbench.rehearsal.report`,
+    :mod:`sdbench.rehearsal.prepare`)."""
+    r = subparsers.add_parser("rehearsal", help="a rehearsal's inputs and modelled engine jobs (engine_mode: rehearsal)")
+    sub = r.add_subparsers(dest="rehearsal_command", required=True)
+    e = sub.add_parser("estimates", help="each engine job's requested runtime against its rehearsal's modelled time")
+    add_config(e, "the rehearsed grid", required=True)
+    e.add_argument("--profile", default=None, help="also apply this Snakemake profile's config entries (a site's split)")
+    e.add_argument("--root", default=".", help="working directory of the rehearsal (default: .)")
+    e.add_argument("--output", default=None, help="also write the table here (parquet)")
+    e.set_defaults(func=lazy("sdbench.rehearsal.report", "_cmd_estimates"))
+    # What the prepare_dataset and download_model rules run in a rehearsal (sdbench.rehearsal.prepare).
+    datasets_cli.add_prepare_dataset(sub)
+    p = sub.choices["prepare-dataset"]
+    p.description = "prepare-dataset of a rehearsal: a rehearsal prompt set for a hub dataset or a stand-in tokenizer"
+    p.add_argument("--rehearsal-traces", nargs="+", required=True, metavar="NAME=PATH",
+                   help="the published traces the prompt sets take lengths and records from (gsm8k=..., instructcoder=...)")
+    p.set_defaults(func=lazy("sdbench.rehearsal.prepare", "_cmd_prepare"))
+    m = sub.add_parser("standin-model", help="a stand-in model directory: config.json and a marker, no weights")
+    m.add_argument("--repo", required=True, help="Hugging Face repo id whose shipped architecture config it takes")
+    m.add_argument("--revision", default="main", help="recorded in the marker")
+    m.add_argument("--output", required=True, help="output directory")
+    m.set_defaults(func=lazy("sdbench.rehearsal.prepare", "_cmd_standin_model"))
+
+
 # Every command: name -> the function adding its parser. `sdbench --help` lists TOOLS first (what
 # a user runs by hand, in this order), then the pipeline's own steps (what the rules run).
 COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
@@ -214,11 +240,12 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "engines": engine_cli.add_engines,
     "compare": _add_compare,
     "doctor": _add_doctor,
+    "rehearsal": _add_rehearsal,
 }
 # What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
 TOOLS = (
     "doctor", "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
-    "figure-index", "fetch", "download-model", "check-model", "costmodel", "datasets",
+    "figure-index", "fetch", "download-model", "check-model", "costmodel", "datasets", "rehearsal",
 )  # fmt: skip
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)

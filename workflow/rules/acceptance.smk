@@ -23,7 +23,9 @@ rule trace_group:
         mem_mb=trace_group_mem_mb,
         runtime=trace_group_runtime,
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=code_digest(
+            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
+        ),
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.trace_group_spec(_trace_group(w))),
         drafter=drafter_arg,

@@ -24,7 +24,9 @@ rule breakdown_group:
         mem_mb=breakdown_group_mem_mb,
         runtime=breakdown_group_runtime,
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=code_digest(
+            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
+        ),
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.breakdown_group_spec(_group(w))),
         drafter=drafter_arg,

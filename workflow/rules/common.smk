@@ -85,6 +85,18 @@ localrules:
     fetch_published_traces,
 
 
+# engine_mode: rehearsal (sdbench.rehearsal): engine jobs on the rehearsal engine, no GPU; hub models
+# are stand-ins and hub datasets rehearsal prompt sets. The shell lines of a measured run are unchanged.
+DOWNLOAD_MODEL = (
+    "sdbench rehearsal standin-model" if PLAN.rehearsal else "sdbench download-model"
+)
+PREPARE_DATASET = (
+    "sdbench rehearsal prepare-dataset" if PLAN.rehearsal else "sdbench prepare-dataset"
+)
+REHEARSAL_PREPARE = PLAN.rehearsal_prepare_arg()
+# The rehearsal's code (the package, reached by name from the engine code) joins the code digests of
+# the engine, prompt and model rules in a rehearsal only: a measured run's jobs never rerun for it.
+REHEARSAL_CODE = ("sdbench.rehearsal",) if PLAN.rehearsal else ()
 CELLS = PLAN.cells
 TRACE_SETTINGS = PLAN.trace_settings
 BLEU = PLAN.bleu or {}

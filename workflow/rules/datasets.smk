@@ -37,6 +37,7 @@ rule prepare_dataset:
             "sdbench.datasets.randomtokens",
             "sdbench.datasets.speedbench",
             "sdbench.datasets.userprompts",
+            *REHEARSAL_CODE,
         ),
         entry=lambda w: quoted(PLAN.dataset_entry(w.dataset)),
         chat=lambda w: quoted(PLAN.chat_template_kwargs(w.model)),
@@ -48,9 +49,11 @@ rule prepare_dataset:
             else ""
         ),
     shell:
-        "sdbench prepare-dataset --name {wildcards.dataset} --entry {params.entry} "
+        f"{PREPARE_DATASET} "
+        "--name {wildcards.dataset} --entry {params.entry} "
         "--tokenizer {input.tokenizer} --seed {params.seed} {params.matched} {params.context} "
-        "--chat-template-kwargs {params.chat} --output {output} > {log} 2>&1"
+        "--chat-template-kwargs {params.chat} --output {output}"
+        f"{REHEARSAL_PREPARE} > {{log}} 2>&1"
 
 
 # SPEED-Bench's file layout with the pipeline's own prompts (a stand-in: no hub access here).

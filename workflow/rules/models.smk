@@ -65,12 +65,13 @@ rule download_model:
     log:
         "logs/download_model/{hub_model}.log",
     params:
-        code=code_digest("sdbench.models.cli", "sdbench.models.hub"),
+        code=code_digest("sdbench.models.cli", "sdbench.models.hub", *REHEARSAL_CODE),
         repo=lambda w: PLAN.hub_id(w.hub_model),
         revision=lambda w: PLAN.hub_revision(w.hub_model),
     run:
         shell(
-            "sdbench download-model --repo {params.repo} --revision {params.revision} "
+            f"{DOWNLOAD_MODEL} "
+            "--repo {params.repo} --revision {params.revision} "
             "--output {output} > {log} 2>&1",
             additional_envvars=download_job_env(),
         )

@@ -34,7 +34,9 @@ rule run_engine:
         mem_mb=group_mem_mb,
         runtime=group_runtime,
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=code_digest(
+            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
+        ),
         image=cell_image,
         spec=group_spec,
         drafter=drafter_arg,

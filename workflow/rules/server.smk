@@ -29,6 +29,7 @@ rule serve_group:
             "sdbench.engine.servegroup",
             "sdbench.engine.server",
             "sdbench.engine.loadgen",
+            *REHEARSAL_CODE,
         ),
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.server_group_spec(_server_group(w))),

@@ -41,15 +41,21 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
         spec["cell"]["dataset"]: preflight(spec, group["prompts"][spec["cell"]["dataset"]], args.model_dir, args.drafter_dir)
         for spec in specs
     }
+    totals: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="sdbench-trace-") as trace_dir:
         traced = trace_group(
-            specs, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir
+            specs, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir,
+            totals,
         )
     # Assembled aside and renamed at the end: no group directory unless every trace is in it.
     with atomic_dir(args.output_dir) as tmp:
         for dataset, tables in sorted(traced.items()):
             for name, table in zip(TRACE_TABLES, tables, strict=True):
                 write_parquet(table, tmp / dataset / f"{name}.parquet")
+        if totals:  # a rehearsal: the job's modelled seconds (sdbench.rehearsal.report)
+            from sdbench import rehearsal
+
+            rehearsal.module("report").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
     return 0
 
 

@@ -71,6 +71,9 @@ class Engine:
     clock: Callable[[], float] = time.perf_counter
     # What a timed call's joules are read from (sdbench.engine.energy): NVML, RAPL or none.
     meter: Meter = field(default_factory=NoMeter)
+    # False for a stand-in whose times are modelled, not measured (the rehearsal engine): every
+    # table of its cells says so (``measured`` columns).
+    measured: bool = True
 
     def prompt(self, token_ids: Any) -> Any:
         """One prompt as the engine takes it (vLLM's ``TokensPrompt``; a stand-in's own)."""
@@ -96,8 +99,20 @@ def start_engine(
     drafter_dir: str | None,
     steps_dir: str | None = None,
     max_num_seqs: int | None = None,
+    prompts: dict[str, Any] | None = None,
 ) -> Engine:
-    """Start the engine of a cell spec (``max_num_seqs`` defaults to the cell's batch size)."""
+    """Start the engine of a cell spec (``max_num_seqs`` defaults to the cell's batch size).
+
+    A spec in rehearsal mode (``engine_mode: rehearsal``) starts the rehearsal engine instead
+    (:mod:`sdbench.rehearsal.llm`: no vLLM), which needs the job's prompt tables (``prompts``,
+    by dataset) to know its requests.
+    """
+    from sdbench.rehearsal import is_rehearsal
+
+    if is_rehearsal(spec):
+        if prompts is None:
+            raise ValueError("rehearsal engine: start_engine needs the job's prompt tables")
+        return start_rehearsal_engine(spec, model_dir, drafter_dir, prompts, steps_dir, max_num_seqs)
     if steps_dir is not None:
         from sdbench.engine.steptiming import ENV_STEP_TIMING_DIR
 
@@ -119,6 +134,41 @@ def start_engine(
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t_start
     return Engine(llm, kwargs, startup, layout=engine_layout_of(llm, env), meter=engine_meter(spec))
+
+
+class RehearsalEngine(Engine):
+    """A started rehearsal engine (:mod:`sdbench.rehearsal.llm`): prompts are token ids, no ``vllm.inputs``."""
+
+    def prompt(self, token_ids: Any) -> Any:
+        return {"prompt_token_ids": token_ids}
+
+
+def start_rehearsal_engine(
+    spec: dict[str, Any],
+    model_dir: str,
+    drafter_dir: str | None,
+    prompts: dict[str, Any],
+    steps_dir: str | None = None,
+    max_num_seqs: int | None = None,
+    trace_dir: str | None = None,
+) -> Engine:
+    """The rehearsal engine of a cell spec: ``llm`` a :class:`sdbench.rehearsal.llm.RehearsalLLM`
+    on the job's prompt tables (``prompts``, by dataset), its virtual clock the engine's clock,
+    ``measured`` False. ``steps_dir`` / ``trace_dir``: breakdown / trace mode (the plugins' records)."""
+    from sdbench import rehearsal
+    from sdbench.engine.versions import engine_layout
+
+    llm_module = rehearsal.module("llm")
+
+    quirks_for(spec["engine"]["vllm_version"])  # fail early on an unknown engine, as a real start does
+    kwargs = build_llm_kwargs(spec, model_dir, drafter_dir)
+    if max_num_seqs is not None:
+        kwargs["max_num_seqs"] = max_num_seqs
+    workload = llm_module.workload_for(spec, model_dir, prompts)
+    llm = llm_module.RehearsalLLM(spec, model_dir, drafter_dir, workload, kwargs["max_num_seqs"], steps_dir=steps_dir,
+                                  trace_dir=trace_dir)  # fmt: skip
+    return RehearsalEngine(llm, kwargs, llm.memory["startup_s"], layout=engine_layout(spec["engine"]),
+                           clock=llm.clock, measured=False)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- touchpoints

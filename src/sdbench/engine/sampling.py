@@ -47,9 +47,15 @@ def call_sampling_params(spec: dict[str, Any], request_ids: list[str], max_token
     file may set it per row), capped at the dataset entry's (a table prepared for a longer budget
     never overruns the cell's); default the entry's for every sequence. Greedy with one
     budget: a single object for the call (config seed, as before). Otherwise a list, one per
-    sequence; sampled ones seeded by :func:`request_seed`.
+    sequence; sampled ones seeded by :func:`request_seed`. A rehearsal spec gets the rehearsal
+    engine's stand-in class (no vLLM import).
     """
-    from vllm import SamplingParams
+    from sdbench import rehearsal
+
+    if rehearsal.is_rehearsal(spec):
+        SamplingParams = rehearsal.module("llm").SamplingParams  # noqa: N806 - vLLM's class name
+    else:
+        from vllm import SamplingParams
 
     run, t = spec["run"], temperature(spec)
     cap = int(spec["dataset"]["max_tokens"])

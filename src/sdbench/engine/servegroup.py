@@ -22,6 +22,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,7 @@ from sdbench.engine.server import (
     server_env,
 )
 from sdbench.io import atomic_dir, read_spec, write_parquet
+from sdbench.rehearsal import is_rehearsal  # the package's __init__ only (standard library)
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +96,19 @@ def _prompt_list(prompts: pd.DataFrame, num_prompts: int) -> list[tuple[str, lis
     ]
 
 
+# The streaming client of a real server (a rehearsal brings its own: sdbench.rehearsal.serve).
+HTTP_CLIENT = SimpleNamespace(run_level=run_level, read_metrics=read_metrics, measured=True)
+
+
 def measure_levels(
-    server: ServerProcess, spec: dict[str, Any], prompts: dict[str, pd.DataFrame], guard_mode: str
-) -> dict[str, dict[str, pd.DataFrame]]:
-    """Every dataset x concurrency cell of the group on a ready server; cell subdir -> tables."""
+    server: ServerProcess, spec: dict[str, Any], prompts: dict[str, pd.DataFrame], guard_mode: str,
+    client: Any = HTTP_CLIENT,
+) -> dict[str, dict[str, pd.DataFrame]]:  # fmt: skip
+    """Every dataset x concurrency cell of the group on a ready server; cell subdir -> tables.
+
+    ``client`` sends a level's requests and reads the server's SD counters (``run_level``,
+    ``read_metrics``, as :mod:`sdbench.engine.loadgen`); its ``measured`` goes into every table.
+    """
     from sdbench.engine.quietguard import QuietGuard
 
     section, run = spec["server"], spec["run"]
@@ -115,25 +126,27 @@ def measure_levels(
                          timeout_s=float(section.get("request_timeout_s", 600)), model=SERVED_MODEL_NAME)
             warmup = int(section.get("warmup_requests", 2))
             if warmup:
-                run_level(num_requests=warmup, round_=-1, **level)
+                client.run_level(num_requests=warmup, round_=-1, **level)
             guard = QuietGuard(guard_mode)
             guard.start()
-            before = read_metrics(server.base_url)
+            before = client.read_metrics(server.base_url)
             rows, walls = [], []
             for round_ in range(int(section.get("rounds", 2))):
-                results, wall = run_level(num_requests=n, round_=round_, **level)
+                results, wall = client.run_level(num_requests=n, round_=round_, **level)
                 server.check_alive()
                 rows += results_rows(results)
                 walls.append(wall)
-            delta = read_metrics(server.base_url) - before
+            delta = client.read_metrics(server.base_url) - before
             report = guard.stop()  # raises Contaminated in refuse mode
             requests = pd.DataFrame(rows)
             for i, (k, v) in enumerate(keys.items()):
                 requests.insert(i, k, v)
             summary = summarise_level(keys, requests, walls, delta, spec).assign(
-                server_startup_s=server.startup_s, **report.columns(), **provenance()
+                server_startup_s=server.startup_s, **report.columns(), **provenance(gpus=client.measured), measured=client.measured,
+                # A rehearsal's modelled seconds of the cell (warm-up and rounds); NaN when measured.
+                modelled_s=getattr(client, "level_s", float("nan")),
             )
-            requests = requests.assign(contaminated=report.contaminated)
+            requests = requests.assign(contaminated=report.contaminated, measured=client.measured)
             log.info(
                 "cell %s c=%d: %.1f output tok/s, TPOT p50 %.1f ms, acceptance length %s",
                 dataset, concurrency, summary.at[0, "tokens_per_s"], summary.at[0, "tpot_p50_ms"],
@@ -157,12 +170,21 @@ def run_server_group(
     Raises :class:`ServerError` (with the server log's tail) if the server fails to start or
     dies during a cell; then nothing is written.
     """
-    cell_spec = {
-        "cell": {"batch_size": max(spec["server"]["concurrency"])},
-        "seed": spec["seed"], "engine": spec["engine"], "model": spec["model"],
-        "method": spec["method"], "run": spec["run"],
-    }
+    cell_spec = server_cell_spec(spec)
     kwargs = build_llm_kwargs(cell_spec, model_dir, drafter_dir)
+    if is_rehearsal(spec):  # no server: the rehearsal engine serves the levels (sdbench.rehearsal.serve)
+        from sdbench import rehearsal
+        from sdbench.engine.engine import start_rehearsal_engine
+
+        engine = start_rehearsal_engine(cell_spec, model_dir, drafter_dir, prompts)
+        Path(server_log).parent.mkdir(parents=True, exist_ok=True)
+        Path(server_log).write_text("rehearsal: no server ran; the rehearsal engine served every level\n")
+        client = rehearsal.module("serve").RehearsalClient(engine, server_log)
+        tables = measure_levels(client, spec, prompts, guard_mode, client=client)  # type: ignore[arg-type]
+        meta = {"argv": server_argv(kwargs, spec["engine"]["vllm_version"], 0)[1:], "startup_s": engine.startup_s,
+                "group": spec["group"], "cores": {"server": [], "client": []}, "rehearsal": True}  # fmt: skip
+        _write_group(output_dir, tables, meta, (engine.startup_s, engine.llm.modelled_s))
+        return
     port = free_port()
     argv = server_argv(kwargs, spec["engine"]["vllm_version"], port)
     log.info("server: %s", " ".join(argv))
@@ -179,15 +201,37 @@ def run_server_group(
         except (RequestFailed, OSError) as exc:  # a request or /metrics failed
             server.check_alive(grace_s=10.0)  # a dead server is the cause: say so, with its log
             raise ServerError(f"{exc} (server still running; its log: {server.log_path})") from exc
+    _write_group(output_dir, tables, {"argv": argv[1:], "startup_s": startup, "group": spec["group"],
+                                      "cores": {"server": sorted(server_cpus or []), "client": sorted(client_cpus or [])}})
+
+
+def server_cell_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The offline cell spec whose engine arguments the group's server gets (its largest concurrency)."""
+    cell_spec = {
+        "cell": {"batch_size": max(spec["server"]["concurrency"])},
+        "seed": spec["seed"], "engine": spec["engine"], "model": spec["model"],
+        "method": spec["method"], "run": spec["run"],
+    }  # fmt: skip
+    for key in ("engine_mode", "rehearsal"):
+        if key in spec:
+            cell_spec[key] = spec[key]
+    return cell_spec
+
+
+def _write_group(
+    output_dir: str | Path, tables: dict[str, dict[str, pd.DataFrame]], meta: dict[str, Any],
+    total: tuple[float, float] | None = None,
+) -> None:  # fmt: skip
+    """The group's directory, atomically: every cell's tables and ``server.json`` (and a rehearsal's total)."""
     with atomic_dir(output_dir) as tmp:
         for sub, frames in sorted(tables.items()):
             for name, frame in frames.items():
                 write_parquet(frame, tmp / sub / f"{name}.parquet")
-        (tmp / "server.json").write_text(
-            json.dumps({"argv": argv[1:], "startup_s": startup, "group": spec["group"],
-                        "cores": {"server": sorted(server_cpus or []), "client": sorted(client_cpus or [])}},
-                       indent=2, sort_keys=True) + "\n"
-        )
+        (tmp / "server.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if total is not None:
+            from sdbench import rehearsal
+
+            rehearsal.module("report").write_job_total(tmp, "server", total[0], total[1], len(tables))
 
 
 @engine_job

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.engine import build_llm_kwargs
+from sdbench.engine.engine import build_llm_kwargs, start_rehearsal_engine
 from sdbench.engine.hardware import job_env
 from sdbench.engine.trials import _select_prompts
 from sdbench.engine.versions import apply_env, engine_env
@@ -39,6 +39,7 @@ def trace_group(
     num_speculative_tokens: int,
     max_num_seqs: int,
     trace_dir: str,
+    totals: dict[str, float] | None = None,
 ) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """In-engine acceptance traces of one method on several prompt sets, on one engine
     (see sdbench.engine.acceptancetrace).
@@ -47,7 +48,9 @@ def trace_group(
     tables by dataset. The engine proposes up to ``num_speculative_tokens`` per step but
     commits one token per step, so outputs equal plain greedy decoding. Returns, per
     dataset, (trace table, requests). The cells must need the same engine (``ValueError``
-    naming the first dataset that does not): only the prompts and output lengths differ.
+    naming the first dataset that does not): only the prompts and output lengths differ. A
+    rehearsal spec traces on the rehearsal engine (sdbench.rehearsal), whose modelled start-up and
+    generate seconds go into ``totals``; every table says whether it was measured.
     """
     from sdbench.engine.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
     from sdbench.traces.table import MethodTrace, make_trace_table
@@ -64,15 +67,27 @@ def trace_group(
                 f"trace group of {first['cell']['method']}: dataset {spec['cell']['dataset']!r} needs "
                 f"other engine arguments than {first['cell']['dataset']!r}"
             )
-    os.environ[ENV_TRACE_DIR] = trace_dir
-    apply_env(job_env(first["engine"], int(first["model"].get("tensor_parallel_size", 1))))
-    apply_env(engine_env(first["engine"], first["method"]))
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from sdbench.rehearsal import is_rehearsal
 
-    # Synchronous steps: with async scheduling the runner hands back the committed rows a step
-    # later (empty in _bookkeeping_sync), and the trace would have no rows to record.
-    llm = LLM(**{**engine_kwargs, "seed": first["seed"], "async_scheduling": False})
+    measured = not is_rehearsal(first)
+    if measured:
+        os.environ[ENV_TRACE_DIR] = trace_dir
+        apply_env(job_env(first["engine"], int(first["model"].get("tensor_parallel_size", 1))))
+        apply_env(engine_env(first["engine"], first["method"]))
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        # Synchronous steps: with async scheduling the runner hands back the committed rows a step
+        # later (empty in _bookkeeping_sync), and the trace would have no rows to record.
+        llm = LLM(**{**engine_kwargs, "seed": first["seed"], "async_scheduling": False})
+    else:  # the rehearsal engine writes the trace plugin's records itself
+        from sdbench import rehearsal
+
+        SamplingParams, TokensPrompt = rehearsal.module("llm").SamplingParams, rehearsal.module("llm").TokensPrompt  # noqa: N806
+
+        engine = start_rehearsal_engine(first, model_dir, drafter_dir, prompts, max_num_seqs=max_num_seqs,
+                                        trace_dir=trace_dir)  # fmt: skip
+        llm = engine.llm
     method = first["method"]["method"]
     out: dict[str, tuple[pd.DataFrame, pd.DataFrame]] = {}
     for spec in specs:
@@ -105,7 +120,9 @@ def trace_group(
                     "finish_reason": str(completion.outputs[0].finish_reason),
                 }
             )
-        out[dataset] = (make_trace_table(traces), pd.DataFrame(request_rows))
+        out[dataset] = (make_trace_table(traces).assign(measured=measured), pd.DataFrame(request_rows).assign(measured=measured))
+    if not measured and totals is not None:
+        totals.update(startup_s=engine.startup_s, generate_s=llm.modelled_s)
     return out
 
 

@@ -82,7 +82,7 @@ def run_cell(
     (sdbench.engine.steptiming): every engine step of the timed calls is timed by stage,
     with device synchronisation; ``steps`` is then one row per step, else ``None``.
     """
-    engine = start_engine(spec, model_dir, drafter_dir, steps_dir)
+    engine = start_engine(spec, model_dir, drafter_dir, steps_dir, prompts={spec["cell"]["dataset"]: prompts})
     return measure_cell(engine, spec, prompts, steps_dir, guard_mode)
 
 
@@ -304,12 +304,15 @@ class CellRun:
             for i, (k, v) in enumerate(keys.items()):
                 steps.insert(i, k, v)
             steps.insert(len(keys), "sd_method", spec["method"]["method"])
+            steps["measured"] = engine.measured
         requests = self.request_rows.frame()
         calls = pd.DataFrame(self.call_rows)
         for frame in (requests, calls):
             for i, (k, v) in enumerate(keys.items()):
                 frame.insert(i, k, v)
-        calls = calls.assign(contaminated=guard_report.contaminated)
+        # A stand-in engine's times are modelled: its tables say so (sdbench.rehearsal).
+        requests["measured"] = engine.measured
+        calls = calls.assign(contaminated=guard_report.contaminated, measured=engine.measured)
         summary = summarise(keys, spec, calls, requests)
         summary = summary.assign(
             engine_shared_by=engine.shared_by,
@@ -323,12 +326,15 @@ class CellRun:
             warmup_s=self.warmup_s,
             **engine_memory(engine.llm),
             speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
-            **provenance(),
+            **provenance(gpus=engine.measured),
             **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.paired when paired
             paired_baseline_num_preemptions=0,
             # The paired no-SD arm's engine start and warm-up (sdbench.bench.timeline's breakdown).
             paired_baseline_startup_s=np.nan,
             paired_baseline_warmup_s=np.nan,
+            # A rehearsal's modelled seconds of this cell on its engine: warm-up and timed calls
+            # (sdbench.engine.paired adds the no-SD arm's); NaN when measured.
+            modelled_s=np.nan if engine.measured else self.warmup_s + self.timed_s,
         )
         return requests, calls, summary, steps
 

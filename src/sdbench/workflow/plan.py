@@ -94,6 +94,9 @@ class Plan:
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
+        #: ``engine_mode: rehearsal``: every engine job runs on the rehearsal engine (sdbench.rehearsal),
+        #: hub models are stand-ins and hub datasets rehearsal prompt sets (nothing is downloaded).
+        self.rehearsal = config.get("engine_mode", "measured") == "rehearsal"
         self.cells = cells(config)
         self.baseline = baseline_method(config)
         models = config["models"]
@@ -106,6 +109,7 @@ class Plan:
             k
             for k, d in config["datasets"].items()
             if d["source"] == "huggingface" and not d.get("local_path") and sweeps.prompt_dataset(config, k) == k
+            and not self.rehearsal
         )
         problems = scheduling.site_problems(config, self.cells)
         if problems:
@@ -230,7 +234,31 @@ class Plan:
             inputs["prompts_file"] = entry["path"]
         if dataset in self.hub_datasets:
             inputs["hub_copy"] = self.dataset_copy(dataset)
-        return inputs
+        return {**inputs, **self.rehearsal_inputs()}
+
+    # ------------------------------------------------------------------ rehearsal mode
+    def rehearsal_traces(self) -> dict[str, str]:
+        """Published trace name -> its local copy, which a rehearsal replays ({} when measured)."""
+        from sdbench.rehearsal.standins import PUBLISHED
+
+        return {d: P.PUBLISHED_JSONL.format(published=d) for d in PUBLISHED} if self.rehearsal else {}
+
+    def rehearsal_inputs(self) -> dict[str, str]:
+        """Inputs every engine and prompt job gets in rehearsal mode: the published traces."""
+        return {f"rehearsal_{d}": path for d, path in self.rehearsal_traces().items()}
+
+    def rehearsal_prepare_arg(self) -> str:
+        """The ``rehearsal prepare-dataset`` option (a shell template over its inputs); "" when measured."""
+        if not self.rehearsal:
+            return ""
+        return " --rehearsal-traces " + " ".join(f"{d}={{input.rehearsal_{d}}}" for d in self.rehearsal_traces())
+
+    def with_mode(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """An engine job's spec with its engine mode: unchanged when measured (so a measured run's
+        specs, and what Snakemake reruns, do not change), else ``engine_mode`` and the traces."""
+        if not self.rehearsal:
+            return spec
+        return {**spec, "engine_mode": "rehearsal", "rehearsal": {"published_traces": self.rehearsal_traces()}}
 
     def dataset_copy(self, dataset: str) -> str:
         """The local copy of a hub dataset's repository files (``download_dataset``)."""
@@ -328,12 +356,12 @@ class Plan:
         """Inputs of a job running ``cells_`` on one engine: their prompt tables and the drafter."""
         inputs = {f"prompts_{Path(t).stem}": t for t in self.prompt_tables(cells_).values()}
         drafter = self.drafter_dir(method, model)
-        return {**inputs, **({"drafter": drafter} if drafter else {})}
+        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs()}
 
     def _job_spec(
         self, specs: list[dict[str, Any]], cells_: list[Cell], group: EngineGroup | None = None
     ) -> dict[str, Any]:
-        spec = {"cells": specs, "prompts": self.prompt_tables(cells_)}
+        spec = {"cells": [self.with_mode(s) for s in specs], "prompts": self.prompt_tables(cells_)}
         if group in self._max_num_seqs:  # split: the unsplit group's engine arguments
             spec["max_num_seqs"] = self._max_num_seqs[group]
         return spec
@@ -547,10 +575,10 @@ class Plan:
         """Prompt tables of the server section's datasets, and the method's drafter."""
         inputs = {f"prompts_{d}": self.prompt_table(model, d) for d in self.server["datasets"]}
         drafter = self.drafter_dir(method, model)
-        return {**inputs, **({"drafter": drafter} if drafter else {})}
+        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs()}
 
     def server_group_spec(self, group: ServerGroup) -> dict[str, Any]:
-        return resolve_server_group(self.config, group)
+        return self.with_mode(resolve_server_group(self.config, group))
 
     def server_group_dirs(self) -> list[str]:
         return [P.SERVER_GROUP_DIR.format(**g.as_dict()) for g in self.server_groups]

@@ -1,0 +1,104 @@
+"""Modelled seconds of each rehearsed engine job, against what its rule asks the scheduler for.
+
+Every rehearsed engine job writes ``rehearsal.json`` into its output directory: its modelled
+engine start-up(s), the modelled seconds of its generate calls (warm-up and timed calls of every
+arm; trace and server calls) and the total, as if the job ran from scratch (a cell re-used from a
+checkpoint counts too). :func:`estimates_table` (``sdbench rehearsal estimates``) sets them beside
+the runtime each job's rule requests (:mod:`sdbench.scheduling`, first attempt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+JOB_FILE = "rehearsal.json"
+
+
+def write_job_total(directory: str | Path, kind: str, startup_s: float, generate_s: float, cells: int) -> None:
+    """Write a rehearsed job's modelled seconds into its output directory."""
+    record = {"kind": kind, "measured": False, "cells": int(cells), "startup_s": float(startup_s),
+              "generate_s": float(generate_s), "modelled_s": float(startup_s) + float(generate_s)}  # fmt: skip
+    (Path(directory) / JOB_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def group_seconds(summaries: list[pd.DataFrame]) -> tuple[float, float] | None:
+    """(start-up, generate) seconds of an engine group from its cells' summaries; None when measured.
+
+    The group's engines start once per engine start and are shared by its cells; a paired group
+    also starts the no-SD engine.
+    """
+    rows = pd.concat(summaries, ignore_index=True)
+    if rows.empty or bool(rows.get("measured", pd.Series([True])).all()):
+        return None
+    starts = rows.get("num_engine_starts", pd.Series(1, index=rows.index)).astype(float)
+    startup = float((rows["startup_s"] * starts).max())
+    paired = (rows["paired_baseline_startup_s"] * starts).max() if "paired_baseline_startup_s" in rows else math.nan
+    startup += 0.0 if pd.isna(paired) else float(paired)
+    return startup, float(rows["modelled_s"].sum())
+
+
+def write_group_total(directory: str | Path, summaries: list[pd.DataFrame], kind: str = "engine") -> None:
+    """:func:`write_job_total` of an engine group whose cells were rehearsed (nothing otherwise)."""
+    seconds = group_seconds(summaries)
+    if seconds is not None:
+        write_job_total(directory, kind, *seconds, len(summaries))
+
+
+def estimates_table(config: dict[str, Any], root: str | Path = ".") -> pd.DataFrame:
+    """Per engine job of ``config``: the runtime its rule requests (first attempt, minutes) and the
+    rehearsal's modelled minutes (NaN where the job has no ``rehearsal.json`` under ``root``)."""
+    from sdbench import scheduling
+    from sdbench.workflow import paths as P
+    from sdbench.workflow.plan import Plan
+
+    plan = Plan(config)
+    jobs: list[tuple[str, str, str, float]] = []
+    for group, cells in sorted(plan.groups.items()):
+        jobs.append(("run_engine", "/".join(group.as_dict().values()), P.GROUP_DIR.format(**group.as_dict()),
+                     scheduling.group_runtime_minutes(config, cells, 1)))  # fmt: skip
+    for group, cells in sorted(plan.breakdown_groups.items()):
+        jobs.append(("breakdown_group", "/".join(group.as_dict().values()),
+                     P.BREAKDOWN_GROUP_DIR.format(**group.as_dict()), scheduling.one_engine_runtime_minutes(config, cells, 1)))  # fmt: skip
+    for tgroup in sorted(plan.trace_groups):
+        jobs.append(("trace_group", "/".join(tgroup.as_dict().values()), P.TRACE_GROUP_DIR.format(**tgroup.as_dict()),
+                     scheduling.one_engine_runtime_minutes(config, plan.trace_cells(tgroup), 1)))  # fmt: skip
+    for sgroup in sorted(plan.server_groups):
+        jobs.append(("serve_group", "/".join(sgroup.as_dict().values()), P.SERVER_GROUP_DIR.format(**sgroup.as_dict()),
+                     scheduling.server_runtime_minutes(config, plan.server_cell(sgroup), 1)))  # fmt: skip
+    rows = []
+    for rule, name, directory, requested in jobs:
+        path = Path(root) / directory / JOB_FILE
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        modelled = record.get("modelled_s", math.nan) / 60
+        rows.append({"rule": rule, "job": name, "requested_min": float(requested), "modelled_min": modelled,
+                     "requested_over_modelled": float(requested) / modelled if modelled and modelled == modelled else math.nan,
+                     "modelled_startup_min": record.get("startup_s", math.nan) / 60, "cells": record.get("cells", 0)})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _cmd_estimates(args: argparse.Namespace) -> int:
+    import yaml
+
+    from sdbench.config import load_config, validate_config
+    from sdbench.workflow.plan import profile_config
+
+    load_config(args.config)  # errors name the file and key
+    raw = yaml.safe_load(Path(args.config).read_text())
+    extra = profile_config(args.profile) if args.profile else {}
+    config = validate_config({**raw, **extra, "engine_mode": "rehearsal"}, source=args.config)
+    table = estimates_table(config, args.root)
+    if args.output:
+        from sdbench.io import write_parquet
+
+        write_parquet(table, args.output)
+    done = table.dropna(subset=["modelled_min"])
+    print(table.to_string(index=False, float_format=lambda x: f"{x:,.1f}"))
+    print(f"{len(done)} of {len(table)} engine jobs rehearsed; requested {done['requested_min'].sum():,.0f} min, "
+          f"modelled {done['modelled_min'].sum():,.0f} min")  # fmt: skip
+    return 0
