@@ -29,13 +29,24 @@ TARGETS = [f"{c}/calls.parquet" for c in CELLS]
 LOGS = "logs/run_engine/vllm-cpu/tiny-target/none"
 
 
-def splitting_site() -> str:
+def sized_config(workdir: Path) -> Path:
+    """The fault-injection config with a long expected prompt: a sizing key only (in no job's
+    params), so that each cell's runtime estimate is above the scheduler's 10-minute floor and a
+    site's limit can fit one cell but not both."""
+    config = yaml.safe_load(CONFIG.read_text())
+    config["datasets"]["code-edit"]["expected_prompt_tokens"] = 2_000_000
+    path = workdir / "sized.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def splitting_site(path: Path) -> str:
     """A ``site`` config value whose limit fits each cell alone but not the two together."""
     from sdbench import scheduling
     from sdbench.config import validate_config
     from sdbench.grid import engine_groups
 
-    config = validate_config(yaml.safe_load(CONFIG.read_text()), source=str(CONFIG))
+    config = validate_config(yaml.safe_load(path.read_text()), source=str(path))
     cells = next(cs for g, cs in engine_groups(config).items() if g.method == "none")
     alone = max(scheduling.group_estimate_minutes(config, [c]) for c in cells)
     together = scheduling.group_estimate_minutes(config, cells)
@@ -45,7 +56,8 @@ def splitting_site() -> str:
 
 
 def run(workdir: Path, *args: str, timeout: int = 1800) -> str:
-    done = subprocess.run(snakemake_cmd(workdir, *args), cwd=workdir, env=env(), capture_output=True, text=True,
+    # A second --configfile replaces the first (sized_config: the same config, one sizing key more).
+    done = subprocess.run(snakemake_cmd(workdir, "--configfile", str(workdir / "sized.yaml"), *args), cwd=workdir, env=env(), capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
@@ -53,13 +65,14 @@ def run(workdir: Path, *args: str, timeout: int = 1800) -> str:
 
 
 def test_a_new_max_runtime_re_splits_groups_but_measures_no_cell_again(tmp_path: Path) -> None:
+    sized = sized_config(tmp_path)
     first = run(tmp_path, *TARGETS)
     assert first.count("rule run_engine:") == 1
     measured = {c: (tmp_path / c / "calls.parquet").read_bytes() for c in CELLS}
     store = tmp_path / "results/engine_checkpoints/vllm-cpu/tiny-target/none"
     assert len([p for p in store.iterdir() if not p.name.startswith(".")]) == 2  # kept after the group completed
 
-    site = splitting_site()
+    site = splitting_site(sized)
     planned = run(tmp_path, *TARGETS, "-n", "-p", "--config", site, timeout=600)
     shares = sorted(re.findall(r"results/engines/vllm-cpu/tiny-target/none/(all\.[\w.-]+)", planned))
     assert sorted(set(shares)) == ["all.code-edit.bs1", "all.code-edit.bs2"], planned[-3000:]

@@ -64,10 +64,10 @@ def estimates_table(config: dict[str, Any], root: str | Path = ".") -> pd.DataFr
                      scheduling.group_runtime_minutes(config, cells, 1)))  # fmt: skip
     for group, cells in sorted(plan.breakdown_groups.items()):
         jobs.append(("breakdown_group", "/".join(group.as_dict().values()),
-                     P.BREAKDOWN_GROUP_DIR.format(**group.as_dict()), scheduling.one_engine_runtime_minutes(config, cells, 1)))  # fmt: skip
+                     P.BREAKDOWN_GROUP_DIR.format(**group.as_dict()), scheduling.breakdown_runtime_minutes(config, cells, 1)))  # fmt: skip
     for tgroup in sorted(plan.trace_groups):
         jobs.append(("trace_group", "/".join(tgroup.as_dict().values()), P.TRACE_GROUP_DIR.format(**tgroup.as_dict()),
-                     scheduling.one_engine_runtime_minutes(config, plan.trace_cells(tgroup), 1)))  # fmt: skip
+                     scheduling.trace_runtime_minutes(config, plan.trace_cells(tgroup), 1)))  # fmt: skip
     for sgroup in sorted(plan.server_groups):
         jobs.append(("serve_group", "/".join(sgroup.as_dict().values()), P.SERVER_GROUP_DIR.format(**sgroup.as_dict()),
                      scheduling.server_runtime_minutes(config, plan.server_cell(sgroup), 1)))  # fmt: skip
