@@ -56,8 +56,9 @@ def splitting_site(path: Path) -> str:
 
 
 def run(workdir: Path, *args: str, timeout: int = 1800) -> str:
-    # A second --configfile replaces the first (sized_config: the same config, one sizing key more).
-    done = subprocess.run(snakemake_cmd(workdir, "--configfile", str(workdir / "sized.yaml"), *args), cwd=workdir, env=env(), capture_output=True, text=True,
+    # A second --configfile replaces the first (sized_config: the same config, one sizing key more);
+    # last, so that it takes no target for a config file.
+    done = subprocess.run(snakemake_cmd(workdir, *args, "--configfile", str(workdir / "sized.yaml")), cwd=workdir, env=env(), capture_output=True, text=True,
                           timeout=timeout)  # fmt: skip
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
