@@ -2,7 +2,7 @@
 # The paper grid rehearsed through a local single-node SLURM, every job's memory and time checked.
 #
 #   scripts/rehearse-paper-grid.sh [RUN_DIR] [SNAKEMAKE_ARGS...]
-#   nohup scripts/rehearse-paper-grid.sh /work/rehearsals/paper-1 > /dev/null 2>&1 &   # in the background
+#   nohup scripts/rehearse-paper-grid.sh ../rehearsals/paper-1 > /dev/null 2>&1 &   # in the background
 #
 # Starts the local SLURM of tests/support/slurm_cluster.py with the GPU node profiles/slurm's site
 # block describes (8 typed GPUs, 192 CPUs, 2 TB declared; partitions gpu and cpu, MaxTime 2,880
@@ -20,7 +20,9 @@
 # Environment: CONFIGFILES (default config/paper.yaml; several, space-separated: the rehearsal
 # overlay goes right after the first, so later ones override it), PROFILE (profiles/slurm),
 # WORKFLOW_PROFILE (.test/profiles/slurm-rehearsal), TRACES_DIR (the published traces; default
-# ../shared/data/published-traces/llama3.1-8B beside the checkout).
+# where the workflow's fetch puts them, resources/published-traces/llama3.1-8B: fetch them there
+# once with `.venv/bin/sdbench fetch published-traces --dataset gsm8k --output DIR/combined_gsm8k.jsonl`
+# (and instructcoder), or point TRACES_DIR at a local copy).
 # Needs root the first time (the Debian slurm and munge packages are installed when missing).
 set -euo pipefail
 
@@ -30,11 +32,11 @@ shift $(( $# > 0 ? 1 : 0 ))
 read -r -a CONFIGS <<< "${CONFIGFILES:-config/paper.yaml}"
 PROFILE=${PROFILE:-profiles/slurm}
 WORKFLOW_PROFILE=${WORKFLOW_PROFILE:-.test/profiles/slurm-rehearsal}
-TRACES_DIR=${TRACES_DIR:-$REPO/../shared/data/published-traces/llama3.1-8B}
+TRACES_DIR=${TRACES_DIR:-$REPO/resources/published-traces/llama3.1-8B}
 PY=$REPO/.venv/bin/python
 
 for f in combined_gsm8k.jsonl combined_instructcoder.jsonl; do
-    [[ -f $TRACES_DIR/$f ]] || { echo "error: $TRACES_DIR/$f missing (set TRACES_DIR)" >&2; exit 2; }
+    [[ -f $TRACES_DIR/$f ]] || { echo "error: $TRACES_DIR/$f missing: fetch it (.venv/bin/sdbench fetch published-traces --dataset <name> --output <file>) or set TRACES_DIR" >&2; exit 2; }
 done
 [[ -x $PY ]] || { echo "error: $PY missing: run scripts/bootstrap.sh" >&2; exit 2; }
 mkdir -p "$RUN"

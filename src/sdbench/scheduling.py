@@ -861,7 +861,7 @@ def _input_patterns() -> tuple[tuple[str, re.Pattern[str]], ...]:
 
 
 # The published traces (sdbench fetch published-traces): requests, mean prompt and output tokens.
-# gsm8k and instructcoder counted in the files (../shared/data/published-traces); sharegpt and cnn
+# gsm8k and instructcoder counted in the published files; sharegpt and cnn
 # are held out here: config/paper.yaml's request counts and allowances, outputs at the 8K cap.
 PUBLISHED_TRACES = {"gsm8k": (300, 95, 167), "instructcoder": (500, 172, 262), "sharegpt": (500, 1024, 8192),
                     "cnn": (500, 1100, 8192)}  # fmt: skip
