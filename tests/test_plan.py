@@ -252,3 +252,15 @@ def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
     assert sum(line.startswith("site: engine group ") for line in lines) == 24
     assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
     assert capsys.readouterr().out.endswith("valid; 107 cells on 21 engine groups\n")  # no site: no split
+
+
+def test_one_published_dataset_leaves_out_the_policy_trained_on_another(default: Plan) -> None:
+    """The learned policy trains on the other datasets' traces: with two published datasets the
+    adaptive report takes the command's defaults (learned included); with one it is left out, as
+    on a grid scope with one traced dataset (else ext04 fails at run time)."""
+    assert default.adaptive_options("published") is None  # gsm8k and instructcoder
+    config = load_config(REPO / "config" / "config.yaml")
+    config["published_traces"] = {**config["published_traces"], "datasets": ["gsm8k"]}
+    sizes, policies = Plan(config).adaptive_options("published")
+    assert sizes == [] and "combined:learned" not in policies
+    assert {"combined:adaptive", "combined:trust", "combined:ngram-else-eagle"} <= set(policies)

@@ -332,6 +332,8 @@ def adaptive_args(w, input):
     if options is None:
         return ""
     sizes, specs = options
+    if not sizes:  # the published traces, one dataset: no policy that trains on another
+        return f"--policies {' '.join(specs)}"
     return (
         f"--requests {' '.join(input.requests)} --cost-model {input.cost_model} "
         f"--batch-sizes {' '.join(map(str, sizes))} --policies {' '.join(specs)}"

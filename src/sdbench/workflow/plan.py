@@ -679,9 +679,15 @@ class Plan:
         }  # fmt: skip
 
     def adaptive_options(self, scope: str) -> tuple[list[int], list[str]] | None:
-        """(batch sizes, policies) of the adaptive report on the grid; None for the published traces."""
+        """(batch sizes, policies) of the adaptive report on the grid; for the published traces None
+        (the command's defaults), or with one published dataset ([] batch sizes: the defaults) the
+        policies without those that train on another dataset."""
         if published_scope(scope) is not None:
-            return None
+            if len(self.published.get("datasets") or []) >= 2:
+                return None
+            from sdbench.simulator.reports import ADAPTIVE_SPECS
+
+            return [], [s for s in ADAPTIVE_SPECS if s not in simulator_choices.CROSS_DATASET_POLICIES]
         key = tuple(scope.split("/"))
         sizes = sorted({c.batch_size for c in self.cells if (c.engine, c.model) == key})
         return sizes, simulator_choices.adaptive_policies(self.config, len(self.adaptive_cell_targets()[key]))
