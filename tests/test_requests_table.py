@@ -229,3 +229,23 @@ def test_the_synthetic_grid_gives_the_same_tables_in_both_layouts(tmp_path: Path
         tables[layout] = aggregate_requests(paths, "none")
     for compact, full in zip(tables["compact"], tables["full"], strict=True):
         pd.testing.assert_frame_equal(compact, full, check_exact=True)
+
+
+def test_the_ngram_tracer_reads_a_calls_equal_copies_once(tmp_path) -> None:
+    """Three copies of one prompt, two of them equal: the per-request n-gram tracer reads the two
+    distinct outputs (the equal copy's trace would be its slot's); every copy without ``distinct``."""
+    import pandas as pd
+
+    from sdbench.requesttable import RequestRows
+    from sdbench.traces.table import read_token_requests
+
+    rows = RequestRows()
+    for slot, tokens in enumerate(([5, 6, 7], [5, 6, 7], [5, 6, 8])):
+        rows.add(0, slot, "r0", tokens, "", 2, "stop", {})
+    rows.frame().to_parquet(tmp_path / "requests.parquet")
+    pd.DataFrame({"request_id": ["r0"], "prompt_token_ids": [[1, 2]]}).to_parquet(tmp_path / "prompts.parquet")
+    distinct = read_token_requests(tmp_path / "requests.parquet", tmp_path / "prompts.parquet", distinct=True)
+    assert [r.output_token_ids for r in distinct] == [[5, 6, 7], [5, 6, 8]]
+    every = read_token_requests(tmp_path / "requests.parquet", tmp_path / "prompts.parquet")
+    assert [r.output_token_ids for r in every] == [[5, 6, 7], [5, 6, 7], [5, 6, 8]]
+    assert all(r.prompt_token_ids == [1, 2] for r in every)

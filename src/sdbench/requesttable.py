@@ -212,14 +212,19 @@ PROMPTS_HINT = "a cell's requests table names its prompts by request_id: give --
 
 
 def read_with_prompts(path: str | os.PathLike[str], prompts: str | os.PathLike[str] | None,
-                      what: str = "requests table") -> pd.DataFrame:  # fmt: skip
+                      what: str = "requests table", distinct: bool = False) -> pd.DataFrame:  # fmt: skip
     """A requests table (or any table with ``request_id`` and token ids) with every row's output
     filled in (:func:`expand_outputs`) and, when it has none and ``prompts`` is given,
     ``prompt_token_ids`` joined from that prompt table (only that column: its text would change
-    what a consumer compares). Errors name the file."""
+    what a consumer compares). ``distinct``: only the rows that store their own output (a copy
+    equal to an earlier slot's is left out: what it would give a consumer is that slot's).
+    Errors name the file."""
     from sdbench.io import read_parquet
 
-    df = expand_outputs(read_parquet(path, what=what))
+    df = read_parquet(path, what=what)
+    if distinct and {"output_slot", "slot"} <= set(df.columns):
+        df = df[df["output_slot"] == df["slot"]].reset_index(drop=True)
+    df = expand_outputs(df)
     if prompts is not None and "prompt_token_ids" not in df.columns and "request_id" in df.columns:
         table = read_parquet(prompts, columns=["request_id", "prompt_token_ids"], what="prompt table")
         df = with_prompt_ids(df, table, where=f"{path} (prompts {prompts})")

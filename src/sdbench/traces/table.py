@@ -63,15 +63,16 @@ class MethodTrace:
 
 
 def read_token_requests(
-    path: str | os.PathLike[str], prompts: str | os.PathLike[str] | None = None
+    path: str | os.PathLike[str], prompts: str | os.PathLike[str] | None = None, distinct: bool = False
 ) -> list[TokenRequest]:
     """Requests from a published-trace JSONL (``.jsonl``) or a ``requests`` parquet table.
 
     The parquet table needs columns ``request_id``, ``prompt_token_ids``, ``output_token_ids``
     (a run cell's table has no prompt ids: they come from its prompt table ``prompts`` by
     ``request_id``, and a sequence stored by reference gets its slot's output,
-    sdbench.requesttable); other columns are ignored. Raises ``ValueError`` naming the file on
-    bad input.
+    sdbench.requesttable); other columns are ignored. ``distinct``: a run cell's equal copies of
+    one output once (a per-request tracer's traces of them are the same). Raises ``ValueError``
+    naming the file on bad input.
     """
     path = Path(path)
     if path.suffix == ".jsonl":
@@ -82,7 +83,7 @@ def read_token_requests(
     if path.suffix == ".parquet":
         from sdbench.requesttable import PROMPTS_HINT, read_with_prompts
 
-        df = read_with_prompts(path, prompts)
+        df = read_with_prompts(path, prompts, distinct=distinct)
         missing = [c for c in REQUESTS_COLUMNS if c not in df.columns]
         if missing:
             hint = f"; {PROMPTS_HINT}" if missing == ["prompt_token_ids"] else ""
@@ -201,7 +202,8 @@ def read_trace_table(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def _cmd_trace_ngram(args: argparse.Namespace) -> int:
-    requests = read_token_requests(args.input, args.prompts)
+    # Each request's trace is its own (n-gram lookups within it): equal copies are traced once.
+    requests = read_token_requests(args.input, args.prompts, distinct=True)
     table = ngram_trace_table(
         requests, args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max
     )
