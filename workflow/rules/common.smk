@@ -272,11 +272,12 @@ def analysis_mem_mb(w, input):
     return scheduling.analysis_mem_mb(_reads(input))
 
 
-def writer_mem_mb(w, input, output):
-    """A job whose table is built in memory (prepare_dataset: a prompt table of 1,536 x 32K
-    token ids peaked at 1,266 MB in the SLURM rehearsal): what it reads and what it writes.
-    """
-    return scheduling.analysis_mem_mb(_reads([*input, *output]))
+def prompt_table_mem_mb(w, input):
+    """prepare_dataset builds its prompt table in memory (1,536 x 32K token ids peaked at 1,266 MB
+    in the SLURM rehearsal): what it reads and the table it writes."""
+    return scheduling.analysis_mem_mb(
+        _reads([*input, P.PROMPTS.format(model=w.model, dataset=w.dataset)])
+    )
 
 
 def streamed_mem_mb(w, input):

@@ -28,7 +28,7 @@ rule prepare_dataset:
     log:
         "logs/prepare_dataset/{model}/{dataset}.log",
     resources:
-        mem_mb=writer_mem_mb,
+        mem_mb=prompt_table_mem_mb,
         runtime=analysis_runtime,
     params:
         code=code_digest(
