@@ -271,6 +271,10 @@ def test_analysis_resources_follow_what_their_inputs_hold() -> None:
     assert total_reads(config, both).nbytes == 2 * reads.nbytes
     streamed = total_reads(config, both, streamed=True)  # rows of both, token ids of one at a time
     assert streamed.nbytes == 2 * rows * 512 + tokens * 16
+    # The offline tracers list token ids as Python ints: 44 B each instead of 16.
+    from sdbench.scheduling import parsed
+
+    assert parsed(reads).nbytes == rows * 512 + tokens * 44
     # aggregate reads file by file: 50 KB a cell and five copies of its largest file.
     from sdbench.scheduling import streamed_mem_mb
 

@@ -964,6 +964,11 @@ def total_reads(config: dict[str, Any], paths: Iterable[str], num_cells: int = 0
     return total
 
 
+def parsed(reads: Reads) -> Reads:
+    """``reads`` held as Python ints (:data:`PY_TOKEN_BYTES` a token id): a job that lists them."""
+    return replace(reads, token_bytes=reads.tokens * PY_TOKEN_BYTES)
+
+
 def _analysis_cap(config: dict[str, Any]) -> int:
     """The longest runtime any partition of the site allows (an analysis job may go to any of them;
     the shortest limit), else :data:`MAX_MINUTES`."""

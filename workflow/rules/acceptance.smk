@@ -63,7 +63,7 @@ rule trace_ngram_offline:
     log:
         "logs/trace_ngram_offline/{engine}/{model}/{dataset}.log",
     resources:
-        mem_mb=analysis_mem_mb,
+        mem_mb=parsed_mem_mb,
         runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),
@@ -81,7 +81,7 @@ rule trace_suffix_offline:
     log:
         "logs/trace_suffix_offline/{engine}/{model}/{dataset}.log",
     resources:
-        mem_mb=analysis_mem_mb,
+        mem_mb=parsed_mem_mb,
         runtime=analysis_runtime,
     params:
         code=code_digest("sdbench.traces.cli", "sdbench.traces.table"),

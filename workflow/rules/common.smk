@@ -272,6 +272,13 @@ def analysis_mem_mb(w, input):
     return scheduling.analysis_mem_mb(_reads(input))
 
 
+def parsed_mem_mb(w, input):
+    """A job that turns its token ids into Python ints (the offline tracers: a SPEED-Bench 32k
+    prompt table peaked at 3,320 MB on 2,900 asked at Arrow's size in the SLURM rehearsal).
+    """
+    return scheduling.analysis_mem_mb(scheduling.parsed(_reads(input)))
+
+
 def prompt_table_mem_mb(w, input):
     """prepare_dataset builds its prompt table in memory (1,536 x 32K token ids peaked at 1,266 MB
     in the SLURM rehearsal): what it reads and the table it writes."""
