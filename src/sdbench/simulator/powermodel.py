@@ -16,7 +16,7 @@ energy of SD over no SD per output token is its time ratio times a power ratio:
 (B sequences, k drafts verified, tau tokens accepted per step; drafting not counted). Power rising
 with n makes the energy ratio at least the time ratio; they part most at mid batch sizes, where a
 step's power still climbs with its tokens while its time barely moves, and agree again once power
-saturates. One H200 (``../shared/data/h200-step-cost-energy.csv``): verifying 4 tokens per sequence
+saturates. One H200 (the shared step cost and energy table, ``h200-step-cost-energy.csv``): verifying 4 tokens per sequence
 instead of 1 costs +6% time and +32% energy at batch 16, +73% and +70% at batch 128.
 
 :func:`fit_power_model` fits the form to (tokens, watts) points by least squares (``h`` and
