@@ -96,6 +96,24 @@ log=$(ls -t "$RUN"/.snakemake/log/*.snakemake.log 2>/dev/null | head -1 || true)
     echo "- job check exit status $check$( [[ -s $RUN/job-usage.err ]] && echo ": $(cat "$RUN/job-usage.err")")"
     echo
     cat "$RUN/job-usage.md" 2>/dev/null || echo "(no job records)"
+    # A failure must read from run.md alone (CI keeps nothing else): the end of each failed job's
+    # logs, as Snakemake's "Error in rule" block names them (its rule log, then SLURM's).
+    "$PY" - "$RUN" <<'PY'
+import re, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+text = (run / "snakemake.log").read_text(errors="replace") if (run / "snakemake.log").exists() else ""
+blocks = re.findall(r"^Error in rule (\S+):\n(.*?)(?=^\S|\Z)", text, re.M | re.S)
+for rule, body in blocks:
+    print(f"\n## Error in rule {rule}\n")
+    print("\n".join("    " + line.strip() for line in body.strip().splitlines()[:4]))
+    match = re.search(r"^\s*log: (.*?)(?: \(check log file\(s\) for error details\))?$", body, re.M)
+    for name in (match.group(1).split(", ") if match else []):
+        path = Path(name) if Path(name).is_absolute() else run / name
+        tail = path.read_text(errors="replace").splitlines()[-40:] if path.is_file() else ["(missing)"]
+        print(f"\nThe end of {name}:\n")
+        print("\n".join("    " + line for line in tail))
+PY
 } > "$RUN/run.md"
 echo "rehearsal: $RUN/run.md (snakemake $smk, check $check)"
 (( smk == 0 && check == 0 ))

@@ -102,3 +102,38 @@ def test_a_package_stands_for_all_its_modules() -> None:
     closure = module_closure("sdbench.traces")
     assert {"sdbench.traces", "sdbench.traces.cli", "sdbench.traces.fetch", "sdbench.traces.table"} <= set(closure)
     assert code_digest("sdbench.traces") != code_digest("sdbench.traces.table")
+
+
+def test_the_cache_serves_a_fresh_process_and_misses_after_an_edit(src_copy: Path, tmp_path: Path) -> None:
+    """A second interpreter reads the digests the first computed, without parsing; an edit of any
+    module of the package reads another cache file, so the edited step's digest is recomputed."""
+    cache = tmp_path / "cache"
+    code = (
+        "import json, sys; from sdbench import codedigest as c; c.use_cache(sys.argv[1]); "
+        "parse = sys.argv[2] == 'parse'; "
+        "c._parsed = c._parsed if parse else (lambda name: (_ for _ in ()).throw(AssertionError('parsed ' + name))); "
+        "print(json.dumps({m: c.code_digest(m) for m in sys.argv[3:]}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(src_copy)}
+
+    def run(mode: str, *modules: str) -> dict[str, str]:
+        out = subprocess.run([sys.executable, "-c", code, str(cache), mode, *modules], env=env,
+                             capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        import json
+
+        return json.loads(out.stdout)
+
+    modules = ("sdbench.analysis.bleu", "sdbench.analysis.memory")
+    first = run("parse", *modules)
+    assert first == digests_of(src_copy, *modules)  # the cache keeps the uncached value
+    assert len(list(cache.glob("*.json"))) == 1
+    assert run("cached", *modules) == first  # served without parsing a module
+    path = src_copy / "sdbench" / "analysis" / "memory.py"
+    path.write_text(path.read_text() + "\nEDITED = 1\n")
+    with pytest.raises(AssertionError, match="parsed"):
+        run("cached", "sdbench.analysis.memory")  # another package state: not in any cache file
+    after = run("parse", *modules)
+    assert after["sdbench.analysis.memory"] != first["sdbench.analysis.memory"]
+    assert after["sdbench.analysis.bleu"] == first["sdbench.analysis.bleu"]
+    assert len(list(cache.glob("*.json"))) == 2

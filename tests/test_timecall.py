@@ -156,3 +156,26 @@ def test_one_arm_stops_when_its_throughputs_interval_is_narrow_enough() -> None:
         run = CellRun(fake_engine(llm), spec("none", 1), PROMPTS.iloc[:1])
         timed_part([run], {"repeats": 2, "max_repeats": 3, "target_half_width": target}, "disabled")
         assert len(run.call_rows) == trials, target
+
+
+def test_a_calls_prompts_are_built_before_its_clock_starts() -> None:
+    """Building the engine's prompts (vLLM's ``TokensPrompt``: every token id made a Python int)
+    is the runner's work, not the engine's: an engine whose prompt building moves the clock by
+    1 s per prompt still times its 0.5 s call at 0.5 s, and every sequence gets its own prompt."""
+    from sdbench.engine.engine import Engine
+    from sdbench.engine.trials import CellRun
+
+    clock = FakeClock()
+    llm = FakeLLM(clock, lengths=[2], durations=[0.5])
+
+    class SlowPrompts(Engine):
+        def prompt(self, token_ids: Any) -> Any:
+            clock.now += 1.0
+            return [int(t) for t in token_ids]
+
+    run = CellRun(SlowPrompts(llm=llm, kwargs={}, startup_s=0.0, clock=clock, layout="inprocess"),
+                  spec("none", 3), PROMPTS)  # fmt: skip
+    assert run.time_call(0, 0) == 0.5
+    assert run.call_rows[0]["duration_s"] == 0.5
+    (call,) = llm.calls
+    assert [p for p in call] == [[10, 11, 12]] * 3 and len({id(p) for p in call}) == 3

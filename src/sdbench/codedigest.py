@@ -18,6 +18,10 @@ package, the same under any Python version. An image records it when it is built
 (``org.sdbench.code.digest``, :mod:`sdbench.containers`), every engine job records the one of the
 code it ran (``code_digest`` in its summary, :mod:`sdbench.engine.hardware`), and a run refuses an
 image whose digest is not the checkout's. ``python -m sdbench.codedigest`` prints it.
+
+Parsing every module costs about 1.8 CPU-seconds, and every SLURM job loads the workflow twice
+(its batch step and its ``srun`` step): :func:`use_cache` keeps the digests in a file named by the
+package's bytes and the Python version, so only the first process after an edit parses.
 """
 
 from __future__ import annotations
@@ -26,9 +30,18 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 
 PACKAGE = "sdbench"
+
+# Where :func:`code_digest` keeps its results (None: no cache); see :func:`use_cache`.
+_cache_dir: Path | None = None
+# (its file, its entries), read once per process: the package does not change under a workflow.
+_cache: tuple[Path, dict[str, str]] | None = None
 
 
 def _module_path(name: str) -> Path | None:
@@ -125,8 +138,63 @@ def module_closure(*modules: str) -> list[str]:
     return sorted(seen)
 
 
+def use_cache(directory: str | Path | None) -> None:
+    """Keep :func:`code_digest`'s results in ``directory`` (None: no cache), one JSON file per
+    state of the package's source bytes and Python version: an edit of any module, or another
+    Python (whose syntax trees differ), reads another file."""
+    global _cache_dir, _cache
+    _cache_dir = Path(directory).resolve() if directory is not None else None
+    _cache = None
+
+
+def _loaded_cache() -> tuple[Path, dict[str, str]] | None:
+    global _cache
+    root = _module_path(PACKAGE)
+    if _cache_dir is None or root is None:
+        return None
+    if _cache is None:
+        version = ".".join(map(str, sys.version_info[:3]))
+        path = _cache_dir / f"{package_digest(root.parent)}-py{version}.json"
+        _cache = (path, _read_cache(path))
+    return _cache
+
+
+def _read_cache(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: computed again and rewritten
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(path: Path, key: str, digest: str) -> None:
+    """Add one entry, merged with what other processes wrote meanwhile; written to a temporary
+    file and renamed, so a reader never sees half a file (an entry lost to a race is recomputed)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {**_read_cache(path), key: digest}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only or full directory: the digest is still right, only not kept
+
+
 def code_digest(*modules: str) -> str:
     """Short sha256 over the syntax trees of ``modules`` and their package imports."""
+    cache = _loaded_cache()
+    key = " ".join(modules)
+    if cache is not None and key in cache[1]:
+        return cache[1][key]
+    digest = _compute_digest(*modules)
+    if cache is not None:
+        cache[1][key] = digest
+        _write_cache(cache[0], key, digest)
+    return digest
+
+
+def _compute_digest(*modules: str) -> str:
     h = hashlib.sha256()
     for name in module_closure(*modules):
         parsed = _parsed(name)

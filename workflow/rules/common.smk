@@ -13,7 +13,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from sdbench import scheduling
 from sdbench.analysis.memory import refuse_kv_shortfalls
-from sdbench.codedigest import code_digest
+from sdbench.codedigest import code_digest, use_cache
 from sdbench.config import validate_config
 from sdbench.containers import image_identity, refuse_stale_images
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
@@ -23,6 +23,10 @@ from sdbench.models.hub import download_env, withhold_download_env
 from sdbench.servermode import ServerGroup
 from sdbench.workflow import paths as P
 from sdbench.workflow.plan import FIRST, Plan, quoted, spec_file
+
+# Every job loads this workflow (a SLURM job twice): the rules' code digests are parsed once per
+# state of the package, then read from here.
+use_cache(".snakemake/sdbench/code-digests")
 
 # Jobs call the `sdbench` CLI: make the one beside this interpreter (.venv/bin)
 # visible even when the virtualenv is not activated.

@@ -69,9 +69,12 @@ def _read_stat(pid: int) -> tuple[int, int, float, int] | None:
     except OSError:
         return None
     fields = raw[raw.rfind(")") + 2 :].split()
-    ppid, pgrp = int(fields[1]), int(fields[2])
-    cpu = (int(fields[11]) + int(fields[12])) / _clock_ticks()
-    return ppid, pgrp, cpu, int(fields[36])  # stat field 39: processor
+    try:
+        ppid, pgrp = int(fields[1]), int(fields[2])
+        cpu = (int(fields[11]) + int(fields[12])) / _clock_ticks()
+        return ppid, pgrp, cpu, int(fields[36])  # stat field 39: processor
+    except (IndexError, ValueError):
+        return None  # read while the process exited: empty or cut short
 
 
 def _cmdline(pid: int) -> str:

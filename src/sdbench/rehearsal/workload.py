@@ -180,7 +180,7 @@ class Workload:
         ids[ids >= self.eos] += 1  # never the end-of-sequence id inside the output
         if stopped and n:
             ids[-1] = self.eos
-        return [int(t) for t in ids]
+        return ids.tolist()  # Python ints, as vLLM returns them
 
 
 def budget(info: RequestInfo, max_tokens: int, ignore_eos: bool) -> tuple[int, bool]:
