@@ -190,10 +190,15 @@ class RehearsalLLM:
         requests = []
         grouped: dict[tuple[bytes, int, bool], Plan] = {}
         plans: list[Plan] = []
+        # A replicated call hands one token-id list batch-size times: digest it once (a 32k-token
+        # prompt takes 0.3 ms, 64 x 1,536 times a cell). By id: every list lives through the call.
+        keys: dict[int, bytes] = {}
         for prompt, sp in zip(prompts, params):
             ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
-            key = prompt_key(ids)
-            info = self.workload.lookup(ids)
+            key = keys.get(id(ids))
+            if key is None:
+                key = keys[id(ids)] = prompt_key(ids)
+            info = self.workload.lookup(ids, key)
             n, stopped = budget(info, int(sp.max_tokens), bool(sp.ignore_eos))
             decode, proposed = self._schedule(info, key, n)
             plan = grouped.get((key, n, stopped))

@@ -166,10 +166,11 @@ class Workload:
         natural = int(natural) if natural is not None and not pd.isna(natural) else len(record.generated_token_ids)
         return RequestInfo(dataset, rid, len(row.prompt_token_ids), max(1, natural), record)
 
-    def lookup(self, token_ids: Any) -> RequestInfo:
-        """The request whose prompt these are; ``KeyError`` for a prompt of no table."""
+    def lookup(self, token_ids: Any, key: bytes | None = None) -> RequestInfo:
+        """The request whose prompt these are (``key``: their :func:`prompt_key`, when known);
+        ``KeyError`` for a prompt of no table."""
         try:
-            return self._by_key[prompt_key(token_ids)]
+            return self._by_key[prompt_key(token_ids) if key is None else key]
         except KeyError:
             raise KeyError(f"rehearsal: a prompt of {len(token_ids)} tokens is in none of the job's prompt tables") from None
 
