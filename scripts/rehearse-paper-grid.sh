@@ -11,11 +11,12 @@
 #       --profile profiles/slurm --workflow-profile .test/profiles/slurm-rehearsal
 # in RUN_DIR (engine jobs in rehearsal mode: the overlay profile's `engine_mode=rehearsal`; the
 # published traces of gsm8k and instructcoder read from TRACES_DIR), stops the cluster and checks
-# every job with `sdbench bench job-usage`. Everything lands in RUN_DIR: snakemake.log,
-# cluster.log, usage/ (one record per job), job-usage.md and .parquet (the check), timeline.txt
+# every job with `sdbench bench job-usage` and every figure's rehearsal mark with `sdbench rehearsal
+# marks`. Everything lands in RUN_DIR: snakemake.log, cluster.log, usage/ (one record per job),
+# job-usage.md and .parquet (the check), marks.md, timeline.txt
 # (`sdbench bench timeline`: where the wall time went, local rules included), results/, logs/
-# and run.md (what ran, when, how it ended). Exit status: 0 when Snakemake finished and no job
-# failed or went over its asks.
+# and run.md (what ran, when, how it ended). Exit status: 0 when Snakemake finished, no job
+# failed or went over its asks and every figure's mark agrees with its data.
 #
 # Environment: CONFIGFILES (default config/paper.yaml; several, space-separated: the rehearsal
 # overlay goes right after the first, so later ones override it), PROFILE (profiles/slurm),
@@ -83,6 +84,11 @@ trap - EXIT
 check=0
 sdbench bench job-usage --usage-dir "$RUN/usage" --output "$RUN/job-usage.parquet" \
     --markdown "$RUN/job-usage.md" > /dev/null 2> "$RUN/job-usage.err" || check=$?
+# Every figure and Markdown table marked exactly when drawn from rehearsal data (a grid may leave
+# index items out: listed, not required).
+marks=0
+sdbench rehearsal marks --paper-dir "$RUN/results/paper" --expect --markdown "$RUN/marks.md" > /dev/null \
+    2> "$RUN/marks.err" || marks=$?
 log=$(ls -t "$RUN"/.snakemake/log/*.snakemake.log 2>/dev/null | head -1 || true)
 [[ -n $log ]] && sdbench bench timeline --log "$log" > "$RUN/timeline.txt" 2>&1 || true
 
@@ -94,8 +100,11 @@ log=$(ls -t "$RUN"/.snakemake/log/*.snakemake.log 2>/dev/null | head -1 || true)
     echo "- snakemake --configfile ${CONFIGS[0]} rehearsal-overlay.yaml ${CONFIGS[*]:1} --profile $PROFILE --workflow-profile $WORKFLOW_PROFILE $*"
     echo "- snakemake exit status $smk ($(grep -c 'has been submitted with SLURM jobid' "$RUN/snakemake.log" || true) SLURM jobs; last line: $(tail -1 "$RUN/snakemake.log"))"
     echo "- job check exit status $check$( [[ -s $RUN/job-usage.err ]] && echo ": $(cat "$RUN/job-usage.err")")"
+    echo "- marks check exit status $marks$( [[ -s $RUN/marks.err ]] && echo ": $(cat "$RUN/marks.err")")"
     echo
     cat "$RUN/job-usage.md" 2>/dev/null || echo "(no job records)"
+    echo
+    cat "$RUN/marks.md" 2>/dev/null || echo "(no results/paper)"
     # A failure must read from run.md alone (CI keeps nothing else): the end of each failed job's
     # logs, as Snakemake's "Error in rule" block names them (its rule log, then SLURM's).
     "$PY" - "$RUN" <<'PY'
@@ -115,5 +124,5 @@ for rule, body in blocks:
         print("\n".join("    " + line for line in tail))
 PY
 } > "$RUN/run.md"
-echo "rehearsal: $RUN/run.md (snakemake $smk, check $check)"
-(( smk == 0 && check == 0 ))
+echo "rehearsal: $RUN/run.md (snakemake $smk, check $check, marks $marks)"
+(( smk == 0 && check == 0 && marks == 0 ))

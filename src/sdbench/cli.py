@@ -169,7 +169,7 @@ def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_rehearsal(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``sdbench rehearsal estimates|prepare-dataset|standin-model`` (:mod:`sdbench.rehearsal.report`,
+    """Add ``sdbench rehearsal estimates|marks|prepare-dataset|standin-model`` (:mod:`sdbench.rehearsal.report`,
     :mod:`sdbench.rehearsal.prepare`)."""
     r = subparsers.add_parser("rehearsal", help="a rehearsal's inputs and modelled engine jobs (engine_mode: rehearsal)")
     sub = r.add_subparsers(dest="rehearsal_command", required=True)
@@ -179,6 +179,13 @@ def _add_rehearsal(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--root", default=".", help="working directory of the rehearsal (default: .)")
     e.add_argument("--output", default=None, help="also write the table here (parquet)")
     e.set_defaults(func=lazy("sdbench.rehearsal.report", "_cmd_estimates"))
+    k = sub.add_parser("marks", help="every figure and table under results/paper: is each marked as a rehearsal?")
+    k.add_argument("--paper-dir", default="results/paper", help="a run's results/paper (default: results/paper)")
+    k.add_argument("--expect", nargs="*", default=None, metavar="ITEM",
+                   help="figure-index items that must have a file (default: every item of the index; none: "
+                        "--expect alone)")
+    k.add_argument("--markdown", default=None, help="also write the report here")
+    k.set_defaults(func=lazy("sdbench.rehearsal.report", "_cmd_marks"))
     # What the prepare_dataset and download_model rules run in a rehearsal (sdbench.rehearsal.prepare).
     datasets_cli.add_prepare_dataset(sub)
     p = sub.choices["prepare-dataset"]

@@ -102,3 +102,79 @@ def _cmd_estimates(args: argparse.Namespace) -> int:
     print(f"{len(done)} of {len(table)} engine jobs rehearsed; requested {done['requested_min'].sum():,.0f} min, "
           f"modelled {done['modelled_min'].sum():,.0f} min")  # fmt: skip
     return 0
+
+
+def _drawn_from_rehearsal(csv: Path) -> bool:
+    """Whether a drawn table (``<figure>.csv``) has a mark from rehearsal rows (``measured`` false)."""
+    measured = pd.read_csv(csv).get("measured")
+    return measured is not None and bool(measured.astype(str).str.lower().isin(["false", "0"]).any())
+
+
+def marks_table(paper_dir: str | Path) -> pd.DataFrame:
+    """Every figure and Markdown table under a run's ``results/paper/``: whether its data is a
+    rehearsal's and whether it carries the rehearsal mark. The data: the ``measured`` column of the
+    drawn table beside it (``<stem>.csv``: a mark from a row with ``measured`` false is rehearsal
+    data); a Markdown table without one is taken for the authors' data when its path has a
+    ``published`` scope, else for the rehearsal's (this is a check of a rehearsal's results). The mark: a PNG's text chunk (:data:`sdbench.plotting.PNG_MARK_KEY`),
+    a Markdown file's first line (:func:`sdbench.provenance.banner`). One row per file: ``item``
+    (its figure-index name), ``path`` (under ``paper_dir``), ``kind`` (png, md), ``rehearsal_data``,
+    ``marked``."""
+    from PIL import Image
+
+    from sdbench.figureindex import PUBLISHED_SCOPE
+    from sdbench.plotting import PNG_MARK_KEY
+    from sdbench.provenance import MARK
+
+    root = Path(paper_dir)
+    rows = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".png", ".md")):
+        drawn = path.with_suffix(".csv")
+        if drawn.is_file():
+            rehearsal = _drawn_from_rehearsal(drawn)
+        else:
+            rehearsal = PUBLISHED_SCOPE not in path.relative_to(root).with_suffix("").parts
+        if path.suffix == ".png":
+            with Image.open(path) as image:
+                marked = image.info.get(PNG_MARK_KEY) == MARK
+        else:
+            marked = MARK in path.read_text(errors="replace").split("\n", 1)[0].lower()
+        rows.append({"item": path.relative_to(root).parts[0].removesuffix(path.suffix), "path": str(path.relative_to(root)),
+                     "kind": path.suffix.lstrip("."), "rehearsal_data": bool(rehearsal), "marked": bool(marked)})  # fmt: skip
+    return pd.DataFrame(rows, columns=["item", "path", "kind", "rehearsal_data", "marked"])
+
+
+def marks_report(table: pd.DataFrame, expected: list[str] | None = None) -> tuple[str, bool]:
+    """(Markdown, whether every file is marked exactly when its data is a rehearsal's and every
+    expected figure-index item has a file) of :func:`marks_table`."""
+    from sdbench.figureindex import BY_NAME
+
+    expected = sorted(BY_NAME) if expected is None else sorted(expected)
+    present = sorted(set(table["item"]))
+    missing = [name for name in expected if name not in present]
+    absent = [name for name in sorted(BY_NAME) if name not in present]
+    wrong = table[table["marked"] != table["rehearsal_data"]]
+    lines = [f"# results/paper: {len(present)} figure-index items, {len(table)} figures and Markdown tables", ""]
+    for (kind, rehearsal), rows in table.groupby(["kind", "rehearsal_data"]):
+        whose = "rehearsal data" if rehearsal else "measured data only (in a rehearsal: the authors' published traces)"
+        lines.append(f"- {kind} drawn from {whose}: {int(rows['marked'].sum())} of {len(rows)} marked "
+                     f"({len(set(rows['item']))} items)")  # fmt: skip
+    lines.append(f"- index items without a file: {', '.join(absent) if absent else 'none'}")
+    if missing:
+        lines.append(f"- expected and without a file: {', '.join(missing)}")
+    if not wrong.empty:
+        lines += ["", "Marked where the data is not a rehearsal's, or not marked where it is:",
+                  *[f"- {r.path} (rehearsal data: {r.rehearsal_data}, marked: {r.marked})" for r in wrong.itertuples()]]  # fmt: skip
+    return "\n".join(lines) + "\n", wrong.empty and not missing
+
+
+def _cmd_marks(args: argparse.Namespace) -> int:
+    table = marks_table(args.paper_dir)
+    if table.empty:
+        raise SystemExit(f"error: {args.paper_dir}: no figure or table")
+    text, ok = marks_report(table, args.expect)
+    if args.markdown:
+        from sdbench.io import write_text
+
+        write_text(args.markdown, text)
+    print(text, end="")
+    return 0 if ok else 1
