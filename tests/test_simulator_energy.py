@@ -175,3 +175,36 @@ def test_the_commands_fit_from_cells_and_simulate_with_it(gsm8k, tmp_path: Path,
             assert df[ENERGY].isna().all().all() and set(df["power_model"]) == {NO_CELL_ENERGY}
         else:
             assert (df["energy_ratio"] > 0).all() and df["power_model"].str.startswith("fitted to 4 metered").all()
+
+
+# ----------------------------------------------------------------------------- the workflow
+def test_the_grid_simulations_read_the_power_model_of_their_engine_and_models_cells() -> None:
+    """fit_power_model fits it from the grid's cells of the engine x model whose steps fitted the
+    cost model; simulate_cells and simulate_drafter_cells pass it to sdbench simulate."""
+    from sdbench.config import load_config
+    from sdbench.workflow import paths as P
+    from sdbench.workflow.plan import Plan
+    from tests.conftest import REPO
+
+    text = (REPO / "workflow" / "rules" / "simulator.smk").read_text()
+    body = lambda rule: text.split(f"rule {rule}:", 1)[1].split("\nrule ", 1)[0]  # noqa: E731
+    assert "cells=P.GRID_CELLS_TABLE" in body("fit_power_model") and "P.POWER_MODEL" in body("fit_power_model")
+    assert "sdbench costmodel power --cells {input.cells} {params.cells}" in body("fit_power_model")
+    for rule in ("simulate_cells", "simulate_drafter_cells"):
+        assert "power_model=P.POWER_MODEL" in body(rule) and "--power-model {input.power_model}" in body(rule), rule
+    assert "--power-model" not in body("simulate_published")  # the paper's H100 cost model: no power of ours
+    assert Plan(load_config(REPO / "config" / "config.yaml")).sim_power_cells() == "--engine vllm-cpu --model tiny-target"
+    assert P.POWER_MODEL == "results/cost_models/power.json"
+
+
+def test_costmodel_power_keeps_one_engine_and_models_cells(tmp_path: Path) -> None:
+    cells = pd.concat([_cells([400.0, 520.0, 450.0, 600.0], ["nvml"] * 4).assign(engine="e", model="a"),
+                       _cells([40.0, 52.0, 45.0, 60.0], ["rapl"] * 4).assign(engine="e", model="b")])  # fmt: skip
+    cells.to_parquet(tmp_path / "cells.parquet")
+    args = ["costmodel", "power", "--cells", str(tmp_path / "cells.parquet"), "--output", str(tmp_path / "p.json")]
+    assert main(args) == 0
+    assert load_power_model(tmp_path / "p.json")[1].startswith("no power model: the cells were measured by several")
+    assert main([*args, "--engine", "e", "--model", "b"]) == 0
+    model, _ = load_power_model(tmp_path / "p.json")
+    assert model.source == f"fitted to 4 metered cell(s) (rapl) of e/b in {tmp_path / 'cells.parquet'}"
+    assert model.watts(1) < 60

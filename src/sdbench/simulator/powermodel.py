@@ -191,7 +191,16 @@ def _cmd_power(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet
 
     cells = read_parquet(args.cells, what="cells table")
-    model, reason = cells_power_model(cells, str(args.cells))
+    source = str(args.cells)
+    for key in ("engine", "model"):  # the cells of the engine x model whose steps priced the simulations
+        value = getattr(args, key, None)
+        if value:
+            if key not in cells:
+                raise ValueError(f"{args.cells}: cells table lacks column {key!r}")
+            cells = cells[cells[key] == value]
+    if getattr(args, "engine", None) or getattr(args, "model", None):
+        source = f"{args.engine or '*'}/{args.model or '*'} in {source}"
+    model, reason = cells_power_model(cells, source)
     save_power_model(model, args.output, reason)
     print(model.describe() + f"; {model.source}" if model else reason)
     print(f"wrote {args.output}")
