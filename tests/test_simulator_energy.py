@@ -193,7 +193,8 @@ def test_the_grid_simulations_read_the_power_model_of_their_engine_and_models_ce
     for rule in ("simulate_cells", "simulate_drafter_cells"):
         assert "power_model=P.POWER_MODEL" in body(rule) and "--power-model {input.power_model}" in body(rule), rule
     assert "--power-model" not in body("simulate_published")  # the paper's H100 cost model: no power of ours
-    assert Plan(load_config(REPO / "config" / "config.yaml")).sim_power_cells() == "--engine vllm-cpu --model tiny-target"
+    plan = Plan(load_config(REPO / "config" / "config.yaml"))
+    assert plan.sim_power_cells() == "--engine vllm-cpu --model tiny-target"
     assert P.POWER_MODEL == "results/cost_models/power.json"
 
 
@@ -208,3 +209,15 @@ def test_costmodel_power_keeps_one_engine_and_models_cells(tmp_path: Path) -> No
     model, _ = load_power_model(tmp_path / "p.json")
     assert model.source == f"fitted to 4 metered cell(s) (rapl) of e/b in {tmp_path / 'cells.parquet'}"
     assert model.watts(1) < 60
+
+
+def test_a_power_model_fitted_to_rehearsal_cells_marks_the_simulation(tmp_path: Path, published_traces_dir) -> None:
+    cells = _cells([400.0, 520.0, 450.0, 600.0], ["nvml"] * 4).assign(measured=False)
+    cells.to_parquet(tmp_path / "cells.parquet")
+    args = ["costmodel", "power", "--cells", str(tmp_path / "cells.parquet"), "--output", str(tmp_path / "p.json")]
+    assert main(args) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["measured"] is False
+    assert main(["simulate", "--traces", str(published_traces_dir / "combined_gsm8k.jsonl"), "--proposer", "eagle",
+                 "--policy", "fixed-1", "--batch-sizes", "1", "--num-requests", "3",
+                 "--power-model", str(tmp_path / "p.json"), "--output", str(tmp_path / "s.csv")]) == 0  # fmt: skip
+    assert not pd.read_csv(tmp_path / "s.csv")["measured"].any()

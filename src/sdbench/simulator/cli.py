@@ -95,7 +95,7 @@ def add_costmodel(subparsers: argparse._SubParsersAction) -> None:
         help="fit the simulator's power model (watts against batched tokens per step) from measured cells",
     )
     add_cells(power)
-    power.add_argument("--engine", help="only this engine's cells (the engine whose step timings fitted the cost model)")
+    power.add_argument("--engine", help="only this engine's cells (whose step timings fitted the cost model)")
     power.add_argument("--model", help="only this model's cells")
     power.add_argument(
         "--output",

@@ -141,7 +141,8 @@ def cells_power_model(cells: pd.DataFrame, source: str = "cells") -> tuple[Power
         return None, f"no power model: the cells were measured by several meters ({', '.join(meters)})"
     n, counts = len(points), points["tokens_per_step"].nunique()
     if n < 3 or counts < 2:
-        return None, f"no power model: {n} cell(s) measured energy at {counts} batched-token count(s); need 3 at 2 or more"
+        return None, (f"no power model: {n} cell(s) measured energy at {counts} batched-token count(s); "
+                      "need 3 at 2 or more")
     fitted = fit_power_model(points["tokens_per_step"], points["mean_power_w"])
     meter = f" ({meters[0]})" if meters else ""
     return PowerModel(fitted.p_idle_w, fitted.p_span_w, fitted.n_half, fitted.h, fitted.r2,
@@ -171,6 +172,9 @@ def load_power_model(path: str | os.PathLike[str]) -> tuple[PowerModel | None, s
         raise ValueError(f"{path}: power model: not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: power model: expected a JSON object")
+    from sdbench import provenance
+
+    provenance.observe(None, str(path), measured=data.get("measured") is not False)  # fitted to rehearsal cells
     if data.get("p_idle_w") is None:
         reason = data.get("reason") or ""
         if not reason:

@@ -146,8 +146,8 @@ def replicated_energy(
     out = np.empty((n, len(batch_sizes)))
     for j, bs in enumerate(batch_sizes):
         b = float(bs)
-        prefill = (cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b) * power.watts(b * prompt)
-        out[:, j] = prefill + (a_k + c_k * b) @ power.watts(b * (1.0 + np.arange(width)))
+        prefill_s = cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b
+        out[:, j] = prefill_s * power.watts(b * prompt) + (a_k + c_k * b) @ power.watts(b * (1.0 + np.arange(width)))
     if traj.rng is not None and traj.rng.any():
         if rng_state is None or match_probability is None:
             raise ValueError("the random n-gram match model needs the sampling RNG state and a match probability")
