@@ -1,6 +1,7 @@
 # Simulator (paper Sec. 8): upper bounds on the published traces (compat and exact
 # modes, compat-vs-exact, adaptive policies), and validation against the grid's own
-# runs with a cost model fitted from this machine's breakdown step timings.
+# runs with a cost model fitted from this machine's breakdown step timings (and the
+# energy bound beside it, with a power model fitted from the grid's metered cells).
 
 
 rule simulate_published:
@@ -66,6 +67,23 @@ rule fit_cost_model:
         "--output {output} --name measured > {log} 2>&1"
 
 
+rule fit_power_model:
+    input:
+        cells=P.GRID_CELLS_TABLE,
+    output:
+        P.POWER_MODEL,
+    log:
+        "logs/fit_power_model.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
+    params:
+        code=code_digest("sdbench.simulator.cli", "sdbench.simulator.powermodel"),
+        cells=lambda w: PLAN.sim_power_cells(),
+    shell:
+        "sdbench costmodel power --cells {input.cells} {params.cells} --output {output} > {log} 2>&1"
+
+
 rule simulation_traces:
     input:
         unpack(sim_trace_inputs),
@@ -87,6 +105,7 @@ rule simulate_cells:
         unpack(sim_trace_inputs),
         stacked=P.SIM_STACKED,
         cost_model=PLAN.sim_cost_model(),
+        power_model=P.POWER_MODEL,
     output:
         P.SIM_CELL,
     log:
@@ -107,6 +126,7 @@ rule simulate_cells:
         "--engine {wildcards.engine} --model {wildcards.model} "
         "--proposer {wildcards.proposer} --drafter {params.drafter} --policy {params.policies} "
         "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
+        "--power-model {input.power_model} "
         "--output {output} > {log} 2>&1"
 
 
@@ -115,6 +135,7 @@ rule simulate_drafter_cells:
         unpack(sim_trace_inputs),
         stacked=P.SIM_STACKED,
         cost_model=PLAN.sim_cost_model(),
+        power_model=P.POWER_MODEL,
     output:
         P.SIM_DRAFTER,
     log:
@@ -135,6 +156,7 @@ rule simulate_drafter_cells:
         "--engine {wildcards.engine} --model {wildcards.model} "
         "--proposer eagle --drafter {params.drafter} --policy {params.policies} "
         "--batch-sizes {params.batch_sizes} --cost-model {input.cost_model} --mode exact "
+        "--power-model {input.power_model} "
         "--output {output} > {log} 2>&1"
 
 

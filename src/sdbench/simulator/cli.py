@@ -1,5 +1,5 @@
-"""Commands of the simulator stage: ``sdbench simulate``, ``sdbench costmodel``,
-``sdbench validate-simulator``.
+"""Commands of the simulator stage: ``sdbench simulate``, ``sdbench costmodel`` (and its power
+model, ``costmodel power``), ``sdbench validate-simulator``.
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
@@ -90,6 +90,20 @@ def add_costmodel(subparsers: argparse._SubParsersAction) -> None:
     fit.add_argument("--output", required=True, help="cost-model YAML to write")
     fit.add_argument("--name", required=True, help="name recorded in the model")
     fit.set_defaults(func=lazy("sdbench.simulator.costmodel", "_cmd_fit"))
+    power = sub.add_parser(
+        "power",
+        help="fit the simulator's power model (watts against batched tokens per step) from measured cells",
+    )
+    add_cells(power)
+    power.add_argument("--engine", help="only this engine's cells (whose step timings fitted the cost model)")
+    power.add_argument("--model", help="only this model's cells")
+    power.add_argument(
+        "--output",
+        required=True,
+        metavar="FILE.json",
+        help="power model to write (without a metered cell: no parameters, and the reason)",
+    )
+    power.set_defaults(func=lazy("sdbench.simulator.powermodel", "_cmd_power"))
     show = sub.add_parser("show", help="print a validated cost model")
     show.add_argument("model", help="cost model name (shipped or in $SDBENCH_DATA_DIR/cost_models) or YAML path")
     show.set_defaults(func=lazy("sdbench.simulator.costmodel", "_cmd_show"))
@@ -137,6 +151,11 @@ def add_simulate(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--engine", help="engine key of the traces (a column of every row; with --model)")
     sim.add_argument("--model", help="model key of the traces (a column of every row; with --engine)")
     _add_replay_inputs(sim)
+    sim.add_argument(
+        "--power-model",
+        metavar="FILE.json",
+        help="power model (sdbench costmodel power) for the energy bound; without one its columns are NaN",
+    )
     sim.add_argument(
         "--compat-match-probability",
         type=float,

@@ -14,6 +14,7 @@ from sdbench.io import read_csv, write_text
 from sdbench.simulator.core import simulate, write_results
 from sdbench.simulator.costmodel import load_cost_model
 from sdbench.simulator.figures import figure_adaptive, figure_combining, figure_compare, figure_fixed_vs_oracle
+from sdbench.simulator.powermodel import NO_POWER_MODEL_GIVEN, load_power_model
 from sdbench.simulator.reports import adaptive_report, adaptive_summary, compare_modes
 from sdbench.simulator.tracesets import TraceSet, draft_method_of, load_traces
 
@@ -44,6 +45,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             "(see sdbench simulate --help)"
         )
     cm = load_cost_model(args.cost_model)
+    power, no_power = load_power_model(args.power_model) if args.power_model else (None, NO_POWER_MODEL_GIVEN)
     train = _load_sets(args.train_traces, args.requests) if args.train_traces else None
     sets = _load_sets(args.traces, args.requests)
     df = simulate(
@@ -59,6 +61,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         drafter=args.drafter,
         train_sets=train,
         match_probability=args.compat_match_probability,
+        power=power,
+        no_power=no_power,
     )
     # Which traced drafter the learned proposer replayed (validation matches cells by it).
     drafter = "" if args.proposer == "ngram" else draft_method_of(sets[0], args.drafter)

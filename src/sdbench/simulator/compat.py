@@ -14,6 +14,7 @@ import numpy as np
 
 from sdbench.simulator.costmodel import CostModel
 from sdbench.simulator.policytypes import Fidelity, TraceArrays, Trajectories
+from sdbench.simulator.powermodel import PowerModel
 from sdbench.simulator.tracesets import NGRAM_METHOD, TraceSet, _gen_len
 
 COMPAT_NUM_REQUESTS = 300
@@ -56,6 +57,36 @@ def compat_random_steps(
     "matches" verifies ``k`` drafts (paying the n-gram draft), the others none. Draws run over
     the batches in sample order, which is the order of ``traj``.
     """
+    req, step, _ = _random_steps(traj, arrays, cm, fidelity, batch_size, rng_state, match_probability)
+    return np.bincount(req, step, minlength=arrays.num_requests)
+
+
+def compat_random_energy(
+    traj: Trajectories,
+    arrays: TraceArrays,
+    cm: CostModel,
+    fidelity: Fidelity,
+    batch_size: int,
+    rng_state: tuple,
+    match_probability: float,
+    power: PowerModel,
+) -> np.ndarray:
+    """Per-request joules of the steps :func:`compat_random_steps` prices: each step's seconds
+    times the power of the tokens it batches (the batch plus the matched copies' drafts)."""
+    req, step, batched = _random_steps(traj, arrays, cm, fidelity, batch_size, rng_state, match_probability)
+    return np.bincount(req, power.watts(batched) * step, minlength=arrays.num_requests)
+
+
+def _random_steps(
+    traj: Trajectories,
+    arrays: TraceArrays,
+    cm: CostModel,
+    fidelity: Fidelity,
+    batch_size: int,
+    rng_state: tuple,
+    match_probability: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(request, seconds, batched tokens) of each random-match step (:func:`compat_random_steps`)."""
     t = cm.target
     m = traj.rng
     req, kv, k = traj.req[m], (arrays.prompt_len[traj.req] + traj.gen)[m], traj.k[m]
@@ -71,4 +102,4 @@ def compat_random_steps(
     else:  # mean over copies of each copy's own draft time
         draft = d.time(verify, batch_size * kv, k + 1) * matched / batch_size
     step = verify + draft + cm.overhead_per_step
-    return np.bincount(req, step, minlength=arrays.num_requests)
+    return req, step, batch_size + matched * k

@@ -49,7 +49,14 @@ from sdbench.simulator.policytypes import (
     TraceArrays,
     Trajectories,
 )
-from sdbench.simulator.pricing import baseline_trajectories, continuous_makespan, replicated_latency
+from sdbench.simulator.powermodel import NO_POWER_MODEL_GIVEN, PowerModel
+from sdbench.simulator.pricing import (
+    baseline_trajectories,
+    continuous_energy,
+    continuous_makespan,
+    replicated_energy,
+    replicated_latency,
+)
 from sdbench.simulator.tracesets import NGRAM_METHOD, TraceSet, draft_method_of, trace_arrays, with_ngram_proposals
 
 DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
@@ -71,6 +78,10 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "tokens_per_step",
     "ngram_step_share",
     "draft_step_share",
+    "baseline_tokens_per_j",
+    "sd_tokens_per_j",
+    "energy_ratio",
+    "power_model",
 )
 # A simulate CSV: RESULT_COLUMNS with the replayed drafter after the proposer, and for the grid's
 # own traces the engine and model first (sdbench simulate --engine --model).
@@ -118,8 +129,17 @@ def simulate_prepared(
     mode: str = "",
     train: Sequence[TraceArrays] = (),
     match_probability: float | None = None,
+    power: PowerModel | None = None,
+    no_power: str = NO_POWER_MODEL_GIVEN,
 ) -> pd.DataFrame:
-    """Speedup of each policy at each batch size (one row each, :data:`RESULT_COLUMNS`)."""
+    """Speedup of each policy at each batch size (one row each, :data:`RESULT_COLUMNS`).
+
+    With a ``power`` model, the energy bound beside it: output tokens per joule with and without
+    SD (averaged as tokens/s are: over the requests of a replicated batch, all tokens over the
+    whole energy with continuous batching), each step's seconds as the time bound prices them
+    times the power of the tokens it batches; ``energy_ratio`` = SD's joules per output token over
+    no SD's. Without one they are NaN and ``power_model`` says why (``no_power``).
+    """
     if batching not in BATCHING:
         raise ValueError(f"unknown batching {batching!r} (choose from {', '.join(BATCHING)})")
     if batching == "continuous" and fidelity != EXACT:
@@ -143,7 +163,21 @@ def simulate_prepared(
         )
         return (tokens[:, None] * np.asarray(bs, float)[None, :] / lat).mean(axis=0)
 
+    def energy(traj: Trajectories, bs: Sequence[int], proposer: str | None = prep.proposer) -> np.ndarray:
+        """Output tokens per joule at each batch size in ``bs`` (NaN without a power model)."""
+        if power is None:
+            return np.full(len(bs), np.nan)
+        if batching == "continuous":
+            return np.array(
+                [tokens.sum() / continuous_energy(traj, arrays, cm, prep.draft_method, int(b), power) for b in bs]
+            )
+        joules = replicated_energy(
+            traj, arrays, proposer, cm, fidelity, prep.draft_method, bs, power, prep.rng_state, match_probability
+        )
+        return (tokens[:, None] * np.asarray(bs, float)[None, :] / joules).mean(axis=0)
+
     base_tpt = price(base, batch_sizes, None)
+    base_tpj = energy(base, batch_sizes, None)
     rows = []
     for name in policies:
         policy = make_policy(name, prep.proposer, fidelity)
@@ -155,6 +189,7 @@ def simulate_prepared(
                 for b in batch_sizes
             ]
             sd_tpt = np.array([price(tr, [b])[0] for tr, b in zip(trajs, batch_sizes)])
+            sd_tpj = np.array([energy(tr, [b])[0] for tr, b in zip(trajs, batch_sizes)])
         else:
             traj = policy.trajectories(arrays, PolicyContext(prep.proposer, 1, cm, prep.draft_method), fidelity)
             if traj.rng is not None and traj.rng.any() and match_probability is None:
@@ -164,6 +199,7 @@ def simulate_prepared(
                 )
             trajs = [traj] * len(batch_sizes)
             sd_tpt = price(traj, batch_sizes)
+            sd_tpj = energy(traj, batch_sizes)
         for j, b in enumerate(batch_sizes):
             tr = trajs[j]
             steps = max(tr.num_steps, 1)
@@ -183,6 +219,10 @@ def simulate_prepared(
                     "tokens_per_step": float(tr.emitted.sum()) / steps,
                     "ngram_step_share": float((tr.drafter == NGRAM).sum()) / steps,
                     "draft_step_share": float((tr.drafter == DRAFT).sum()) / steps,
+                    "baseline_tokens_per_j": base_tpj[j],
+                    "sd_tokens_per_j": sd_tpj[j],
+                    "energy_ratio": base_tpj[j] / sd_tpj[j],
+                    "power_model": no_power if power is None else power.label(),
                 }
             )
     from sdbench.columns import conform
@@ -210,8 +250,11 @@ def simulate(
     drafter: str | None = None,
     train_sets: Sequence[TraceSet] | None = None,
     match_probability: float | None = None,
+    power: PowerModel | None = None,
+    no_power: str = NO_POWER_MODEL_GIVEN,
 ) -> pd.DataFrame:
-    """Simulate ``policies`` of ``proposer`` on every trace set; sorted result rows.
+    """Simulate ``policies`` of ``proposer`` on every trace set; sorted result rows (with the
+    energy bound where a ``power`` model is given, see :func:`simulate_prepared`).
 
     Trained policies (``learned``) train on ``train_sets`` if given, else on the other trace
     sets (never on the one evaluated).
@@ -246,6 +289,8 @@ def simulate(
                 mode=mode,
                 train=train,
                 match_probability=match_probability,
+                power=power,
+                no_power=no_power,
             )
         )
     return sort_results(pd.concat(frames, ignore_index=True))

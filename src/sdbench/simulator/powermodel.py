@@ -23,12 +23,24 @@ instead of 1 costs +6% time and +32% energy at batch 16, +73% and +70% at batch 
 ``n_half`` on a grid, the linear pair exactly for each); :func:`cell_power_points` takes those points from
 measured cells (``mean_power_w`` of cells with a meter; tokens per step = batch size x (k + 1) for
 an SD cell, which verifies k + 1 tokens per sequence each step, and the batch size without SD).
+
+The simulator's energy bounds (``sdbench simulate --power-model FILE.json``; ``energy_ratio``,
+``baseline_tokens_per_j``, ``sd_tokens_per_j`` of its rows) price each simulated step as its time
+under the cost model (exactly the time bound's step, drafting and overhead included) times
+``P(tokens the step batches)``. A model file (:func:`save_power_model`, :func:`load_power_model`)
+holds the fitted parameters and a ``source``; where no cell measured energy it holds no
+parameters and a ``reason`` instead (``sdbench costmodel power``, :func:`cells_power_model`), and
+the simulator's energy columns are NaN with that reason in its ``power_model`` column, never 0.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +60,7 @@ class PowerModel:
     n_half: float
     h: float = 1.0
     r2: float = math.nan
+    source: str = ""  # where it was fitted (the simulator's ``power_model`` column)
 
     def watts(self, tokens: Any) -> Any:
         """Power (W) of a step batching ``tokens``; elementwise on arrays."""
@@ -57,6 +70,10 @@ class PowerModel:
     def describe(self) -> str:
         return (f"P(n) = {self.p_idle_w:.4g} W + {self.p_span_w:.4g} W x n^h / (n^h + {self.n_half:.3g}^h), "
                 f"h = {self.h:g}, n = batched tokens per step (R^2 {self.r2:.3f})")  # fmt: skip
+
+    def label(self) -> str:
+        """Its source and form in one line (the simulator's ``power_model`` column)."""
+        return f"{self.source}: {self.describe()}" if self.source else self.describe()
 
 
 def fit_power_model(tokens: Any, watts: Any) -> PowerModel:
@@ -103,3 +120,92 @@ def cell_power_points(cells: pd.DataFrame) -> pd.DataFrame:
     k = measured["num_speculative_tokens"].fillna(0).astype(float) if "num_speculative_tokens" in measured else 0.0
     return pd.DataFrame({"tokens_per_step": measured["batch_size"].astype(float) * (k + 1),
                          "mean_power_w": measured["mean_power_w"].astype(float)})  # fmt: skip
+
+
+
+# Why a simulation has no energy bound (its ``power_model`` column; energy columns NaN).
+NO_POWER_MODEL_GIVEN = "no power model: none given (sdbench simulate --power-model)"
+NO_CELL_ENERGY = "no power model: no cell measured energy"
+_PARAMETERS = ("p_idle_w", "p_span_w", "n_half", "h", "r2")
+
+
+def cells_power_model(cells: pd.DataFrame, source: str = "cells") -> tuple[PowerModel | None, str]:
+    """The power model fitted to the metered cells of ``cells`` (:func:`cell_power_points`), and
+    its ``source``; ``(None, reason)`` where no cell measured energy or too few did to fit one,
+    or where the cells were measured by different meters (GPU and CPU watts are not one curve)."""
+    points = cell_power_points(cells)
+    if points.empty:
+        return None, NO_CELL_ENERGY
+    meters = sorted(set(cells.loc[cells["mean_power_w"].notna(), "energy_meter"])) if "energy_meter" in cells else []
+    if len(meters) > 1:
+        return None, f"no power model: the cells were measured by several meters ({', '.join(meters)})"
+    n, counts = len(points), points["tokens_per_step"].nunique()
+    if n < 3 or counts < 2:
+        return None, (f"no power model: {n} cell(s) measured energy at {counts} batched-token count(s); "
+                      "need 3 at 2 or more")
+    fitted = fit_power_model(points["tokens_per_step"], points["mean_power_w"])
+    meter = f" ({meters[0]})" if meters else ""
+    return PowerModel(fitted.p_idle_w, fitted.p_span_w, fitted.n_half, fitted.h, fitted.r2,
+                      f"fitted to {n} metered cell(s){meter} of {source}"), ""  # fmt: skip
+
+
+def save_power_model(model: PowerModel | None, path: str | os.PathLike[str], reason: str = "") -> None:
+    """Write ``model`` as JSON (its parameters and ``source``), or with no model its ``reason``."""
+    from sdbench import provenance
+    from sdbench.io import write_text
+
+    if model is None:
+        data: dict[str, Any] = dict.fromkeys(_PARAMETERS)
+        data.update(source="", reason=reason or NO_CELL_ENERGY)
+    else:
+        data = {k: (None if math.isnan(v) else v) for k, v in ((k, float(getattr(model, k))) for k in _PARAMETERS)}
+        data.update(source=model.source, reason="", form=model.describe())
+    data["measured"] = provenance.measured()
+    write_text(json.dumps(data, indent=2) + "\n", path)
+
+
+def load_power_model(path: str | os.PathLike[str]) -> tuple[PowerModel | None, str]:
+    """A power model file: ``(model, "")``, or ``(None, reason)`` for a file written without one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: power model: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: power model: expected a JSON object")
+    from sdbench import provenance
+
+    provenance.observe(None, str(path), measured=data.get("measured") is not False)  # fitted to rehearsal cells
+    if data.get("p_idle_w") is None:
+        reason = data.get("reason") or ""
+        if not reason:
+            raise ValueError(f"{path}: power model: no parameters (p_idle_w ...) and no reason")
+        return None, reason
+    missing = [k for k in _PARAMETERS[:4] if not isinstance(data.get(k), (int, float))]
+    if missing:
+        raise ValueError(f"{path}: power model: {', '.join(missing)} missing or not numbers")
+    r2 = data.get("r2")
+    model = PowerModel(*(float(data[k]) for k in _PARAMETERS[:4]), math.nan if r2 is None else float(r2),
+                       str(data.get("source") or path))  # fmt: skip
+    if model.p_idle_w < 0 or model.p_span_w < 0 or model.n_half <= 0 or model.h <= 0:
+        raise ValueError(f"{path}: power model: needs p_idle_w, p_span_w >= 0 and n_half, h > 0")
+    return model, ""
+
+
+def _cmd_power(args: argparse.Namespace) -> int:
+    from sdbench.io import read_parquet
+
+    cells = read_parquet(args.cells, what="cells table")
+    source = str(args.cells)
+    for key in ("engine", "model"):  # the cells of the engine x model whose steps priced the simulations
+        value = getattr(args, key, None)
+        if value:
+            if key not in cells:
+                raise ValueError(f"{args.cells}: cells table lacks column {key!r}")
+            cells = cells[cells[key] == value]
+    if getattr(args, "engine", None) or getattr(args, "model", None):
+        source = f"{args.engine or '*'}/{args.model or '*'} in {source}"
+    model, reason = cells_power_model(cells, source)
+    save_power_model(model, args.output, reason)
+    print(model.describe() + f"; {model.source}" if model else reason)
+    print(f"wrote {args.output}")
+    return 0

@@ -1,5 +1,6 @@
 """Pricing trajectories with a cost model: request latency of replicated batches, makespan of
-continuous batching.
+continuous batching; with a power model (:mod:`sdbench.simulator.powermodel`) their energy, each
+step's seconds as priced here times the power of the tokens it batches.
 
 A replicated batch is simulated once (its copies are identical, or for the random n-gram model
 differ only in how many tokens they verify), and a request's latency is linear in the batch size
@@ -13,9 +14,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from sdbench.simulator.compat import compat_random_steps
+from sdbench.simulator.compat import compat_random_energy, compat_random_steps
 from sdbench.simulator.costmodel import CostModel
 from sdbench.simulator.policytypes import DRAFT, NGRAM, NONE, Fidelity, TraceArrays, Trajectories
+from sdbench.simulator.powermodel import PowerModel
 from sdbench.simulator.tracesets import NGRAM_METHOD
 
 
@@ -114,6 +116,46 @@ def replicated_latency(
     return lat
 
 
+def replicated_energy(
+    traj: Trajectories,
+    arrays: TraceArrays,
+    proposer: str | None,
+    cm: CostModel,
+    fidelity: Fidelity,
+    draft_method: str,
+    batch_sizes: Sequence[int],
+    power: PowerModel,
+    rng_state: tuple | None = None,
+    match_probability: float | None = None,
+) -> np.ndarray:
+    """Joules of each request's replicated batch: shape (requests, batch sizes).
+
+    The steps :func:`replicated_latency` prices, each its seconds there (``A + C * batch``)
+    times ``P(batched tokens)``: the prefill batches ``batch * prompt`` tokens, a decode step
+    ``batch * (k + 1)`` (each copy verifies its ``k`` drafts and one more token).
+    """
+    n = arrays.num_requests
+    lin = np.ones(traj.num_steps, bool) if traj.rng is None else ~traj.rng
+    a, c = _step_coefficients(traj, arrays, proposer, cm, fidelity, draft_method)
+    width = int(traj.k.max()) + 1 if traj.num_steps else 1
+    # A and C summed per request and k: a step's power depends on the batch only through k.
+    cell = traj.req[lin].astype(np.int64) * width + traj.k[lin]
+    a_k = np.bincount(cell, a[lin], minlength=n * width).reshape(n, width)
+    c_k = np.bincount(cell, c[lin], minlength=n * width).reshape(n, width)
+    prompt = arrays.prompt_len.astype(float)
+    out = np.empty((n, len(batch_sizes)))
+    for j, bs in enumerate(batch_sizes):
+        b = float(bs)
+        prefill_s = cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b
+        out[:, j] = prefill_s * power.watts(b * prompt) + (a_k + c_k * b) @ power.watts(b * (1.0 + np.arange(width)))
+    if traj.rng is not None and traj.rng.any():
+        if rng_state is None or match_probability is None:
+            raise ValueError("the random n-gram match model needs the sampling RNG state and a match probability")
+        for j, bs in enumerate(batch_sizes):
+            out[:, j] += compat_random_energy(traj, arrays, cm, fidelity, int(bs), rng_state, match_probability, power)
+    return out
+
+
 def continuous_makespan(
     traj: Trajectories, arrays: TraceArrays, cm: CostModel, draft_method: str, batch_size: int
 ) -> float:
@@ -124,6 +166,22 @@ def continuous_makespan(
     Each step pays the target pass over the batch's KV and batched tokens, each drafter used in
     it once (over its requests' KV and drafts), and the per-step overhead.
     """
+    return float(_continuous_steps(traj, arrays, cm, draft_method, batch_size)[0].sum())
+
+
+def continuous_energy(
+    traj: Trajectories, arrays: TraceArrays, cm: CostModel, draft_method: str, batch_size: int, power: PowerModel
+) -> float:
+    """Joules to serve all requests as :func:`continuous_makespan` does: each engine step's
+    seconds times the power of the tokens it batches (prefills and ``k + 1`` per decoding request)."""
+    seconds, batched = _continuous_steps(traj, arrays, cm, draft_method, batch_size)
+    return float((power.watts(batched) * seconds).sum())
+
+
+def _continuous_steps(
+    traj: Trajectories, arrays: TraceArrays, cm: CostModel, draft_method: str, batch_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, batched tokens) of each engine step of :func:`continuous_makespan`."""
     n = arrays.num_requests
     steps = np.bincount(traj.req, minlength=n)
     start = np.empty(n, np.int64)
@@ -155,4 +213,4 @@ def continuous_makespan(
         same = np.concatenate([[False], traj.req[1:] == traj.req[:-1]])
         sw = same & (traj.drafter != NONE) & (prev != NONE) & (traj.drafter != prev)
         total += cm.switching_overhead * (np.bincount(when[sw], minlength=horizon) > 0)
-    return float(total.sum())
+    return total, batched

@@ -62,6 +62,8 @@ SIM_STACKED = "results/simulator/traces/{engine}/{model}/{dataset}.parquet"
 MEASURED_COST_MODEL = "results/cost_models/measured.yaml"
 # The step-timing model refitted at the forced-acceptance points (sdbench.simulator.forcedcheck).
 FORCED_COST_MODEL = "results/cost_models/forced.yaml"
+# The power model beside them (sdbench costmodel power): the simulations' energy bound.
+POWER_MODEL = "results/cost_models/power.json"
 FORCED_CHECK = "results/simulator/forced_check.parquet"
 
 # Joined tables.

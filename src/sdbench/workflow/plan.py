@@ -460,6 +460,15 @@ class Plan:
         there are any, else the step-timing fit."""
         return P.FORCED_COST_MODEL if self.forced_check_enabled() else P.MEASURED_COST_MODEL
 
+    def sim_power_cells(self) -> str:
+        """``--engine E --model M``: the grid cells that fit the simulations' power model, those of
+        the engine x model whose breakdown steps fitted their cost model (one pair, config check)."""
+        pairs = sorted({(c.engine, c.model) for c in self.breakdown})
+        if len(pairs) != 1:
+            raise ValueError(f"the power model is fitted beside the cost model: needs breakdown cells of one "
+                             f"engine x model, got {len(pairs)}")  # fmt: skip
+        return f"--engine {pairs[0][0]} --model {pairs[0][1]}"
+
     # ------------------------------------------------------------------ traces
     def trace_cells(self, group: TraceGroup) -> list[Cell]:
         """A trace group's traces as cells at the trace batch size."""
