@@ -193,8 +193,12 @@ def test_the_grid_simulations_read_the_power_model_of_their_engine_and_models_ce
     for rule in ("simulate_cells", "simulate_drafter_cells"):
         assert "power_model=P.POWER_MODEL" in body(rule) and "--power-model {input.power_model}" in body(rule), rule
     assert "--power-model" not in body("simulate_published")  # the paper's H100 cost model: no power of ours
-    plan = Plan(load_config(REPO / "config" / "config.yaml"))
-    assert plan.sim_power_cells() == "--engine vllm-cpu --model tiny-target"
+    assert Plan(load_config(REPO / "config" / "config.yaml")).sim_power_cells() == "--engine vllm-cpu --model tiny-target"
+    # A breakdown over two models fits one cost model over both: one power model too, no --model.
+    from types import SimpleNamespace
+
+    two = SimpleNamespace(breakdown=[SimpleNamespace(engine="e", model=m) for m in ("a", "b", "a")])
+    assert Plan.sim_power_cells(two) == "--engine e"
     assert P.POWER_MODEL == "results/cost_models/power.json"
 
 

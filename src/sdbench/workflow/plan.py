@@ -461,13 +461,13 @@ class Plan:
         return P.FORCED_COST_MODEL if self.forced_check_enabled() else P.MEASURED_COST_MODEL
 
     def sim_power_cells(self) -> str:
-        """``--engine E --model M``: the grid cells that fit the simulations' power model, those of
-        the engine x model whose breakdown steps fitted their cost model (one pair, config check)."""
-        pairs = sorted({(c.engine, c.model) for c in self.breakdown})
-        if len(pairs) != 1:
-            raise ValueError(f"the power model is fitted beside the cost model: needs breakdown cells of one "
-                             f"engine x model, got {len(pairs)}")  # fmt: skip
-        return f"--engine {pairs[0][0]} --model {pairs[0][1]}"
+        """``--engine E [--model M]``: the grid cells that fit the simulations' power model, those
+        of the engine (and model, where there is one) whose breakdown steps fitted the cost model;
+        a breakdown over several models fits one cost model over them all, and so one power model."""
+        engines = sorted({c.engine for c in self.breakdown})
+        models = sorted({c.model for c in self.breakdown})
+        args = f"--engine {engines[0]}" if len(engines) == 1 else ""
+        return args + (f" --model {models[0]}" if len(models) == 1 else "")
 
     # ------------------------------------------------------------------ traces
     def trace_cells(self, group: TraceGroup) -> list[Cell]:
