@@ -290,3 +290,36 @@ def test_cgroup_v1_jobs_and_a_workstation_session(tmp_path: Path) -> None:
     assert job_scope({}, proc_root=desk) == JobScope("node")
     report = QuietGuard("flag", scope=job_scope({}, proc_root=desk)).report
     assert report.columns()["guard_scope"] == "node" and report.columns()["guard_cgroup"] == ""
+
+
+def test_a_judgement_waits_for_the_sample_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell's progress shard asks the guard for its judgement (``interim``) from the engine's
+    thread while the sampling thread may be mid-sample, adding processes to what the judgement
+    iterates: on the paper grid's rehearsal this killed cells ("dictionary changed size during
+    iteration"). A sample paused halfway through its scan holds the judgement until it ends."""
+    import threading
+
+    from sdbench.engine import quietguard
+
+    inside, release = threading.Event(), threading.Event()
+    real = quietguard._read_stat
+
+    def paused_read_stat(pid: int):
+        if threading.current_thread().name == "sdbench-quiet-guard" and not release.is_set():
+            inside.set()
+            release.wait(10)
+        return real(pid)
+
+    guard = QuietGuard("flag", interval=0.05)
+    guard.start()  # the first sample, in this thread, before the pause is installed
+    monkeypatch.setattr(quietguard, "_read_stat", paused_read_stat)
+    assert inside.wait(10), "the sampling thread never sampled"
+    judged: list = []
+    judge = threading.Thread(target=lambda: judged.append(guard.interim()))
+    judge.start()
+    judge.join(0.5)
+    assert judge.is_alive() and not judged  # waits for the sample in flight
+    release.set()
+    judge.join(10)
+    assert judged and judged[0].samples >= 2  # the start sample and the one it waited for
+    guard.stop()

@@ -371,8 +371,16 @@ class QuietGuard:
         self._first: dict[int, tuple[float, float, str]] = {}  # pid -> (time, cpu s, cmd) first seen
         self._last: dict[int, tuple[float, float]] = {}
         self._on_my_cores: set[int] = set()  # (job scope) pids seen running on one of the job's cores
+        # A sample (the sampling thread) and a judgement (the engine's thread: a cell's progress
+        # shard asks for one mid-cell) never run at once: the judgement iterates what a sample adds
+        # to ("dictionary changed size during iteration" killed SPEED-Bench 32k cells mid-run).
+        self._lock = threading.Lock()
 
     def _sample(self) -> None:
+        with self._lock:
+            self._sample_locked()
+
+    def _sample_locked(self) -> None:
         family = own_family()
         now = time.monotonic()
         scope = self.scope
@@ -437,6 +445,10 @@ class QuietGuard:
 
     def _judge(self) -> GuardReport:
         """The report with what has been seen so far judged (busy processes, reasons)."""
+        with self._lock:
+            return self._judge_locked()
+
+    def _judge_locked(self) -> GuardReport:
         r = copy.deepcopy(self.report)
         if r.mode == "disabled":
             return r
