@@ -346,3 +346,22 @@ def test_a_built_mtp_model_counts_its_mimo_layer_and_the_qwen2_target(tmp_path) 
     h, layers = 32, 3
     llama_layer = 4 * h * h + 4 * h + 3 * h * 64 + 2 * h  # q/k/v/o with biases, MLP, two norms
     assert sum(count_full_model(spec).components.values()) == 97 * h + layers * (llama_layer - h) + h
+
+
+def test_a_cells_table_with_suffix_decoding_and_glm_mtp_cells() -> None:
+    """The paper grid's GLM-4.5-Air cells as a joined cells table names them (vLLM's ``sd_method``):
+    suffix decoding holds no draft weights and no KV cache of its own (as n-gram), ``deepseek_mtp``
+    is the MTP layer. The paper rehearsal's Tab. 2 stopped at "unknown method 'suffix'"."""
+    from sdbench.analysis.memory import cells_memory_table
+
+    nan = float("nan")
+    cells = pd.DataFrame({"engine": "e", "model": "glm", "dataset": "d", "batch_size": 1, "drafter": None,
+                          "method": ["none", "suffix", "mtp-k1"], "sd_method": ["none", "suffix", "deepseek_mtp"],
+                          "peak_rss_gib": 1.0, "peak_device_gib": nan, "measured_weights_gib": nan,
+                          "measured_kv_cache_gib": nan, "kv_cache_capacity_tokens": nan})  # fmt: skip
+    table = cells_memory_table(cells, {"glm": "zai-org/GLM-4.5-Air"})
+    base, suffix, mtp = (memory_report("zai-org/GLM-4.5-Air", None, m, MODELS) for m in ("none", "ngram", "mtp"))
+    assert suffix["draft_params_b"] == 0 and suffix["per_token_kib"] == base["per_token_kib"]
+    assert list(table["method"]) == ["none", "suffix", "mtp-k1"]
+    assert list(table["draft_params_b"]) == [0, 0, mtp["draft_params_b"]] and mtp["draft_params_b"] > 0
+    assert table.loc[1, "analytical_per_token_kib"] == base["per_token_kib"] < mtp["per_token_kib"]

@@ -71,3 +71,12 @@ def test_a_mark_on_measured_data_fails(tmp_path: Path) -> None:
     png(d / "fig09_fixed_vs_oracle" / "published" / "exact.png", True)
     _, ok = marks_report(marks_table(d), ["fig01_end_to_end"])
     assert not ok
+
+
+def test_the_report_is_written_where_asked(tmp_path: Path) -> None:
+    d = paper(tmp_path)
+    out = tmp_path / "marks.md"
+    done = subprocess.run([str(Path(sys.executable).with_name("sdbench")), "rehearsal", "marks", "--paper-dir", str(d),
+                           "--expect", "--markdown", str(out)], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert out.read_text().startswith("# results/paper: 4 figure-index items, 4 figures and Markdown tables")

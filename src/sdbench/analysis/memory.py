@@ -504,8 +504,9 @@ def _cmd_memory(args: argparse.Namespace) -> int:
     return 0
 
 
-# vLLM method name (cells table ``sd_method``) -> the method names of this module.
-_CELL_METHODS = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"}
+# vLLM method name (a config's ``method``, a cells table's ``sd_method``) -> the method names of
+# this module (suffix decoding: no weights, no KV cache, as n-gram).
+_MEMORY_METHODS = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "suffix": "ngram"}
 
 
 def cells_memory_table(cells: Any, model_names: Mapping[str, str], dtype: str | None = None) -> Any:
@@ -525,7 +526,7 @@ def cells_memory_table(cells: Any, model_names: Mapping[str, str], dtype: str | 
         {
             "target": [model_names[m] for m in cells["model"]],
             "draft": [model_names[d] if d else None for d in cells["drafter"]],
-            "method": [_CELL_METHODS.get(m, m) for m in cells["sd_method"]],
+            "method": [_MEMORY_METHODS.get(m, m) for m in cells["sd_method"]],
         }
     )
     table = analytical_memory_table(frame, dtype=dtype)
@@ -653,9 +654,6 @@ def kv_capacity(
 
 # --------------------------------------------------------------------------------------------------
 # KV capacity of a config's cells (sdbench check-config, config key kv_capacity)
-
-# vLLM method name -> the method names of sdbench.analysis.memory (suffix: no weights, no KV).
-_MEMORY_METHODS = {"deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp", "suffix": "ngram"}
 
 
 def _prompt_tokens(dataset: dict[str, Any]) -> int | None:

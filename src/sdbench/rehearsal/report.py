@@ -175,6 +175,6 @@ def _cmd_marks(args: argparse.Namespace) -> int:
     if args.markdown:
         from sdbench.io import write_text
 
-        write_text(args.markdown, text)
+        write_text(text, args.markdown)
     print(text, end="")
     return 0 if ok else 1
