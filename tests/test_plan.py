@@ -36,8 +36,9 @@ def test_default_counts(default: Plan) -> None:
 
 
 def test_paper_counts(paper: Plan) -> None:
+    # The breakdown (Fig. 3a) re-runs 24 of the grid's cells in 4 groups, one per method.
     assert len(paper.cells) == 786
-    assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (46, 15, 0)
+    assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (46, 15, 4)
     assert len(paper.server_groups) == 4
     assert paper.model_dir("llama3.1-8b") == "resources/hub/llama3.1-8b"
 
@@ -55,8 +56,10 @@ def test_a_few_exact_outputs(default: Plan, paper: Plan) -> None:
     ]  # every figure's drawn table beside it, and only theirs
     assert "results/paper/ext15_simulator_at_forced.md" in out
     assert default.sim_cost_model() == P.FORCED_COST_MODEL and paper.sim_cost_model() == P.MEASURED_COST_MODEL
-    assert "results/paper/fig03_runtime_breakdown.png" not in paper.final_outputs()  # no breakdown section
-    assert len(paper.final_outputs()) == 347  # 201 + 146 drawn tables
+    assert "results/paper/fig03_runtime_breakdown.png" in paper.final_outputs()  # Fig. 3a
+    # 215 + 158 drawn tables: the breakdown adds Fig. 3a, ext05, and the simulator's figures and
+    # adaptive-policy report for the grid's Llama3.1-8B (priced by the breakdown's cost model).
+    assert len(paper.final_outputs()) == 373
 
 
 def test_every_index_item_has_a_scope_rule(default: Plan) -> None:
