@@ -218,14 +218,15 @@ def test_check_config_prints_every_engine_jobs_estimate(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     header = lines.index("rule\tjob\tgpus\tmem_mb\tstartup\twarmup\tprefill\tdecode\tcalls\ttrials\texpected\testimate\truntime")
     rows = [line.split("\t") for line in lines[header + 1 :] if "\t" in line]
-    assert len(rows) == 227 and {r[0] for r in rows} == {"run_engine", "trace_group", "serve_group"}
+    # 208 run_engine, 15 trace_group, 4 serve_group, 4 breakdown_group (Fig. 3a: one per method).
+    assert len(rows) == 231 and {r[0] for r in rows} == {"run_engine", "trace_group", "serve_group", "breakdown_group"}
     # Its memory: 64 GB for one GPU and, kept to the end, the token ids of cnn 500 x (1,100 + 3 x 512),
     # gsm8k 300 x (100 + 3 x 200), instructcoder 500 x (200 + 3 x 300), sharegpt 500 x (1,024 + 3 x 512)
     # at 44 B: 148 MB, rounded up to 100 MB.
     assert ["trace_group", "vllm-0.10.1.1/llama3.1-8b/eagle-k3", "1", "64200"] == next(
         r[:4] for r in rows if r[1] == "vllm-0.10.1.1/llama3.1-8b/eagle-k3")  # fmt: skip
     totals = next(line for line in lines if line.startswith("engine jobs: "))
-    assert totals.startswith("engine jobs: 227; asking the full limit (2880 min): 48; GPU-hours asked")
+    assert totals.startswith("engine jobs: 231; asking the full limit (2880 min): 48; GPU-hours asked")
     print("\n".join(lines[header:]))  # the table, for the log (pytest -s)
 
 
@@ -237,7 +238,7 @@ def _params_by_job(jobs: list) -> dict:
 def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path: Path) -> None:
     """Re-plan the paper grid from a copy of the workflow whose 0.11.1 image definition gained
     one label: the jobs whose params change (what Snakemake reruns) are exactly that engine's
-    engine jobs, and no other job of the 1,352."""
+    engine jobs, and no other job of the 1,424."""
     import shutil
 
     copy = tmp_path / "repo"
@@ -253,7 +254,7 @@ def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path:
     config = validate_config(yaml.safe_load((REPO / "config" / "paper.yaml").read_text()), source="paper.yaml")
     before = _params_by_job(paper_jobs)
     after = _params_by_job(planned_jobs(PROFILE, copy / "config" / "paper.yaml", tmp_path / "plan", copy / "Snakefile"))
-    assert before.keys() == after.keys() and len(before) == 1352
+    assert before.keys() == after.keys() and len(before) == 1424
     rerun = {key for key in before if before[key] != after[key]}
     expected = {
         (j.rule.name, str(j.wildcards))
