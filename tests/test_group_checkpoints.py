@@ -187,3 +187,19 @@ def test_the_hardware_record_reads_the_jobs_gpus_from_nvidia_smi(monkeypatch: py
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_MEMORY", "40960")  # another kind of node, by its memory alone
     assert not same_hardware(hardware(), hw) and same_hardware({**hw, "node": "elsewhere"}, hw)
     assert measurement_context(prompts, model, None, "flag", False) == without
+
+
+def test_a_cells_key_counts_its_own_prompt_table_only(tmp_path: Path) -> None:
+    """A site's ``max_runtime`` splits a group over datasets into one group per dataset, holding
+    fewer prompt tables: each cell keeps its key (its checkpoint is re-used), and still changes
+    with its own table. Found by the paper rehearsal: 125 cells re-measured at 1,440 minutes."""
+    prompts, model = _inputs(tmp_path)
+    other = tmp_path / "other.parquet"
+    other.write_bytes(b"another dataset's table")
+    together = measurement_context({**prompts, "e": str(other)}, model, None, "refuse", False)
+    alone = measurement_context(prompts, model, None, "refuse", False)
+    assert SPEC["cell"]["dataset"] == "d"
+    assert checkpoint_key(SPEC, together, 8, None) == checkpoint_key(SPEC, alone, 8, None)
+    Path(prompts["d"]).write_bytes(b"the cell's table, edited")
+    assert checkpoint_key(SPEC, measurement_context(prompts, model, None, "refuse", False), 8, None) != \
+        checkpoint_key(SPEC, alone, 8, None)  # fmt: skip

@@ -223,7 +223,10 @@ def test_a_cells_checkpoint_does_not_depend_on_the_site(paper: Plan, paper_at_si
         partition["max_runtime"] = 1440
     at_1440 = Plan(half)
     plans = {"none": paper, "2880": paper_at_site, "1440": at_1440}
-    context = {"code": "fixed"}  # the rest of the key is the job's, the same for every split
+    # As a job builds it: the prompt tables of its group's datasets (fewer in a split group), the
+    # rest the same for every split.
+    def context(cells_: list[Cell]) -> dict[str, object]:
+        return {"code": "fixed", "prompts": {d: f"digest of {d}" for d in sorted({c.dataset for c in cells_})}}
 
     def keys(plan: Plan) -> dict[Cell, tuple[str, str]]:
         out = {}
@@ -231,7 +234,7 @@ def test_a_cells_checkpoint_does_not_depend_on_the_site(paper: Plan, paper_at_si
             spec = plan.group_spec(group)
             max_num_seqs = spec.get("max_num_seqs") or max(c.batch_size for c in cells_)  # as run_group takes it
             for cell, cell_spec in zip(cells_, spec["cells"], strict=True):
-                out[cell] = (plan.group_checkpoint_dir(group), checkpoint_key(cell_spec, context, max_num_seqs, None))
+                out[cell] = (plan.group_checkpoint_dir(group), checkpoint_key(cell_spec, context(cells_), max_num_seqs, None))
         return out
 
     found = {name: keys(plan) for name, plan in plans.items()}
