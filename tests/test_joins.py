@@ -75,16 +75,19 @@ def test_the_grid_simulations_are_written_with_their_engine_and_model() -> None:
         assert "--engine {wildcards.engine} --model {wildcards.model}" in body, rule
 
 
-def _paper(breakdown: dict | None = None):
-    """config/paper.yaml (with ``breakdown`` added) as the workflow validates it, and its plan."""
+def _paper(breakdown: dict | None = None, shipped: bool = False):
+    """config/paper.yaml as the workflow validates it, and its plan: its own breakdown (``shipped``),
+    else ``breakdown`` in its place (None: none)."""
     from pathlib import Path
 
     from sdbench.config import validate_config
     from sdbench.workflow.plan import Plan
 
     config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / "paper.yaml").read_text())
-    if breakdown is not None:
-        config["breakdown"] = breakdown
+    if not shipped:
+        config.pop("breakdown", None)
+        if breakdown is not None:
+            config["breakdown"] = breakdown
     validate_config(config, source="paper.yaml")
     return Plan(config)
 
@@ -111,6 +114,9 @@ def test_the_paper_plan_simulates_one_engine_and_model_with_its_own_cost_model()
     assert keyed == [("vllm-0.10.1.1", "qwen3-8b", d) for d in ("cnn", "gsm8k", "instructcoder", "sharegpt")]
     assert len(files) == 2 * 4  # n-gram and the EAGLE-3 drafter per dataset
     assert plan.item_scopes("ext05_simulated_vs_measured") == [{}]
+    # The shipped config's breakdown (Fig. 3a) is Llama3.1-8B's on vLLM 0.10.1.1: only it is simulated.
+    shipped = _paper(shipped=True)
+    assert sorted({tuple(f.split("/")[3:5]) for f in shipped.sim_cell_files()}) == [("vllm-0.10.1.1", "llama3.1-8b")]
 
 
 # ----------------------------------------------------------------------------- analysis
