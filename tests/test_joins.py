@@ -114,6 +114,12 @@ def test_the_paper_plan_simulates_one_engine_and_model_with_its_own_cost_model()
     assert keyed == [("vllm-0.10.1.1", "qwen3-8b", d) for d in ("cnn", "gsm8k", "instructcoder", "sharegpt")]
     assert len(files) == 2 * 4  # n-gram and the EAGLE-3 drafter per dataset
     assert plan.item_scopes("ext05_simulated_vs_measured") == [{}]
+    # A breakdown that does not time the drafter a simulation replays is refused before any job
+    # (found by the CI slice: its EAGLE-3 simulations failed mid-run on the cost model).
+    no_eagle3 = {**breakdown, "engine": "vllm-0.10.1.1", "models": ["qwen3-8b"], "methods": ["none", "ngram-k3"]}
+    with pytest.raises(ConfigError, match=r"breakdown.methods: the simulations of vllm-0.10.1.1/qwen3-8b/\w+ replay "
+                                          r"the drafter of 'eagle3-k3' \(vLLM method 'eagle3'\)"):
+        _paper(no_eagle3)
     # The shipped config's breakdown (Fig. 3a) is Llama3.1-8B's on vLLM 0.10.1.1: only it is simulated.
     shipped = _paper(shipped=True)
     assert sorted({tuple(f.split("/")[3:5]) for f in shipped.sim_cell_files()}) == [("vllm-0.10.1.1", "llama3.1-8b")]

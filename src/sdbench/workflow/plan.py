@@ -158,6 +158,23 @@ class Plan:
             for name, d in config["datasets"].items()
             if d["source"] == "random_tokens" and name in grid_datasets
         }
+        self._refuse_unpriced_drafters()
+
+    def _refuse_unpriced_drafters(self) -> None:
+        """The grid's simulations replay each dataset's preferred drafter, priced by the cost model
+        the breakdown's steps fit: a drafter the breakdown does not time has no price, and its
+        simulation jobs would fail mid-run ("cost model 'measured' has no drafter ...")."""
+        timed = {self.config["methods"][m]["method"] for m in self.config.get("breakdown", {}).get("methods", [])}
+        missing = sorted({(self.config["methods"][t["drafter"]]["method"], t["drafter"], "/".join(k))
+                          for k, t in self.priced_targets().items()
+                          if self.config["methods"][t["drafter"]]["method"] not in timed})  # fmt: skip
+        if missing:
+            method, key, where = missing[0]
+            raise ConfigError(
+                f"config: breakdown.methods: the simulations of {where} replay the drafter of {key!r} "
+                f"(vLLM method {method!r}), which no breakdown method times: add one with method {method!r}"
+                + (f" ({len(missing) - 1} more like it)" if len(missing) > 1 else "")
+            )
 
     # ------------------------------------------------------------------ models and datasets
 
