@@ -115,8 +115,9 @@ def marks_table(paper_dir: str | Path) -> pd.DataFrame:
     rehearsal's and whether it carries the rehearsal mark. The data: the ``measured`` column of the
     drawn table beside it (``<stem>.csv``: a mark from a row with ``measured`` false is rehearsal
     data); a Markdown table without one is taken for the authors' data when its path has a
-    ``published`` scope, else for the rehearsal's (this is a check of a rehearsal's results). The mark: a PNG's text chunk (:data:`sdbench.plotting.PNG_MARK_KEY`),
-    a Markdown file's first line (:func:`sdbench.provenance.banner`). One row per file: ``item``
+    ``published`` scope, else for the rehearsal's (this is a check of a rehearsal's results). The
+    mark: a PNG's text chunk (:data:`sdbench.plotting.PNG_MARK_KEY`), a Markdown file's first
+    line (:func:`sdbench.provenance.banner`). One row per file: ``item``
     (its figure-index name), ``path`` (under ``paper_dir``), ``kind`` (png, md), ``rehearsal_data``,
     ``marked``."""
     from PIL import Image
