@@ -38,6 +38,16 @@ def _cells() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _server() -> pd.DataFrame:
+    """Server mode for m-small: no SD and n-gram at concurrency 1 and 4, tokens/s over two rounds;
+    n-gram pays at 1 (its worst round, 14, over no SD's best, 11) and breaks even at 4 (12.5 / 14 < 1 < 14.5 / 12)."""
+    rows = [("none", "none", 0, c, tps, lo, hi, np.nan) for c, tps, lo, hi in ((1, 10.5, 10, 11), (4, 13, 12, 14))]
+    rows += [("ngram-k3", "ngram", 3, c, tps, lo, hi, 2.5) for c, tps, lo, hi in ((1, 15, 14, 16), (4, 13.5, 12.5, 14.5))]
+    frame = pd.DataFrame(rows, columns=["method", "sd_method", "num_speculative_tokens", "concurrency", "tokens_per_s",
+                                        "tokens_per_s_min", "tokens_per_s_max", "mean_acceptance_length"])  # fmt: skip
+    return frame.assign(engine="vllm-cpu", model="m-small", dataset="chat", hardware="cpu")
+
+
 @pytest.fixture()
 def run(tmp_path: Path) -> Path:
     """A run directory: its config, cells and verdict tables, simulations, and the figures drawn from them."""
@@ -52,7 +62,9 @@ def run(tmp_path: Path) -> Path:
     tables.mkdir(parents=True)
     cells = _cells()
     cells.to_parquet(tables / "cells.parquet")
-    points = verdict.points_table(cells)
+    server = _server()
+    server.to_parquet(tables / "server.parquet")
+    points = verdict.points_table(cells, server)
     lines = verdict.lines_table(points)
     points.merge(lines[[*verdict.LINE, *verdict.LINE_RESULTS]], on=verdict.LINE).to_parquet(tables / "verdict.parquet")
     plot_throughput(cells, paper / "fig01_end_to_end.png")
@@ -74,10 +86,11 @@ def test_every_figure_of_a_run_matches_its_tables(run: Path) -> None:
     checked = drawncheck.check_run(run)
     assert set(checked) == {"fig01_end_to_end", "ext02_acceptance_per_position", "ext00_verdict",
                             "fig09_fixed_vs_oracle/vllm-cpu/m-small/chat"}  # fmt: skip
-    # By hand: 2 models x 3 methods x 3 batch sizes per row of Fig. 1, the 12 SD points of the verdict,
-    # 2 models x (3 + 2) draft positions, and 2 proposers x 2 policies x 3 batch sizes of Fig. 9.
+    # By hand: 2 models x 3 methods x 3 batch sizes per row of Fig. 1, the 12 SD points of the verdict
+    # and its 2 server points, 2 models x (3 + 2) draft positions, 2 proposers x 2 policies x 3 batch
+    # sizes of Fig. 9.
     assert {k: v[1] for k, v in checked.items()} == {"fig01_end_to_end": 36, "ext02_acceptance_per_position": 10,
-                                                     "ext00_verdict": 12,
+                                                     "ext00_verdict": 14,
                                                      "fig09_fixed_vs_oracle/vllm-cpu/m-small/chat": 12}  # fmt: skip
 
 
@@ -100,6 +113,10 @@ def _tamper(csv: Path, where: dict, column: str, value: object) -> None:
         ("fig01_end_to_end", {"mark": "ring"}, "y", 0.5, "ring"),
         ("ext00_verdict", {"mark": "square", "color": "#f4b6b0"}, "color", "#b7e4b0", "colour #b7e4b0, rule loses"),
         ("ext00_verdict", {"mark": "square", "series": "eagle-k2"}, "label", "n-gram k=3", "on the row of n-gram k=3"),
+        # The server panel has the offline panel's title; its squares are told apart by their x label.
+        ("ext00_verdict", {"mark": "square", "xlabel": "concurrency", "x": "4"}, "color", "#b7e4b0",
+         "concurrency 4: colour #b7e4b0, rule break-even"),
+        ("ext00_verdict", {"mark": "square", "xlabel": "concurrency", "x": "1"}, "y", 1.0, "concurrency 1: drawn 1.0"),
         ("ext02_acceptance_per_position", {"series": "eagle-k2"}, "y", 0.1, "ext02"),
     ],
 )

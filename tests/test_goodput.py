@@ -94,6 +94,20 @@ def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
     assert "| m | d | ngram-k3 | 2 | 100 / 2.5 / 420 | 2 [" in goodput_markdown(cells)
 
 
+def test_where_no_sd_meets_no_target_the_verdict_gives_sd_goodput_not_an_infinite_ratio() -> None:
+    from sdbench.analysis.verdict import goodput_sections, server_points
+
+    base, base_reqs = server_cell("none", 0)
+    for good, verdict, square in ((4, "pays", "| n-gram | 2 req/s, only SD meets: pays |"),
+                                  (0, "neither meets", "| n-gram | 0 req/s, neither meets |")):  # fmt: skip
+        sd, sd_reqs = server_cell("ngram-k3", good)
+        cells = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {"d": SLO}, 42)
+        points = server_points(cells)
+        assert points.iloc[0]["goodput_verdict"] == verdict  # 8 good over 2 x 2 s; or 0 of 8 in both arms
+        text = "\n".join(goodput_sections(points.assign(load_kind="concurrency", load=2), {"ngram-k3": "n-gram"}))
+        assert "| no SD (req/s) | 0 |" in text and square in text and "inf" not in text
+
+
 def test_targets_are_global_or_per_dataset_and_a_stray_dataset_is_named() -> None:
     from sdbench.servermode import server_problems, slo_for
 

@@ -34,7 +34,9 @@ each such point on a line of its own.
 Goodput (server mode, :mod:`sdbench.analysis.goodput`): each server point carries SD's goodput
 under the configured latency targets over no SD's at the same concurrency (``goodput_ratio``, the
 interval of the ratio of the two cells' bootstrap draws) and ``goodput_verdict``, the same rule on
-that interval (``no targets`` without ``server.slo``); the Markdown gives a table per model x dataset.
+that interval (``no targets`` without ``server.slo``; ``neither meets`` where both goodputs are 0);
+the Markdown gives a table per model x dataset, with SD's goodput in req/s where no SD's is 0 (the
+ratio is then infinite).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from sdbench.io import write_parquet, write_text
 
 PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
 NO_TARGETS = "no targets"  # goodput's verdict where the config set no latency target (server.slo)
+NEITHER = "neither meets"  # goodput's verdict where no request of either arm met every target
 RULE = (
     "SD pays at a load when the speedup's 95% interval lies entirely above 1, loses when it lies "
     "entirely below 1, and breaks even when it contains 1"
@@ -218,7 +221,8 @@ def goodput_points(sd: pd.DataFrame) -> dict[str, Any]:
         "goodput_rps": good, "baseline_goodput_rps": base,
         "goodput_ratio": [r if not (math.isnan(g) or math.isnan(b)) else float("nan") for r, g, b in zip(ratio, good, base)],
         "goodput_ratio_ci_low": [lo for lo, _ in bounds], "goodput_ratio_ci_high": [hi for _, hi in bounds],
-        "goodput_verdict": [NO_TARGETS if math.isnan(lo) else verdict(lo, hi) for lo, hi in bounds],
+        "goodput_verdict": [NO_TARGETS if math.isnan(lo) else NEITHER if g == 0 and b == 0 else verdict(lo, hi)
+                            for (lo, hi), g, b in zip(bounds, good, base)],
     }  # fmt: skip
 
 
@@ -231,19 +235,28 @@ def goodput_sections(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
         loads = sorted(sub["load"].unique())
         out.append(f"## Goodput under the latency targets: {model} / {dataset} ({engine}), by {SERVER}\n")
         out.append("SD's goodput (requests/s meeting every `server.slo` target) over no SD's [95% interval of the "
-                   "ratio] and the verdict on it; no SD's goodput in req/s.\n")  # fmt: skip
+                   "ratio] and the verdict on it; no SD's goodput in req/s, and SD's own where no SD's is 0.\n")  # fmt: skip
         out.append("| method | " + " | ".join(f"{SERVER} {x}" for x in loads) + " |")
         out.append("|" + "---|" * (len(loads) + 1))
         base = sub.drop_duplicates("load").set_index("load")["baseline_goodput_rps"]
         out.append("| no SD (req/s) | " + " | ".join(_fmt(base.get(x), ".3g") for x in loads) + " |")
         for method, line in sub.groupby("method", sort=True):
             at = line.set_index("load")
-            cells = [f"{_fmt(at.at[x, 'goodput_ratio'])} [{_fmt(at.at[x, 'goodput_ratio_ci_low'])}, "
-                     f"{_fmt(at.at[x, 'goodput_ratio_ci_high'])}] {at.at[x, 'goodput_verdict']}" if x in at.index else ""
-                     for x in loads]  # fmt: skip
+            cells = [_goodput_cell(at.loc[x]) if x in at.index else "" for x in loads]
             out.append(f"| {labels.get(method, method)} | " + " | ".join(cells) + " |")
         out.append("")
     return out
+
+
+def _goodput_cell(point: pd.Series) -> str:
+    """One square of the goodput table: the ratio [interval] and verdict, or, where no SD met no
+    target (an infinite ratio says nothing a reader can use), SD's own goodput."""
+    if point["goodput_verdict"] == NEITHER:
+        return "0 req/s, neither meets"
+    if point["baseline_goodput_rps"] == 0:
+        return f"{_fmt(point['goodput_rps'], '.3g')} req/s, only SD meets: {point['goodput_verdict']}"
+    return (f"{_fmt(point['goodput_ratio'])} [{_fmt(point['goodput_ratio_ci_low'])}, "
+            f"{_fmt(point['goodput_ratio_ci_high'])}] {point['goodput_verdict']}")
 
 
 def lines_table(points: pd.DataFrame) -> pd.DataFrame:
