@@ -55,6 +55,9 @@ EOF
 
 started=$(date -u +%FT%TZ)
 t0=$(date +%s)
+# A run directory used before holds the previous cluster's env file, whose slurm.conf is gone:
+# waiting for it would return at once and every sbatch would fail.
+rm -f "$RUN/slurm.env"
 "$PY" tests/support/slurm_cluster.py hold --profile "$PROFILE" --env-file "$RUN/slurm.env" \
     --usage-dir "$RUN/usage" > "$RUN/cluster.log" 2>&1 &
 HOLD=$!
