@@ -249,8 +249,8 @@ def goodput_sections(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
 
 
 def _goodput_cell(point: pd.Series) -> str:
-    """One square of the goodput table: the ratio [interval] and verdict, or, where no SD met no
-    target (an infinite ratio says nothing a reader can use), SD's own goodput."""
+    """One square of the goodput table: the ratio [interval] and verdict, or, where no request
+    without SD met every target (an infinite ratio says nothing a reader can use), SD's own goodput."""
     if point["goodput_verdict"] == NEITHER:
         return "0 req/s, neither meets"
     if point["baseline_goodput_rps"] == 0:
