@@ -312,3 +312,32 @@ def test_a_misplaced_acceptance_cell_fails(full_run: Path) -> None:
     _tamper(csv, {"x": "0"}, "y", 99.0)
     with pytest.raises(AssertionError, match="fig04 vllm-cpu/tiny-target/code-edit"):
         drawncheck.check_run(full_run)
+
+
+def test_the_fig05_check_goes_class_by_class_and_bounds_a_sampled_class(full_run: Path) -> None:
+    """60 short requests (over the 50 the figure samples per class) and 2 of 4,100 tokens (the 4K-8K
+    class): every mark of both classes is checked, and a sampled decile drawn outside its requests'
+    means fails, as does an exact one drawn off its mean."""
+    from sdbench.analysis import acceptance
+    from sdbench.config import validate_config
+    from sdbench.traces.table import MethodTrace, make_trace_table
+    from sdbench.workflow.plan import Plan
+
+    plan = Plan(validate_config(yaml.safe_load(E2E.read_text())))
+    scope = "vllm-cpu/tiny-target/code-edit"
+    paths = [full_run / p for p in plan.acceptance_traces(scope)]
+    method = pd.read_parquet(paths[0])["method"].iloc[0]
+    rng = np.random.default_rng(11)
+    lengths = [int(n) for n in rng.integers(6, 20, 60)] + [4100, 4100]
+    make_trace_table(MethodTrace(f"r{i}", method, rng.integers(1, 5, n)) for i, n in enumerate(lengths)).to_parquet(paths[0])
+    png = full_run / "results/paper/fig05_position_deciles" / f"{scope}.png"
+    acceptance.write_figure("deciles", acceptance.load_traces(paths, plan.acceptance_labels(scope)), png)
+    drawn = drawncheck.read_drawn(png.with_suffix(".csv"))
+    assert drawncheck.check_fig05(full_run, scope, drawn) == len(drawn)
+    assert {p.split(": outputs ")[1] for p in drawn["panel"]} == {"<4K tokens", "4K-8K tokens"}
+    for panel, message in (("<4K", "outside the requests' means"), ("4K-8K", "drawn 99")):
+        bad = drawn.copy()
+        row = bad.index[(bad["series"] == method) & (bad["mark"] == "line") & bad["panel"].str.endswith(f"{panel} tokens")][0]
+        bad.loc[row, "y"] = 99.0
+        with pytest.raises(AssertionError, match=message):
+            drawncheck.check_fig05(full_run, scope, bad)
