@@ -30,6 +30,7 @@ envvars:
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/datasets.smk"
+include: "workflow/rules/gates.smk"
 include: "workflow/rules/runs.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/acceptance.smk"

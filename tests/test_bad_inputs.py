@@ -408,7 +408,7 @@ def test_help_lists_every_command_and_the_command_table_is_complete() -> None:
         for command in sub.choices:
             registered.setdefault(command, set()).add(stage.__name__)
     assert all(len(stages) == 1 for stages in registered.values()), registered
-    top = {"check-config", "figure-index", "bundle", "containers", "compare", "doctor", "rehearsal"}  # added by sdbench.cli itself
+    top = {"check-config", "figure-index", "bundle", "containers", "compare", "doctor", "rehearsal", "image-gate"}  # added by sdbench.cli itself
     assert set(cli.COMMANDS) == set(registered) | top, "sdbench.cli.COMMANDS must list every stage's commands"
     assert set(cli.TOOLS) <= set(cli.COMMANDS), set(cli.TOOLS) - set(cli.COMMANDS)
     proc = subprocess.run([str(SDBENCH), "--help"], capture_output=True, text=True, timeout=60)

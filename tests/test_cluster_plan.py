@@ -80,8 +80,9 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
     engine_jobs = [j for j in paper_jobs if j.rule.name in ENGINE_RULES]
     # The paper's 546 cells + 78 of the proposal-length sweep + 12 random-token control cells
     # + 108 of the temperature sweep (3 methods x 6 temperatures > 0 x 2 datasets x 3 batch sizes)
-    # + 6 suffix-decoding cells + 36 SPEED-Bench cells (3 methods x 4 datasets x 3 batch sizes).
-    assert sum(j.rule.name == "run_cell" for j in paper_jobs) == 786
+    # + 6 suffix-decoding cells + 36 SPEED-Bench cells (3 methods x 4 datasets x 3 batch sizes), less
+    # the 11 the expected KV residency trims (tests/test_kvcapacity.py PAPER_TRIMMED).
+    assert sum(j.rule.name == "run_cell" for j in paper_jobs) == 775
     gpu_model = yaml.safe_load(PROFILE.read_text())["set-resources"]["run_engine"]["gpu_model"]
     for job in paper_jobs:
         gpus = job.resources.get("gpu") or 0
@@ -95,6 +96,8 @@ def test_gpus_and_cpus_per_engine_job(paper_jobs: list) -> None:
             assert set_gres_string(job).strip() == f"--gpus={gpu_model}:{want}"
             assert job.resources.get("nodes") == 1, job  # the plugin's sbatch --nodes=1: GPUs on one node
             assert job.resources.get("slurm_partition") == "gpu"
+        elif job.rule.name == "image_gate":  # one GPU of the engine partition, a few minutes
+            assert (gpus, job.resources.get("slurm_partition"), job.resources.get("runtime")) == (1, "gpu", 10), job
         else:
             assert gpus == 0, job
         if job.rule.name == "run_cell":  # copies a cell's tables out of its engine group
@@ -143,8 +146,8 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
         assert job.resources["runtime"] >= min(2880, max(cell_runtime_minutes(config, c) for c in plan.groups[key]))
     assert max(j.resources["runtime"] for j in paper_jobs if j.rule.name in ENGINE_RULES) == 2880
     assert max(j.resources["runtime"] for j in paper_jobs) == 2880
-    # 46 engine groups without the limit; 208 jobs with it (split by dataset, then batch sizes).
-    assert len(engine_groups(config)) == 46 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 208
+    # 46 engine groups without the limit; 196 jobs with it (split by dataset, then batch sizes).
+    assert len(engine_groups(config)) == 46 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 196
     # What the DAG asks is what the plan says (sdbench check-config --jobs).
     from sdbench.scheduling import engine_jobs
 
@@ -166,11 +169,13 @@ def test_cli_dry_run_with_profile_and_container_double(tmp_path: Path) -> None:
     the profile's 2,880-minute limit: the log says which groups were split, and no job asks for more."""
     result = cli_dry_run("slurm", "paper.yaml", tmp_path)
     match = re.search(r"^run_cell\s+(\d+)$", result.stdout, re.MULTILINE)
-    assert match and int(match.group(1)) == 786, result.stdout[-3000:]
+    assert match and int(match.group(1)) == 775, result.stdout[-3000:]
     engines = re.search(r"^run_engine\s+(\d+)$", result.stdout, re.MULTILINE)
-    assert engines and int(engines.group(1)) == 208  # 46 engine groups, split to fit
+    assert engines and int(engines.group(1)) == 196  # 46 engine groups, split to fit
+    gates = re.search(r"^image_gate\s+(\d+)$", result.stdout, re.MULTILINE)
+    assert gates and int(gates.group(1)) == 3  # vLLM 0.10.1.1, 0.11.1 and 0.26.0's images
     log = result.stdout + result.stderr
-    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 24
+    assert len(set(re.findall(r"^site: engine group .* split into \d+ jobs", log, re.MULTILINE))) == 26
     asks = [int(m) for m in re.findall(r"\bruntime=(\d+)", log)]
     assert asks and max(asks) == 2880
 
@@ -194,14 +199,14 @@ def test_trace_and_server_jobs_ask_their_estimate_not_the_limit(paper_at_site) -
     for job in jobs:
         assert job.runtime == min(2880, job.estimate.minutes), job.row()
     by_rule = {r: [j for j in jobs if j.rule == r] for r in ("run_engine", "trace_group", "serve_group")}
-    assert [len(js) for js in by_rule.values()] == [208, 15, 4]
+    assert [len(js) for js in by_rule.values()] == [196, 15, 4]
     assert not [j.row() for j in by_rule["trace_group"] + by_rule["serve_group"] if j.runtime >= 2880]
     # A trace group is one pass per dataset: Llama-3.1-8B's EAGLE traces (4 datasets of 300-500
     # prompts, 64 running) take about half an hour, not the 3,690 minutes of replicate calls.
     eagle = next(j for j in by_rule["trace_group"] if j.wildcards == {
         "engine": "vllm-0.10.1.1", "model": "llama3.1-8b", "method": "eagle-k3"})  # fmt: skip
     assert 20 < eagle.estimate.expected_s / 60 < 40 and eagle.estimate.startup_s == 1200
-    # The server groups decode the datasets' expected outputs (512 and 300 tokens), not 8,192.
+    # The server groups decode the datasets' expected outputs (737 and 300 tokens), not 8,192.
     assert all(j.runtime < 4 * 60 for j in by_rule["serve_group"])
     # The jobs at the limit are single cells whose own estimate is beyond the budget.
     assert all(len(paper_at_site.groups[g]) == 1 for g in paper_at_site.groups
@@ -218,15 +223,15 @@ def test_check_config_prints_every_engine_jobs_estimate(capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     header = lines.index("rule\tjob\tgpus\tmem_mb\tstartup\twarmup\tprefill\tdecode\tcalls\ttrials\texpected\testimate\truntime")
     rows = [line.split("\t") for line in lines[header + 1 :] if "\t" in line]
-    # 208 run_engine, 15 trace_group, 4 serve_group, 4 breakdown_group (Fig. 3a: one per method).
-    assert len(rows) == 231 and {r[0] for r in rows} == {"run_engine", "trace_group", "serve_group", "breakdown_group"}
+    # 196 run_engine, 15 trace_group, 4 serve_group, 4 breakdown_group (Fig. 3a: one per method).
+    assert len(rows) == 219 and {r[0] for r in rows} == {"run_engine", "trace_group", "serve_group", "breakdown_group"}
     # Its memory: 64 GB for one GPU and, kept to the end, the token ids of cnn 500 x (1,100 + 3 x 512),
-    # gsm8k 300 x (100 + 3 x 200), instructcoder 500 x (200 + 3 x 300), sharegpt 500 x (1,024 + 3 x 512)
-    # at 44 B: 148 MB, rounded up to 100 MB.
+    # gsm8k 300 x (100 + 3 x 200), instructcoder 500 x (200 + 3 x 300), sharegpt 500 x (1,024 + 3 x 737)
+    # at 44 B: 163 MB, rounded up to 100 MB.
     assert ["trace_group", "vllm-0.10.1.1/llama3.1-8b/eagle-k3", "1", "64200"] == next(
         r[:4] for r in rows if r[1] == "vllm-0.10.1.1/llama3.1-8b/eagle-k3")  # fmt: skip
     totals = next(line for line in lines if line.startswith("engine jobs: "))
-    assert totals.startswith("engine jobs: 231; asking the full limit (2880 min): 48; GPU-hours asked")
+    assert totals.startswith("engine jobs: 219; asking the full limit (2880 min): 20; GPU-hours asked")
     print("\n".join(lines[header:]))  # the table, for the log (pytest -s)
 
 
@@ -238,7 +243,7 @@ def _params_by_job(jobs: list) -> dict:
 def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path: Path) -> None:
     """Re-plan the paper grid from a copy of the workflow whose 0.11.1 image definition gained
     one label: the jobs whose params change (what Snakemake reruns) are exactly that engine's
-    engine jobs, and no other job of the 1,424."""
+    engine jobs and its image's gate, and no other job of the paper grid's."""
     import shutil
 
     copy = tmp_path / "repo"
@@ -254,14 +259,15 @@ def test_a_new_image_reruns_exactly_its_engines_jobs(paper_jobs: list, tmp_path:
     config = validate_config(yaml.safe_load((REPO / "config" / "paper.yaml").read_text()), source="paper.yaml")
     before = _params_by_job(paper_jobs)
     after = _params_by_job(planned_jobs(PROFILE, copy / "config" / "paper.yaml", tmp_path / "plan", copy / "Snakefile"))
-    assert before.keys() == after.keys() and len(before) == 1424
+    assert before.keys() == after.keys() and len(before) == 1404
     rerun = {key for key in before if before[key] != after[key]}
     expected = {
         (j.rule.name, str(j.wildcards))
         for j in paper_jobs
         if j.rule.name in ENGINE_RULES and j.wildcards.engine == "vllm-0.11.1"
+        or j.rule.name == "image_gate" and j.wildcards.image == "sdbench-vllm-0.11.1"  # its gate too
     }
-    assert rerun == expected and len(rerun) == 118, sorted(rerun)
+    assert rerun == expected and len(rerun) == 108, sorted(rerun)
     assert config["engines"]["vllm-0.11.1"]["container"].endswith("sdbench-vllm-0.11.1.sif")
 
 

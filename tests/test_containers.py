@@ -249,6 +249,7 @@ def _double_env(tmp_path: Path) -> dict[str, str]:
     env["PATH"] = f"{DOUBLES}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["SDBENCH_APPTAINER_CALLS"] = str(tmp_path / "calls.jsonl")
     env["SDBENCH_BUILD_SCRATCH"] = str(tmp_path / "scratch")  # build.sh's cache and temp dirs
+    env["SDBENCH_BUILD_FREE_KB_OVERRIDE"] = str(10**12)  # build.sh's space check passes on any disk
     return env
 
 
@@ -380,20 +381,87 @@ def test_build_sh_builds_with_fakeroot_and_node_local_cache_and_temp_dirs(tmp_pa
     assert call["env"]["APPTAINER_CACHEDIR"] == str(tmp_path / "site-cache")
 
 
-def test_build_sh_stops_in_one_line_without_the_space_a_build_needs(tmp_path: Path) -> None:
+def _mount(path: Path) -> str:
+    """The mount point of the filesystem ``path`` lies on (what df -P names)."""
+    path = path.resolve()
+    while not os.path.ismount(path):
+        path = path.parent
+    return str(path)
+
+
+def _space_check_dir(tmp_path: Path, *names: str) -> Path:
     copy_dir = tmp_path / "containers"
     copy_dir.mkdir()
-    shutil.copy2(CONTAINERS / "build.sh", copy_dir / "build.sh")
-    env = {**_double_env(tmp_path), "SDBENCH_BUILD_MIN_FREE_GB": str(10**9)}
-    done = subprocess.run(["bash", str(copy_dir / "build.sh")], env=env, capture_output=True, text=True)
-    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    cache = tmp_path / "scratch" / f"apptainer-{os.environ.get('USER') or subprocess.check_output(['id', '-un'], text=True).strip()}" / "cache"
-    assert re.fullmatch(
-        rf"build\.sh: APPTAINER_CACHEDIR={re.escape(str(cache))} has \d+ GB free, a build needs {10**9} GB; set "
-        r"APPTAINER_CACHEDIR \(or SDBENCH_BUILD_SCRATCH\) to a larger node-local disk",
-        done.stderr.strip(),
-    ), done.stderr
-    assert not (tmp_path / "calls.jsonl").exists()
+    for name in ("build.sh", *(f"{n}.def" for n in names)):
+        shutil.copy2(CONTAINERS / name, copy_dir / name)
+    return copy_dir
+
+
+GB_KB = 1024 * 1024
+
+
+def test_build_sh_sums_the_space_per_filesystem_and_stops_in_one_line(tmp_path: Path) -> None:
+    """Temp, cache and sif/ on one filesystem (all under tmp_path): their needs add up. A vLLM
+    image: 25 GB temp, 10 GB cache, 10 GB SIF; the analysis image 5, 1, 2 (temp is the largest
+    one's: apptainer empties it after each build). The free space is the script's test hook."""
+    copy_dir = _space_check_dir(tmp_path, "sdbench-vllm-0.11.1", "sdbench-analysis")
+    scratch = tmp_path / "scratch" / f"apptainer-{subprocess.check_output(['id', '-un'], text=True).strip()}"
+    env = {**_double_env(tmp_path), "SDBENCH_BUILD_FREE_KB_OVERRIDE": str(30 * GB_KB)}
+    done = subprocess.run(["bash", str(copy_dir / "build.sh")], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stderr == (
+        f"build.sh: filesystem {_mount(tmp_path)} has 30 GB free, building 2 image(s): sdbench-analysis "
+        f"sdbench-vllm-0.11.1 needs 48 GB there (APPTAINER_TMPDIR {scratch}/tmp 25 GB, APPTAINER_CACHEDIR "
+        f"{scratch}/cache 11 GB, sif/ {copy_dir}/sif 12 GB); free space or set APPTAINER_TMPDIR / "
+        "APPTAINER_CACHEDIR (or SDBENCH_BUILD_SCRATCH) to a larger node-local disk\n"
+    )
+    assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "scratch").exists()  # before any build
+    # Exactly enough: --check-space says so and exits, building and creating nothing.
+    env["SDBENCH_BUILD_FREE_KB_OVERRIDE"] = str(48 * GB_KB)
+    done = subprocess.run(["bash", str(copy_dir / "build.sh"), "--check-space"], env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    assert done.stdout.startswith(f"build.sh: filesystem {_mount(tmp_path)} has 48 GB free, building 2 image(s)")
+    assert not (tmp_path / "calls.jsonl").exists() and not (tmp_path / "scratch").exists()
+    assert not (copy_dir / "sif").exists()
+    # The analysis image alone needs 8 GB.
+    env["SDBENCH_BUILD_FREE_KB_OVERRIDE"] = str(8 * GB_KB)
+    subprocess.run(["bash", str(copy_dir / "build.sh"), "sdbench-analysis"], env=env, check=True, capture_output=True)
+    assert [c["target"] for c in _calls(tmp_path)] == ["sif/sdbench-analysis.sif"]
+
+
+def test_build_sh_counts_each_filesystem_alone(tmp_path: Path) -> None:
+    """The temp directory on another filesystem (/dev/shm) than the cache and sif/: 25 GB there and
+    20 GB here, each within 30 GB, where 45 GB on one filesystem would not be."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or _mount(shm) == _mount(tmp_path):
+        pytest.skip("no /dev/shm on another filesystem than the test's temp directory")
+    copy_dir = _space_check_dir(tmp_path, "sdbench-vllm-0.11.1")
+    env = {**_double_env(tmp_path), "SDBENCH_BUILD_FREE_KB_OVERRIDE": str(30 * GB_KB),
+           "APPTAINER_TMPDIR": str(shm / f"sdbench-test-{os.getpid()}" / "tmp")}  # fmt: skip
+    done = subprocess.run(["bash", str(copy_dir / "build.sh"), "--check-space"], env=env, capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    lines = done.stdout.splitlines()
+    assert [line.split(" has ")[0] for line in lines] == [
+        f"build.sh: filesystem {_mount(shm)}", f"build.sh: filesystem {_mount(tmp_path)}"
+    ]
+    assert lines[0].endswith(" needs 25 GB there (APPTAINER_TMPDIR " + env["APPTAINER_TMPDIR"] + " 25 GB)")
+    assert " needs 20 GB there (APPTAINER_CACHEDIR " in lines[1]
+    assert not (shm / f"sdbench-test-{os.getpid()}").exists()  # --check-space creates nothing
+
+
+def test_build_sh_names_a_bad_name_or_free_space_reading(tmp_path: Path) -> None:
+    copy_dir = _space_check_dir(tmp_path, "sdbench-analysis")
+    env = _double_env(tmp_path)
+    done = subprocess.run(["bash", str(copy_dir / "build.sh"), "nope"], env=env, capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    assert done.returncode == 1 and done.stderr == (
+        "build.sh: no containers/nope.def; `sdbench containers render` writes one per image of "
+        "containers/images.yaml\n"
+    )
+    env["SDBENCH_BUILD_FREE_KB_OVERRIDE"] = "lots"
+    done = subprocess.run(["bash", str(copy_dir / "build.sh")], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and done.stderr == (
+        "build.sh: SDBENCH_BUILD_FREE_KB_OVERRIDE=lots: expected a number of KB (a test hook; unset it)\n"
+    )
 
 
 # --- an image runs the code it was built with ----------------------------------------------------

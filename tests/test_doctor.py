@@ -3,12 +3,14 @@ machine (``profiles/local`` passes; the GPU profile fails, naming what is missin
 real SLURM, a partition whose MaxTime is shorter than the plan's jobs.
 
 Test doubles only for what cannot exist here: ``apptainer`` (tests/support/doubles/apptainer),
-``nvidia-smi`` (tests/support/doubles/gpu/nvidia-smi) and the Hugging Face hub's HTTP API
+``nvidia-smi`` (tests/support/doubles/gpu/nvidia-smi), ``sacctmgr`` (tests/support/doubles/slurm/
+sacctmgr: SLURM's accounting database) and the Hugging Face hub's HTTP API
 (tests/support/doubles/hub_server.py, answered through the real ``huggingface_hub`` client).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdbench import doctor, scheduling
+from sdbench import doctor, doctorslurm, scheduling
 from sdbench.config import load_config
 from sdbench.containers import load_images, render_all
 from sdbench.workflow.plan import NETWORK_RULES, Plan
@@ -30,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 DOUBLES = REPO / "tests" / "support" / "doubles"
 GPU_DOUBLES = DOUBLES / "gpu"
+SLURM_DOUBLES = DOUBLES / "slurm"
 
 
 def _path(monkeypatch: pytest.MonkeyPatch, *dirs: Path) -> None:
@@ -526,6 +529,203 @@ def test_slurm_checks_without_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     site.profile = {}
     assert [r.line() for r in doctor.slurm_checks(site)] == [
         "slurm | skipped: no profile does not use executor: slurm"
+    ]
+
+
+# --- SLURM accounting limits (sacctmgr; tests/support/doubles/slurm/sacctmgr) ---------------------
+
+
+def test_sacctmgr_answers_parse() -> None:
+    rows = doctorslurm.parse_rows("proj||normal,long|normal|2-00:00:00|gres/gpu=8|500|\n", doctorslurm.ASSOC_FIELDS)
+    assert rows == [{"Account": "proj", "Partition": "", "QOS": "normal,long", "DefaultQOS": "normal",
+                     "MaxWall": "2-00:00:00", "MaxTRES": "gres/gpu=8", "MaxSubmit": "500", "GrpTRESRunMins": ""}]
+    tres = {"cpu": 64, "gres/gpu": 8, "gres/gpu:h100": 4}
+    assert doctorslurm.parse_tres("cpu=64,gres/gpu=8,gres/gpu:h100=4") == tres
+    assert doctorslurm.parse_tres("") == {}
+    with pytest.raises(ValueError, match="TRES item 'gres/gpu=lots' of 'cpu=1,gres/gpu=lots'"):
+        doctorslurm.parse_tres("cpu=1,gres/gpu=lots")
+    assert doctorslurm.gpu_limit({"gres/gpu": 8, "gres/gpu:h100": 4}, "h100") == 4
+    assert doctorslurm.gpu_limit({"gres/gpu": 8, "gres/gpu:h100": 4}, "a100") == 8
+    assert doctorslurm.gpu_limit({"cpu": 8}, None) is None
+    for text, minutes in [("2-00:00:00", 2880), ("12:00:00", 720), ("30:00", 30), ("UNLIMITED", None), ("", None)]:
+        assert doctor.parse_slurm_minutes(text) == minutes  # sacctmgr's time forms
+
+
+JOBS = [
+    doctorslurm.Job("run_engine", "gpu", 1000, 3000, 4, "h100"),
+    doctorslurm.Job("run_engine", "gpu", 600, 1800, 4, "h100"),
+    doctorslurm.Job("run_engine", "gpu", 100, 300, 1, "h100"),
+    doctorslurm.Job("every other job", "cpu", 60, 60, count=None),
+]
+
+
+def test_limit_verdicts() -> None:
+    fix = "lower the site block's max_runtime of partition gpu to 2880 in p/config.yaml (engine groups are split to "
+    fix += "fit), or ask for a QOS with a longer MaxWall"
+    assert doctorslurm.maxwall("slurm QOS normal", "2-00:00:00", JOBS, "p/config.yaml").line() == (
+        "slurm QOS normal MaxWall 2-00:00:00 | FAILED: 1 of 3 engine jobs ask more than 2-00:00:00 by their last "
+        f"attempt (largest 3000 min, run_engine; 1000 min at the first) | {fix}"
+    )
+    assert doctorslurm.maxwall("slurm QOS normal", "UNLIMITED", JOBS, "p").line() == (
+        "slurm QOS normal MaxWall UNLIMITED | ok")
+    short = doctorslurm.maxwall("slurm association a/p", "30:00", JOBS, "p").line()
+    assert "| FAILED: 3 of 3 engine jobs and every other job ask more than 30:00 by their last attempt" in short
+    assert short.endswith("; set runtime <= 30 for every other job in p, or ask for an association with a longer "
+                          "MaxWall")
+    assert doctorslurm.max_gpus("slurm QOS q", "cpu=64", JOBS) is None
+    assert doctorslurm.max_gpus("slurm QOS q", "gres/gpu=8", JOBS).line() == "slurm QOS q MaxTRES gres/gpu=8 | ok"
+    assert doctorslurm.max_gpus("slurm QOS q", "gres/gpu:h100=2", JOBS).line() == (
+        "slurm QOS q MaxTRES gres/gpu:h100=2 | FAILED: 2 of 3 engine jobs ask more GPUs (largest 4, run_engine) | "
+        "a smaller tensor_parallel_size, or a QOS / association allowing as many GPUs per job"
+    )
+    assert doctorslurm.max_submit("slurm QOS q", "MaxSubmitPU", "100", JOBS, 100, "p").line() == (
+        "slurm QOS q MaxSubmitPU 100 | ok"
+    )
+    assert doctorslurm.max_submit("slurm QOS q", "MaxSubmitPU", "50", JOBS, 100, "p/config.yaml").line() == (
+        "slurm QOS q MaxSubmitPU 50 | FAILED: Snakemake keeps up to 100 jobs submitted (the profile's jobs: 100; 3 "
+        "engine jobs), sbatch refuses those beyond 50 and Snakemake counts them failed (a warning: how many are "
+        "ready at once depends on the DAG) | set jobs: 50 (fewer if you run other jobs there) in p/config.yaml"
+    )
+    assert doctorslurm.max_submit("slurm QOS q", "MaxSubmitPU", "2", JOBS[:2], 100, "p").status == "ok"  # 2 jobs
+    # GPU-minutes: 4 x 3000 = 12000 for the largest job at its last attempt; 4000 + 2400 + 100 in flight.
+    assert doctorslurm.run_mins("slurm QOS q", "cpu=1", JOBS, 100) is None
+    assert doctorslurm.run_mins("slurm QOS q", "gres/gpu=20000", JOBS, 100).line() == (
+        "slurm QOS q GrpTRESRunMins gres/gpu=20000 (largest job 12000 GPU-min; 3 job(s) in flight: 6500 GPU-min) | ok"
+    )
+    assert doctorslurm.run_mins("slurm QOS q", "gres/gpu=13000", JOBS, 1).line() == (
+        "slurm QOS q GrpTRESRunMins gres/gpu=13000 (largest job 12000 GPU-min; 1 job(s) in flight: 4000 GPU-min) | ok"
+    )
+    assert doctorslurm.run_mins("slurm QOS q", "gres/gpu=5000", JOBS, 100).line() == (
+        "slurm QOS q GrpTRESRunMins gres/gpu=5000 | FAILED: a run_engine job asks 4 GPU(s) x 3000 min = 12000 "
+        "GPU-min, more than the whole budget: it never starts | lower max_runtime in the site block (or the GPUs "
+        "per job), or ask for a larger GrpTRESRunMins"
+    )
+    assert doctorslurm.run_mins("slurm QOS q", "gres/gpu=13000", JOBS * 3, 100).line() == (
+        "slurm QOS q GrpTRESRunMins gres/gpu=13000 (largest job 12000 GPU-min; 9 job(s) in flight: 19500 GPU-min; "
+        "beyond the budget they wait their turn) | ok"
+    )
+    assert doctorslurm.max_gpus("slurm QOS q", "gres/gpu=0", JOBS).status == "FAILED"  # no GPU at all
+    bad = {"MaxTRES": "gres/gpu=x", "MaxWall": "2 days", "MaxSubmitPU": "200"}
+    assert [r.line() for r in doctorslurm.limit_checks("slurm QOS q", bad, "MaxSubmitPU", JOBS, 100, "p")] == [
+        ("slurm QOS q MaxWall | skipped: sacctmgr's MaxWall='2 days' does not parse: invalid literal for int() with "
+         "base 10: '2 days'"),
+        ("slurm QOS q MaxTRES | skipped: sacctmgr's MaxTRES='gres/gpu=x' does not parse: TRES item 'gres/gpu=x' of "
+         "'gres/gpu=x': expected <name>=<count>"),
+        "slurm QOS q MaxSubmitPU 200 | ok",
+    ]  # fmt: skip
+    unset = doctorslurm.limit_checks("slurm QOS q", {"MaxWall": ""}, "MaxSubmitPU", JOBS, 1, "p")
+    assert [r.line() for r in unset] == [
+        "slurm QOS q: no MaxWall, GPU MaxTRES, MaxSubmitPU or GPU GrpTRESRunMins limit | ok"
+    ]
+
+
+def test_plan_jobs_are_the_job_asks_one_by_one() -> None:
+    config = load_config(REPO / "config" / "gpu-smoke.yaml")
+    plan = Plan(config)
+    profile = doctor.load_profile(REPO / "profiles" / "slurm")
+    jobs = doctorslurm.plan_jobs(config, plan, profile)
+    for ask in doctor.job_asks(config, plan, profile):
+        its = [j for j in jobs if j.rule == ask.rule]
+        assert (max(j.minutes for j in its), max(j.minutes_last for j in its), max(j.gpus for j in its)) == (
+            ask.minutes, ask.minutes_last, ask.gpus)  # fmt: skip
+        assert {j.partition for j in its} == {ask.partition} and {j.account for j in its} == {"my_account"}
+    engine = [j for j in jobs if j.count]
+    assert len(engine) == len(plan.groups) + len(plan.trace_groups) + len(plan.breakdown_groups) + len(
+        plan.server_groups)  # fmt: skip
+
+
+def _accounting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict,
+                profile: dict | None = None) -> doctor.Site:  # fmt: skip
+    """The gpu-smoke grid under profiles/slurm (a few engine jobs of 1 GPU h100, partition gpu,
+    account my_account) as user alice, sacctmgr answering ``data``."""
+    (tmp_path / "sacctmgr.json").write_text(json.dumps(data))
+    monkeypatch.setenv("SDBENCH_SACCTMGR_DATA", str(tmp_path / "sacctmgr.json"))
+    for var in ("LOGNAME", "USER"):
+        monkeypatch.setenv(var, "alice")
+    _path(monkeypatch, SLURM_DOUBLES)
+    site = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()),
+                 profile or doctor.load_profile(REPO / "profiles" / "slurm"))  # fmt: skip
+    site.profile_dir = Path("profiles/slurm")
+    return site
+
+
+def _site_checks(site: doctor.Site, partitions: dict) -> list[doctor.Result]:
+    return doctorslurm.site_checks(site.config, site.plan, site.profile, site.profile_dir, partitions)
+
+
+ALICE = {"User": "alice", "Account": "my_account", "Partition": "", "QOS": "normal,long", "DefaultQOS": "normal"}
+
+
+def _engine_jobs(site: doctor.Site) -> list[doctorslurm.Job]:
+    return [j for j in doctorslurm.plan_jobs(site.config, site.plan, site.profile) if j.count]
+
+
+def test_a_qos_maxwall_below_an_ask_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QOS MaxWall between the engine jobs' shortest and longest asks (at their last attempt)."""
+    site = _accounting(tmp_path, monkeypatch, {})
+    engine = _engine_jobs(site)
+    top = max(engine, key=lambda j: j.minutes_last)
+    limit = (min(j.minutes_last for j in engine) + top.minutes_last) // 2
+    over = sum(j.minutes_last > limit for j in engine)
+    assert 0 < over <= len(engine) and top.minutes < top.minutes_last  # retries: 2 in the profile
+    raw = f"{limit // 60:02d}:{limit % 60:02d}:00"  # sacctmgr's HH:MM:SS
+    data = {"assoc": [ALICE], "qos": [{"Name": "normal", "MaxWall": raw}, {"Name": "long"}]}
+    (tmp_path / "sacctmgr.json").write_text(json.dumps(data))
+    assert [r.line() for r in _site_checks(site, {"gpu": {"QoS": "N/A"}})] == [
+        "slurm association alice/my_account: no MaxWall, GPU MaxTRES, MaxSubmit or GPU GrpTRESRunMins limit | ok",
+        (f"slurm QOS normal MaxWall {raw} | FAILED: {over} of {len(engine)} engine jobs ask more than {raw} by "
+         f"their last attempt (largest {top.minutes_last} min, {top.rule}; {top.minutes} min at the first) | lower "
+         f"the site block's max_runtime of partition gpu to {limit} in profiles/slurm/config.yaml (engine groups "
+         "are split to fit), or ask for a QOS with a longer MaxWall"),
+    ]  # fmt: skip
+    site.profile = {**site.profile, "slurm-qos": "gold"}  # a QOS the database does not know
+    assert [r.line() for r in _site_checks(site, {})][-1] == (
+        "slurm QOS gold | FAILED: sacctmgr knows no such QOS (sbatch refuses the jobs) | set qos in "
+        "profiles/slurm/config.yaml to one of alice's: long, normal"
+    )
+    site.profile = {**site.profile, "default-resources": {"slurm_account": "other", "slurm_partition": "gpu"}}
+    assert _site_checks(site, {})[0].line() == (
+        "slurm association alice/other (partition gpu) | FAILED: sacctmgr lists no such association (sbatch refuses "
+        "its jobs) | set slurm_account in profiles/slurm/config.yaml to one of my_account"
+    )
+
+
+def test_limits_above_every_ask_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    limits = {"MaxWall": "3-00:00:00", "MaxTRES": "cpu=256,gres/gpu=8", "GrpTRESRunMins": "gres/gpu=1000000"}
+    data = {
+        "assoc": [{**ALICE, **limits, "MaxSubmit": "500"}],
+        "qos": [{"Name": "normal", **limits, "MaxTRES": "gres/gpu:h100=4", "MaxSubmitPU": "200"},
+                {"Name": "gpu-part", "MaxTRES": "gres/gpu=8"}],
+    }  # fmt: skip
+    site = _accounting(tmp_path, monkeypatch, data)
+    engine = _engine_jobs(site)
+    assert max(j.minutes_last for j in engine) < 3 * 1440 and {j.gpus for j in engine} == {1}
+    largest, asked = max(j.minutes_last for j in engine), sum(j.minutes for j in engine)
+    in_flight = f"(largest job {largest} GPU-min; {len(engine)} job(s) in flight: {asked} GPU-min)"
+    assert [r.line() for r in _site_checks(site, {"gpu": {"QoS": "gpu-part"}, "cpu": {"QoS": "N/A"}})] == [
+        "slurm association alice/my_account MaxWall 3-00:00:00 | ok",
+        "slurm association alice/my_account MaxTRES cpu=256,gres/gpu=8 | ok",
+        "slurm association alice/my_account MaxSubmit 500 | ok",
+        f"slurm association alice/my_account GrpTRESRunMins gres/gpu=1000000 {in_flight} | ok",
+        "slurm QOS gpu-part MaxTRES gres/gpu=8 | ok",
+        "slurm QOS normal MaxWall 3-00:00:00 | ok",
+        "slurm QOS normal MaxTRES gres/gpu:h100=4 | ok",
+        "slurm QOS normal MaxSubmitPU 200 | ok",
+        f"slurm QOS normal GrpTRESRunMins gres/gpu=1000000 {in_flight} | ok",
+    ]
+
+
+def test_accounting_without_sacctmgr_or_its_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    error = "You are not running a supported accounting_storage plugin\nOnly 'accounting_storage/slurmdbd' is "
+    error += "supported."
+    site = _accounting(tmp_path, monkeypatch, {"error": error})  # sacctmgr's words without a slurmdbd
+    assert [r.line() for r in _site_checks(site, {})] == [
+        ("slurm accounting limits (sacctmgr) | skipped: `sacctmgr show assoc` exited 1: You are not running a "
+         "supported accounting_storage plugin Only 'accounting_storage/slurmdbd' is supported.")
+    ]  # fmt: skip
+    _path(monkeypatch, tmp_path)  # no sacctmgr on PATH
+    assert [r.line() for r in _site_checks(site, {})] == [
+        "slurm accounting limits (sacctmgr) | skipped: sacctmgr is not on PATH: no accounting limits to check"
     ]
 
 

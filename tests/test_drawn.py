@@ -177,11 +177,12 @@ def _points() -> pd.DataFrame:
 
 
 # The verdict's colours (docs: README's verdict figure), and its rule on the 95% interval.
-VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0"}
+VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0", "flagged": "#fbe3a1"}
 
 
-def verdict_by_hand(low: float, high: float) -> str:
-    return "pays" if low > 1 else "loses" if high < 1 else "break-even"
+def verdict_by_hand(low: float, high: float, flagged: bool = False) -> str:
+    """A preempted, contaminated or hardware-mismatched point is flagged, whatever its interval."""
+    return "flagged" if flagged else "pays" if low > 1 else "loses" if high < 1 else "break-even"
 
 
 @covers("ext00_verdict")
@@ -203,9 +204,15 @@ def test_ext00_draws_a_square_per_point_with_its_speedup_and_verdict(tmp_path: P
     # The row the square is on reads as its method (the configured label, else the method's).
     assert got["label"].tolist() == [labels.get(m, styles[m].label) for m in got.index.get_level_values("series")]
     # Its colour is its verdict's, by the rule on the 95% interval: above 1 pays, below loses, else break-even.
-    rule = [verdict_by_hand(lo, hi) for lo, hi in zip(want["speedup_ci_low"], want["speedup_ci_high"])]
+    cells = _cells()  # the points' own flags, read off their cells: contaminated
+    bad = cells[cells["contaminated"].astype(bool)]  # (none of them preempted)
+    flagged = {(f"{m} / {d} / {e}", k, str(b)) for e, m, d, k, b in
+               zip(bad["engine"], bad["model"], bad["dataset"], bad["method"], bad["batch_size"])}  # fmt: skip
+    rule = [verdict_by_hand(lo, hi, key in flagged)
+            for lo, hi, key in zip(want["speedup_ci_low"], want["speedup_ci_high"], want.index)]  # fmt: skip
+    assert flagged and flagged <= set(want.index)
     assert got["color"].tolist() == [VERDICT_COLORS[v] for v in rule]
-    assert set(rule) == set(VERDICT_COLORS)  # the input has squares of all three
+    assert set(rule) == set(VERDICT_COLORS)  # the input has squares of all four
     assert got["note"].tolist() == rule
     taus = by(drawn, mark="text")
     for (dataset, method), rows in points.groupby(["dataset", "method"]):

@@ -341,3 +341,67 @@ def test_the_fig05_check_goes_class_by_class_and_bounds_a_sampled_class(full_run
         bad.loc[row, "y"] = 99.0
         with pytest.raises(AssertionError, match=message):
             drawncheck.check_fig05(full_run, scope, bad)
+
+
+def test_a_verdict_table_that_disagrees_with_the_rule_fails(run: Path) -> None:
+    """The verdict's table (not its figure) against the rule on the cell's interval: m-big's n-gram
+    at batch size 1 pays (1.5 [1.4, 1.6]); a table that says it loses fails."""
+    path = run / "results/tables/verdict.parquet"
+    table = pd.read_parquet(path)
+    at = (table["model"] == "m-big") & (table["method"] == "ngram-k3") & (table["load_kind"] == "batch size") \
+        & (table["load"] == 1)  # fmt: skip
+    assert table.loc[at, "verdict"].tolist() == ["pays"]
+    table.loc[at, "verdict"] = "loses"
+    table.to_parquet(path)
+    with pytest.raises(AssertionError, match="^verdict m-big / chat / vllm-cpu ngram-k3 bs1$"):
+        drawncheck.check_run(run)
+
+
+def _off(drawn: pd.DataFrame, mark: str, column: str, by: float) -> pd.DataFrame:
+    """``drawn`` with the first ``mark`` row's ``column`` moved by ``by``."""
+    bad = drawn.copy()
+    row = bad.index[bad["mark"] == mark][0]
+    bad.loc[row, column] = float(bad.loc[row, column]) + by
+    return bad
+
+
+def test_each_checked_value_fails_when_off_its_data(full_run: Path) -> None:
+    """Per check, a drawn table moved off its data fails and the honest one passes: a stage's share
+    of Fig. 3 by 1e-4 (a share is checked to 1e-6), each of Fig. 6's box and whisker ends, a point of
+    the cost figure (the production questions' lines). And ext16's table, whose joules per token are
+    NaN exactly where no meter was read: a metered cell marked not measured fails, as does the
+    unmetered cell (NaN) marked metered."""
+    paper = full_run / "results/paper"
+    for item, scope, check, mark, column, by, message in (
+        ("fig03_runtime_breakdown", "", drawncheck.check_fig03, "bar", "y", 1e-4, r"^fig03 \S+ bs1 \w+: drawn"),
+        *(("fig06_request_acceptance/grid", "grid", drawncheck.check_fig06, mark, column, 0.5, r"^fig06 .+: drawn")
+          for mark, column in (("box", "y"), ("box", "lo"), ("box", "hi"), ("whisker", "lo"), ("whisker", "hi"))),
+        ("ext07_cost", "", drawncheck.check_ext07, "line", "y", 1.0, r"^ext07 .+ batch_size=\d+: drawn"),
+    ):  # fmt: skip
+        drawn = drawncheck.read_drawn(paper / f"{item}.csv")
+        assert check(full_run, scope, drawn) > 0, item
+        with pytest.raises(AssertionError, match=message):
+            check(full_run, scope, _off(drawn, mark, column, by))
+    path = full_run / "results/tables/energy.parquet"
+    honest = pd.read_parquet(path)
+    drawn = drawncheck.read_drawn(paper / "ext16_energy_per_token.csv")
+    assert drawncheck.check_ext16(full_run, "", drawn) > 0
+    unmetered = honest.index[honest["energy_meter"] == "not measured"][0]
+    metered = honest.index[honest["energy_meter"] == "nvml"][0]
+    for row, meter in ((metered, "not measured"), (unmetered, "nvml")):
+        honest.assign(energy_meter=honest["energy_meter"].where(honest.index != row, meter)).to_parquet(path)
+        with pytest.raises(AssertionError, match=r"^ext16 \S+: meter$"):
+            drawncheck.check_ext16(full_run, "", drawn)
+
+
+def test_a_flagged_point_drawn_as_paying_fails(run: Path) -> None:
+    """m-big's n-gram at batch size 1 pays on its interval; once its cell is preempted the rule
+    makes it flagged, and a table (and square) that still say pays fail."""
+    assert drawncheck.verdict_rule(1.4, 1.6, flagged=True) == "flagged"
+    path = run / "results/tables/cells.parquet"
+    cells = pd.read_parquet(path)
+    at = (cells["model"] == "m-big") & (cells["method"] == "ngram-k3") & (cells["batch_size"] == 1)
+    cells["preempted"] = at
+    cells.to_parquet(path)
+    with pytest.raises(AssertionError, match="^verdict m-big / chat / vllm-cpu ngram-k3 bs1$"):
+        drawncheck.check_run(run)

@@ -124,6 +124,9 @@ def test_a_rapl_tree_with_a_wraparound_gives_the_same_joules_and_the_independent
     rapl = RaplMeter([root / "intel-rapl:0"])
     (root / "intel-rapl:0" / "energy_uj").write_text("8500000")
     assert rapl.read() == pytest.approx(9.5, rel=1e-12)
+    # A counter that did not move between readings (a call shorter than its update) adds 0 J, not a wrap.
+    assert rapl.read() == pytest.approx(9.5, rel=1e-12)
+    assert RaplMeter([root / "intel-rapl:0"]).read() == 0.0
 
 
 def test_without_a_meter_every_energy_column_says_not_measured_never_zero(tmp_path: Path) -> None:

@@ -86,12 +86,19 @@ def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
     assert 1.0 < point["goodput_ratio_ci_low"] <= 4.0 <= point["goodput_ratio_ci_high"]
     assert point["goodput_verdict"] == "pays"
     text = "\n".join(goodput_sections(server_points(cells).assign(load_kind="concurrency", load=2), {"ngram-k3": "n-gram"}))
-    assert "| no SD (req/s) | 0.5 |" in text and "| n-gram | 4.00 [" in text and "] pays |" in text
+    assert "| no SD (req/s) | 0.5 |" in text.splitlines()
+    # The SD row whole. SD's draws are all 2 req/s; no SD's are k / 4 s with k ~ Binomial(8, 1/4) good
+    # requests (each round holds one good of four): the ratio 8 / k is infinite at k = 0 (P = 10%, over
+    # the top 2.5%), and its 2.5% point is 8 / 5 (P(k >= 5) = 2.7%, P(k >= 6) = 0.4%).
+    assert "| n-gram | 4.00 [1.60, inf] pays |" in text.splitlines()
     # Without targets for the dataset: no goodput, and no verdict on it.
     bare = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {}, 42)
     assert server_points(bare).iloc[0]["goodput_verdict"] == "no targets"
     assert "no targets" in goodput_markdown(bare)
-    assert "| m | d | ngram-k3 | 2 | 100 / 2.5 / 420 | 2 [" in goodput_markdown(cells)
+    # Every SD request meets the targets in both rounds (walls 2 s): every draw is 8 / 4 s, the
+    # interval the point; no latency percentiles in this table.
+    assert "| m | d | ngram-k3 | 2 | 100 / 2.5 / 420 | 2 [2, 2] | 100% | – / – / – | – / – / – | – / – / – |" \
+        in goodput_markdown(cells).splitlines()  # fmt: skip
 
 
 def test_where_no_sd_meets_no_target_the_verdict_gives_sd_goodput_not_an_infinite_ratio() -> None:
@@ -119,3 +126,83 @@ def test_targets_are_global_or_per_dataset_and_a_stray_dataset_is_named() -> Non
                          "slo": {"datasets": {"c": {"ttft_ms": 1}}}}, "engines": {"e": {}}, "models": {},
               "datasets": {"a": {}, "b": {}}, "methods": {}}  # fmt: skip
     assert server_problems(config, frozenset()) == ["server.slo.datasets.c: not one of server.datasets (a, b)"]
+
+
+def test_the_ratio_interval_is_the_95_percent_one_of_the_draws_ratios() -> None:
+    from sdbench.analysis.goodput import ratio_interval
+
+    # Ratios 1, 2, ..., 1010 (in shuffled order): the inverted CDF's 2.5% point is the ceil(25.25) = 26th
+    # smallest, its 97.5% point the ceil(984.75) = 985th (a 90% interval would give 51 and 960).
+    ratios = np.random.default_rng(0).permutation(np.arange(1, 1011, dtype=float))
+    assert ratio_interval(ratios * 0.5, np.full(1010, 0.5)) == (26.0, 985.0)
+    # 0/0 is the same goodput (ratio 1), x/0 infinite: the bounds are draws, never interpolated.
+    assert ratio_interval([0.0] * 10 + [1.0] * 10, [0.0] * 20) == (1.0, math.inf)
+
+
+def test_the_bootstrap_resamples_rounds_their_walls_and_the_requests_within_a_round() -> None:
+    from sdbench.analysis.goodput import goodput_draws
+
+    # One good request per round, walls 1 s and 3 s: a draw is round 0 twice (2 / 2 s), round 1
+    # twice (2 / 6 s) or one of each (2 / 4 s); with the rounds or their walls left as they are,
+    # every draw would be 2 / 4 s.
+    draws = goodput_draws(np.array([True, True]), np.array([0, 1]), [1.0, 3.0], seed=1)
+    values, counts = np.unique(draws, return_counts=True)
+    assert values.tolist() == pytest.approx([1 / 3, 1 / 2, 1.0])
+    assert counts / len(draws) == pytest.approx([0.25, 0.5, 0.25], abs=0.04)  # 1/4, 1/2, 1/4 by hand
+    # One round of a good and a bad request (wall 1 s): the requests resampled give 0, 1 or 2 good.
+    draws = goodput_draws(np.array([True, False]), np.array([0, 0]), [1.0], seed=1)
+    values, counts = np.unique(draws, return_counts=True)
+    assert values.tolist() == [0.0, 1.0, 2.0]
+    assert counts / len(draws) == pytest.approx([0.25, 0.5, 0.25], abs=0.04)
+
+
+def test_the_goodput_verdict_per_method_on_hand_made_draws_and_its_whole_markdown_rows() -> None:
+    """No SD's 1,000 draws: 40 of 1.0, 920 of 0.5, 40 of 0.25 req/s; each SD cell's draws are one
+    value, so the ratios' 2.5% and 97.5% points (the 25th and 975th of 1,000) are by hand its value
+    over 1.0 and over 0.25 (a 90% interval, the 50th and 950th, would be its value over 0.5 twice)."""
+    from sdbench.analysis.verdict import goodput_sections, server_points
+
+    base_boot = [1.0] * 40 + [0.5] * 920 + [0.25] * 40
+    rows = [("none", "none", 0.5, base_boot)]
+    rows += [(method, sd, g, [g] * 1000) for method, sd, g in (("ngram-k3", "ngram", 2.0), ("eagle-k2", "eagle", 0.5),
+                                                               ("mtp-k1", "mtp", 0.2))]  # fmt: skip
+    cells = pd.DataFrame([dict(engine="e", model="m", dataset="d", method=method, sd_method=sd, concurrency=2,
+                               num_speculative_tokens=0 if sd == "none" else 3, tokens_per_s=100.0,
+                               tokens_per_s_min=90.0, tokens_per_s_max=110.0, mean_acceptance_length=2.0,
+                               goodput_rps=g, goodput_rps_boot=boot) for method, sd, g, boot in rows])  # fmt: skip
+    points = server_points(cells).set_index("method")
+    # n-gram: [2 / 1, 2 / 0.25] lies above 1; EAGLE: [0.5, 2] contains it; MTP: [0.2, 0.8] lies below.
+    bounds = ["goodput_ratio_ci_low", "goodput_ratio_ci_high"]
+    assert points.loc["ngram-k3", bounds].tolist() == [2.0, 8.0]
+    assert points.loc["eagle-k2", bounds].tolist() == [0.5, 2.0]
+    assert points.loc["mtp-k1", bounds].tolist() == pytest.approx([0.2, 0.8])
+    assert points["goodput_verdict"].to_dict() == {"ngram-k3": "pays", "eagle-k2": "break-even", "mtp-k1": "loses"}
+    text = goodput_sections(points.reset_index().assign(load_kind="concurrency", load=2),
+                            {"ngram-k3": "n-gram", "eagle-k2": "EAGLE", "mtp-k1": "MTP"})  # fmt: skip
+    assert text[2:8] == [
+        "| method | concurrency 2 |",
+        "|---|---|",
+        "| no SD (req/s) | 0.5 |",
+        "| EAGLE | 1.00 [0.50, 2.00] break-even |",
+        "| MTP | 0.40 [0.20, 0.80] loses |",
+        "| n-gram | 4.00 [2.00, 8.00] pays |",
+    ]
+
+
+def test_the_goodput_markdown_rows_cell_by_cell() -> None:
+    """The per-cell table of ``sdbench latency`` on a hand-made server table: each row as written by hand."""
+    by_metric = {"ttft": (12.345, 98.76, 150.4), "tpot": (2.0, 2.5, 3.25), "itl": (0.5, 1234.4, math.nan)}
+    pct = {f"{m}_p{p}_ms": v for m, values in by_metric.items() for p, v in zip((50, 90, 99), values)}
+    keys = dict(model="m", dataset="d", concurrency=4)
+    table = pd.DataFrame([
+        dict(keys, method="ngram-k3", slo_ttft_ms=100.0, slo_tpot_ms=2.5, slo_e2e_ms=math.nan, goodput_rps=1.23456,
+             goodput_rps_ci_low=1.1, goodput_rps_ci_high=1.4, slo_attainment=0.75, **pct),
+        dict(keys, method="none", slo_ttft_ms=math.nan, slo_tpot_ms=math.nan, slo_e2e_ms=math.nan,
+             goodput_rps=math.nan, goodput_rps_ci_low=math.nan, goodput_rps_ci_high=math.nan, slo_attainment=math.nan),
+    ])  # fmt: skip
+    rows = [line for line in goodput_markdown(table).splitlines() if line.startswith("| m |")]
+    assert rows == [
+        "| m | d | ngram-k3 | 4 | 100 / 2.5 / – | 1.23 [1.1, 1.4] | 75% | 12.3 / 98.8 / 150 | 2 / 2.5 / 3.25 "
+        "| 0.5 / 1234 / – |",
+        "| m | d | none | 4 | – / – / – | no targets | – | – / – / – | – / – / – | – / – / – |",
+    ]  # fmt: skip

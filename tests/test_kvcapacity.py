@@ -39,14 +39,33 @@ def _paper(tmp_path: Path, **top: object) -> Path:
     return path
 
 
-def test_speed_bench_32k_at_batch_64_is_refused_one_line_per_cell(tmp_path: Path) -> None:
+# The cells config/paper.yaml's expected residency trims (kv_residency: expected): SPEED-Bench's 32K
+# prompts at batch 16 and 64 and 8K at batch 64 do not fit even their prompts (16 x 32,768 = 524,288
+# and 64 x 8,192 = 524,288 tokens against about 431K-451K); the draft-model cells at batch 128 on
+# ShareGPT need 128 x (1,024 + 737 + 3) = 225,792 against 219,682.
+PAPER_TRIMMED = {
+    *(("vllm-0.11.1", "llama3.1-8b", f"speed-bench-throughput-{tier}", m, bs)
+      for tier, sizes in (("32k", (16, 64)), ("8k", (64,))) for bs in sizes for m in ("none", "ngram-k3", "eagle3-k3")),
+    ("vllm-0.26.0-dm", "qwen3-8b", "sharegpt", "dm-k3", 128),
+    ("vllm-0.26.0-dm", "qwen3-8b-thinking", "sharegpt", "dm-k3", 128),
+}  # fmt: skip
+
+
+def test_the_paper_grid_trims_what_its_expected_residency_cannot_hold(tmp_path: Path) -> None:
     config = load_config(ROOT / "config/paper.yaml")
+    assert config["kv_capacity"] == "trim" and config["kv_residency"] == "expected"
     short = kv_capacity_shortfalls(config)
+    assert set(short) == PAPER_TRIMMED
     line = short[("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-32k", "none", 64)]
-    assert "needs 2,359,296 KV tokens (batch 64 x (32768 prompt + 4096 max_tokens + 0)), capacity 450,907" in line
-    assert ("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-1k", "none", 64) not in short
-    # config/paper.yaml ships with the check off (its comment says why); refuse lists the cells.
-    assert config["kv_capacity"] == "off"
+    assert "needs 2,359,296 KV tokens (batch 64 x (32768 prompt + 4096 expected output + 0)), capacity 450,907" in line
+    dm = short[("vllm-0.26.0-dm", "qwen3-8b", "sharegpt", "dm-k3", 128)]
+    assert "needs 225,792 KV tokens (batch 128 x (1024 prompt + 737 expected output + 3)), capacity 219,682" in dm
+    # Counting every sequence at its whole budget refuses what the paper measured at batch 64-128.
+    budget = kv_capacity_shortfalls(load_config(_paper(tmp_path, kv_residency="max_tokens")))
+    assert len(budget) == 254 and set(short) <= set(budget)
+    line = budget[("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-32k", "none", 64)]
+    assert "needs 2,359,296 KV tokens (batch 64 x (32768 prompt + 4096 max_tokens + 0))" in line
+    assert ("vllm-0.11.1", "llama3.1-8b", "speed-bench-throughput-1k", "none", 64) not in budget
     proc = subprocess.run([SDBENCH, "check-config", str(_paper(tmp_path, kv_capacity="refuse"))],
                           capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 1
@@ -55,8 +74,19 @@ def test_speed_bench_32k_at_batch_64_is_refused_one_line_per_cell(tmp_path: Path
     assert any("llama3.1-8b/speed-bench-throughput-32k/eagle3-k3/bs16: needs 589,872" in x for x in lines)
 
 
+def test_expected_residency_reads_the_datasets_expected_lengths() -> None:
+    from sdbench.analysis.memory import residency_tokens
+
+    config = load_config(ROOT / "config/paper.yaml")
+    assert residency_tokens(config, "sharegpt") == (1024, 737, "expected output")
+    assert residency_tokens(config, "sharegpt-random") == (1024, 737, "expected output")  # its matched_to's prompt
+    assert residency_tokens(config, "speed-bench-throughput-32k") == (32768, 4096, "expected output")  # none stated
+    assert residency_tokens({**config, "run": {**config["run"], "ignore_eos": True}}, "gsm8k")[1] == 8192
+    assert residency_tokens({**config, "kv_residency": "max_tokens"}, "gsm8k") == (None, 8192, "max_tokens")
+
+
 def test_trim_drops_exactly_the_cells_that_cannot_fit(tmp_path: Path) -> None:
-    full = load_config(ROOT / "config/paper.yaml")
+    full = load_config(_paper(tmp_path, kv_capacity="off"))
     trimmed = load_config(_paper(tmp_path, kv_capacity="trim"))
     short = set(kv_capacity_shortfalls(full))
     kept = {(c.engine, c.model, c.dataset, c.method, c.batch_size) for c in cells(trimmed)}
@@ -73,6 +103,7 @@ def test_trim_drops_exactly_the_cells_that_cannot_fit(tmp_path: Path) -> None:
 
 def test_fig1_rings_preempted_cells(tmp_path: Path) -> None:
     from sdbench.analysis.endtoend import plot_throughput
+    from sdbench.drawn import drawn_path
 
     rows = [
         {"engine": "e", "model": "m", "dataset": "d", "method": method, "batch_size": bs, "tokens_per_s": t,
@@ -83,6 +114,18 @@ def test_fig1_rings_preempted_cells(tmp_path: Path) -> None:
     out = tmp_path / "fig1.png"
     plot_throughput(pd.DataFrame(rows), out)
     assert out.stat().st_size > 0
+    # The figure read back (its drawn table, beside the PNG): an orange square frame (matplotlib's
+    # darkorange, #ff8c00) on each preempted cell at batch 64, in both panels, at the cell's own
+    # value; none at batch 1, and no busy-machine ring.
+    drawn = pd.read_csv(drawn_path(out))
+    marks = drawn[drawn["mark"] == "preempted"]
+    got = sorted(zip(marks["ylabel"], marks["series"], marks["x"], marks["y"], marks["color"], marks["note"]))
+    note = "requests preempted (KV cache full)"
+    assert got == [("output tokens / s", "ngram", 64.0, 45.0, "#ff8c00", note),
+                   ("output tokens / s", "none", 64.0, 50.0, "#ff8c00", note),
+                   ("speedup over no SD", "ngram", 64.0, 0.9, "#ff8c00", note),
+                   ("speedup over no SD", "none", 64.0, 1.0, "#ff8c00", note)]  # fmt: skip
+    assert "ring" not in set(drawn["mark"])
 
 
 @pytest.mark.parametrize("mode", ["refuse", "trim", "off"])
@@ -98,7 +141,7 @@ def test_the_workflow_refuses_in_one_line_when_it_builds_the_dag(tmp_path: Path)
     refused = load_config(_paper(tmp_path, kv_capacity="refuse"))
     with pytest.raises(ConfigError) as err:
         refuse_kv_shortfalls(refused)
-    assert str(err.value).startswith("config: kv_capacity refuse: 254 cell(s) cannot fit the KV cache, first ")
+    assert str(err.value).startswith("config: kv_capacity refuse: 11 cell(s) cannot fit the KV cache, first ")
     assert "\n" not in str(err.value)
-    refuse_kv_shortfalls(load_config(ROOT / "config/paper.yaml"))  # shipped: off
+    refuse_kv_shortfalls(load_config(ROOT / "config/paper.yaml"))  # shipped: trim
     refuse_kv_shortfalls(load_config(ROOT / "config/gpu-smoke.yaml"))  # every cell fits

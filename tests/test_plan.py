@@ -36,8 +36,9 @@ def test_default_counts(default: Plan) -> None:
 
 
 def test_paper_counts(paper: Plan) -> None:
-    # The breakdown (Fig. 3a) re-runs 24 of the grid's cells in 4 groups, one per method.
-    assert len(paper.cells) == 786
+    # The breakdown (Fig. 3a) re-runs 24 of the grid's cells in 4 groups, one per method. 786 cells
+    # less the 11 its expected KV residency trims (tests/test_kvcapacity.py PAPER_TRIMMED).
+    assert len(paper.cells) == 775
     assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (46, 15, 4)
     assert len(paper.server_groups) == 4
     assert paper.model_dir("llama3.1-8b") == "resources/hub/llama3.1-8b"
@@ -165,10 +166,10 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
     config = paper_at_site.config
     limits = scheduling.site_limits(config)
     assert (limits.partition, limits.max_runtime, limits.gpus_per_node, limits.budget) == ("gpu", 2880, 8, 2304)
-    # The same cells; 46 engine groups before the split, 208 after it (by dataset, then by runs
+    # The same cells; 46 engine groups before the split, 196 after it (by dataset, then by runs
     # of batch sizes; runtimes estimated by sdbench.scheduling.estimate_breakdown).
     assert paper_at_site.cells == paper.cells
-    assert (len(paper.groups), len(paper_at_site.groups)) == (46, 208)
+    assert (len(paper.groups), len(paper_at_site.groups)) == (46, 196)
     assert sorted(c for cs in paper_at_site.groups.values() for c in cs) == sorted(paper.cells)
     asks = [
         *(scheduling.group_runtime_minutes(config, cs, a) for cs in paper_at_site.groups.values() for a in (1, 2, 3)),
@@ -183,9 +184,9 @@ def test_the_shipped_slurm_profile_limits_engine_jobs_to_2880_minutes(paper: Pla
         assert len(cells_) == 1 or scheduling.group_estimate_minutes(config, cells_) <= limits.budget
     # The plan says which groups were split, one line each, and which unsplit groups ask for the limit.
     splits = [n for n in paper_at_site.site_notes if n.startswith("site: engine group ")]
-    assert len(splits) == 24
-    assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 5,206 min > 2,304 = 80% of partition gpu's 2,880) " \
-           "split into 4 jobs: all.cnn (1,954), all.gsm8k (430), " in "\n".join(splits)  # fmt: skip
+    assert len(splits) == 26
+    assert "vllm-0.10.1.1/llama3-70b/eagle-k3/all (estimated 5,924 min > 2,304 = 80% of partition gpu's 2,880) " \
+           "split into 5 jobs: all.cnn (1,954), all.gsm8k (430), " in "\n".join(splits)  # fmt: skip
     # Trace and server groups fit: none asks for the limit.
     assert not [n for n in paper_at_site.site_notes if n.startswith(("site: trace group ", "site: server group "))]
 
@@ -194,19 +195,19 @@ def test_split_groups_keep_the_unsplit_engine_and_their_cells_paths(paper: Plan,
     cell = Cell("vllm-0.10.1.1", "qwen3-8b-thinking", "aime", "eagle3-k3", 2)
     assert paper.group_dir_of_cell(cell) == "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all"
     assert paper_at_site.group_dir_of_cell(cell) == (
-        "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.aime.bs1-2"
+        "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.aime.bs1-8"
     )
     gsm8k = Cell("vllm-0.10.1.1", "qwen3-8b-thinking", "gsm8k", "eagle3-k3", 8)  # a whole dataset fits one job
     assert paper_at_site.group_dir_of_cell(gsm8k) == (
         "results/engines/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3/all.gsm8k"
     )
-    group = EngineGroup("vllm-0.10.1.1", "qwen3-8b-thinking", "eagle3-k3", "all.aime.bs1-2")
+    group = EngineGroup("vllm-0.10.1.1", "qwen3-8b-thinking", "eagle3-k3", "all.aime.bs1-8")
     spec = paper_at_site.group_spec(group)
     # max_num_seqs of the unsplit group (its largest batch size): the same engine arguments.
-    assert spec["max_num_seqs"] == 128 and [s["cell"]["batch_size"] for s in spec["cells"]] == [1, 2]
+    assert spec["max_num_seqs"] == 128 and [s["cell"]["batch_size"] for s in spec["cells"]] == [1, 2, 4, 8]
     whole = EngineGroup("vllm-0.10.1.1", "qwen3-8b-thinking", "eagle3-k3", "all")
     assert "max_num_seqs" not in paper.group_spec(whole)  # unsplit specs (and digests) as before
-    assert "all.aime.bs1-2" in paper_at_site.shares and paper.shares == ["all", "all-temperature"]
+    assert "all.aime.bs1-8" in paper_at_site.shares and paper.shares == ["all", "all-temperature"]
     assert paper_at_site.group_checkpoint_dir(group) == (
         "results/engine_checkpoints/vllm-0.10.1.1/qwen3-8b-thinking/eagle3-k3"
     )
@@ -221,6 +222,7 @@ def test_a_cells_checkpoint_does_not_depend_on_the_site(paper: Plan, paper_at_si
     half = _with_profile("paper.yaml", "slurm")
     for partition in half["site"]["partitions"].values():
         partition["max_runtime"] = 1440
+    half["site"]["attempts"] = 4  # at 3, two single cells (4,955 min and more) could not finish
     at_1440 = Plan(half)
     plans = {"none": paper, "2880": paper_at_site, "1440": at_1440}
     # As a job builds it: the prompt tables of its group's datasets (fewer in a split group), the
@@ -238,9 +240,9 @@ def test_a_cells_checkpoint_does_not_depend_on_the_site(paper: Plan, paper_at_si
         return out
 
     found = {name: keys(plan) for name, plan in plans.items()}
-    assert len(found["none"]) == 786 and found["2880"] == found["none"] == found["1440"]
+    assert len(found["none"]) == 775 and found["2880"] == found["none"] == found["1440"]
     moved = [c for c in paper.cells if paper_at_site.group_dir_of_cell(c) != at_1440.group_dir_of_cell(c)]
-    assert moved  # cells whose group the edit re-splits (540 of 786): their jobs re-run and re-use them
+    assert moved  # cells whose group the edit re-splits (most of the 775): their jobs re-run and re-use them
 
 
 def test_the_cpu_profile_leaves_the_default_plan_alone(default: Plan) -> None:
@@ -254,8 +256,8 @@ def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
 
     assert main(["check-config", str(REPO / "config" / "paper.yaml"), "--profile", str(REPO / "profiles" / "slurm")]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 786 cells on 208 engine groups")
-    assert sum(line.startswith("site: engine group ") for line in lines) == 24
+    assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 775 cells on 196 engine groups")
+    assert sum(line.startswith("site: engine group ") for line in lines) == 26
     assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
     assert capsys.readouterr().out.endswith("valid; 107 cells on 21 engine groups\n")  # no site: no split
 
@@ -270,3 +272,40 @@ def test_one_published_dataset_leaves_out_the_policy_trained_on_another(default:
     sizes, policies = Plan(config).adaptive_options("published")
     assert sizes == [] and "combined:learned" not in policies
     assert {"combined:adaptive", "combined:trust", "combined:ngram-else-eagle"} <= set(policies)
+
+
+def test_what_cannot_finish_at_the_site_is_refused_before_any_job() -> None:
+    """A single cell estimated past max_runtime x attempts (resuming after each kill), or a trace or
+    server group past one max_runtime (neither resumes), is refused in one line."""
+    from sdbench.errors import ConfigError
+    from sdbench.scheduling import SiteLimits, Split, unfinishable
+
+    limits = SiteLimits("gpu", 1000, 8, attempts=3)
+    split = Split("e/m/k/all", 5000, (("all.d", 3001), ("all.d2", 2999)), (("e/m/d/k/bs64", 3001), ("e/m/d2/k/bs8", 3000)))
+    assert unfinishable(limits, [split], [("trace group e/m/k", 1000), ("server group e/m/k", 1001)]) == [
+        "cell e/m/d/k/bs64 (estimated 3,001 min) cannot finish in 3 attempt(s) of 1,000 min (site.attempts x "
+        "partition gpu's max_runtime)",
+        "server group e/m/k (estimated 1,001 min) cannot finish in one job of 1,000 min: it does not resume",
+    ]
+    assert unfinishable(SiteLimits("gpu", None, 8), [split], [("trace group e/m/k", 10**6)]) == []
+    # The shipped grid at its site: nothing past 2,880 x 3; at 1,440 x 3 two SPEED-Bench 1K cells at batch 64.
+    at_site = _with_profile("paper.yaml", "slurm")
+    assert at_site["site"]["attempts"] == 3 and Plan(at_site).cells
+    for partition in at_site["site"]["partitions"].values():
+        partition["max_runtime"] = 1440
+    with pytest.raises(ConfigError) as refused:
+        Plan(at_site)
+    assert str(refused.value) == (
+        "config: site: cell vllm-0.11.1/llama3.1-8b/speed-bench-throughput-1k/eagle3-k3/bs64 (estimated 4,955 min) "
+        "cannot finish in 3 attempt(s) of 1,440 min (site.attempts x partition gpu's max_runtime) (1 more like it: "
+        "sdbench check-config --profile lists them); drop it from the grid, or raise the limit or attempts")
+
+
+def test_the_shipped_profiles_state_their_attempts() -> None:
+    """``site.attempts`` is what the profile's ``retries`` gives a job (the rehearsal overlay, which
+    retries nothing, plans the real profile's attempts)."""
+    import yaml
+
+    for profile in ("slurm", "slurm-cpu"):
+        raw = yaml.safe_load((REPO / "profiles" / profile / "config.yaml").read_text())
+        assert _with_profile("config.yaml", profile)["site"]["attempts"] == raw["retries"] + 1, profile

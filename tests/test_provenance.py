@@ -151,6 +151,38 @@ def test_a_summary_row_says_whether_its_engine_was_a_rehearsal() -> None:
     assert summarise(keys, spec, calls.assign(measured=False), requests)["measured"].tolist() == [False]
 
 
+def test_a_server_cell_says_whether_its_client_was_a_rehearsal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server level loop (sdbench.engine.servegroup.measure_levels) writes its client's
+    ``measured`` into both of a cell's tables: False from a rehearsal's client, True from HTTP's."""
+    from types import SimpleNamespace
+
+    from sdbench.engine import servegroup
+    from sdbench.engine.counters import SDCounters
+    from sdbench.engine.loadgen import RequestResult
+
+    looked_up: list[bool] = []  # the hardware facts (seconds to gather) are not this test's
+    monkeypatch.setattr(servegroup, "provenance", lambda gpus, **kw: looked_up.append(gpus) or {"hardware": "h"})
+
+    def run_level(num_requests: int, round_: int, **level: object) -> tuple[list[RequestResult], float]:
+        results = [RequestResult(round_, i, f"r{i}", 3, 4, 0.0, 0.1, 0.4, 0.1, 2, [0.3]) for i in range(num_requests)]
+        return results, 1.0
+
+    server = SimpleNamespace(base_url="http://x", startup_s=1.0, check_alive=lambda: None)
+    spec = {"server": {"concurrency": [1], "rounds": 1, "requests_per_level": 2, "warmup_requests": 0}, "run": {},
+            "group": {"engine": "e", "model": "m", "method": "ngram-k3"},
+            "datasets": {"d": {"num_prompts": 1, "max_tokens": 4}},
+            "method": {"method": "ngram", "num_speculative_tokens": 3}}  # fmt: skip
+    prompts = {"d": pd.DataFrame({"request_id": ["r0"], "prompt_token_ids": [[1, 2, 3]]})}
+    for measured in (False, True):
+        counters = lambda url: SDCounters(0, 0, 0, ())  # noqa: E731
+        client = SimpleNamespace(run_level=run_level, read_metrics=counters, measured=measured)
+        tables = servegroup.measure_levels(server, spec, prompts, "disabled", client=client)  # type: ignore[arg-type]
+        (cell,) = tables.values()
+        assert cell["summary"]["measured"].tolist() == [measured]
+        assert cell["requests"]["measured"].tolist() == [measured, measured]
+    assert looked_up == [False, True]  # a rehearsal looks up no GPU
+
+
 def test_a_cost_model_fitted_from_rehearsal_steps_carries_the_flag(tmp_path: Path) -> None:
     from sdbench.simulator.costmodel import load_cost_model
 

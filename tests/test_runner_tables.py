@@ -296,3 +296,14 @@ def test_preempted_cells_and_the_speedups_over_them_are_flagged() -> None:
     assert not flagged[("ngram", 1)] and not flagged[("none", 1)]
     assert flagged[("none", 4)] and flagged[("ngram", 4)]  # the no-SD cell its speedup divides by
     assert flagged[("ngram", 8)] and not flagged[("none", 8)]  # its paired no-SD arm
+
+
+def test_a_speedup_over_a_contaminated_no_sd_cell_is_contaminated_too() -> None:
+    """A speedup divides by its no-SD cell: a busy machine under either arm flags the SD cell."""
+    flags = {("none", 1): True, ("ngram", 1): False, ("none", 4): False, ("ngram", 4): True, ("none", 8): False,
+             ("ngram", 8): False}  # fmt: skip
+    tps = {"none": 100.0, "ngram": 150.0}
+    table = join_cells([_summary(m, bs, tps[m]).assign(contaminated=busy) for (m, bs), busy in flags.items()], "none")
+    flagged = table.set_index(["method", "batch_size"])["contaminated"].to_dict()
+    assert flagged == {("ngram", 1): True, ("ngram", 4): True, ("ngram", 8): False,
+                       ("none", 1): True, ("none", 4): False, ("none", 8): False}  # fmt: skip

@@ -9,12 +9,14 @@ the client with `vllm bench serve`.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,50 @@ def test_sd_counters_from_the_prometheus_text() -> None:
     assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (60, 180, 156)
     assert c.accepted_per_pos == (58, 51, 47)
     assert parse_sd_counters("# no SD\nvllm:num_requests_running 0\n") == SDCounters(0, 0, 0, ())
+
+
+class _Stream:
+    """A streamed completion as the server sends it: server-sent events split across reads."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.status, self.content = 200, self
+        self.raw = "".join(f"data: {e}\n\n" for e in events).encode()
+
+    async def iter_any(self) -> AsyncIterator[bytes]:  # as aiohttp's StreamReader.iter_any
+        for i in range(0, len(self.raw), 7):  # events cut mid-line: the client must reassemble them
+            yield self.raw[i : i + 7]
+
+    async def __aenter__(self) -> _Stream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+def test_the_client_times_ttft_tpot_and_chunk_gaps_as_vllm_bench_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's ``calculate_metrics`` (vllm/benchmarks/serve.py): TPOT = (latency - TTFT) / (output
+    tokens - 1). Three chunks carry five tokens (SD accepts several a step); the clock reads 100.0 at
+    the send, 100.25, 100.5 and 101.0 at the chunks, 101.25 at the end of the stream."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from sdbench.engine import loadgen
+
+    def timed(clock: list[float], events: list[str]) -> loadgen.RequestResult:
+        monkeypatch.setattr(loadgen, "time", SimpleNamespace(perf_counter=iter(clock).__next__))
+        session = SimpleNamespace(post=lambda url, json: _Stream(events))
+        payload = loadgen._payload([1, 2, 3], 8, False, "m")
+        return asyncio.run(loadgen._one(session, "u", payload, 99.5, 0, 0, "r0"))
+
+    chunk = '{"choices": [{"text": "x"}]}'
+    usage = '{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": %d}}'
+    r = timed([100.0, 100.25, 100.5, 101.0, 101.25], [chunk] * 3 + [usage % 5, "[DONE]"])
+    assert (r.ttft_s, r.latency_s, r.start_s) == (0.25, 1.25, 0.5)
+    assert r.tpot_s == pytest.approx((1.25 - 0.25) / (5 - 1))  # 0.25 s per token after the first
+    assert (r.num_output_tokens, r.num_chunks, r.chunk_gaps_s) == (5, 3, [0.25, 0.5])
+    # One output token: no time per token (vLLM counts it 0 for goodput; the table keeps NaN).
+    one = timed([100.0, 100.25, 100.5], [chunk, usage % 1, "[DONE]"])
+    assert math.isnan(one.tpot_s) and (one.ttft_s, one.latency_s) == (0.25, 0.5)
 
 
 def test_server_command_line_spells_engine_arguments_as_flags() -> None:

@@ -18,6 +18,9 @@ def test_one_rule_for_every_item() -> None:
     assert vd.verdict(0.98, 1.02) == vd.BREAK_EVEN
     assert vd.verdict(0.7, 0.99) == vd.LOSES
     assert vd.verdict(float("nan"), 1.0) == vd.NO_INTERVAL
+    # The boundary: an interval that reaches 1 contains it, so pays / loses only strictly off 1.
+    assert vd.verdict(1.0, 1.2) == vd.BREAK_EVEN and vd.verdict(0.8, 1.0) == vd.BREAK_EVEN
+    assert vd.verdict(1.0, 1.0) == vd.BREAK_EVEN
     assert temperature.verdict is vd.verdict  # the temperature sweep judges with the same function
 
 
@@ -117,3 +120,54 @@ def test_cli_writes_table_markdown_and_a_readable_figure(tmp_path: Path) -> None
     assert width <= 3000 and width / height <= 4
     table = pd.read_parquet(out["parquet"])
     assert not math.isnan(table["largest_paying_load"].iloc[0])
+
+
+def test_where_sd_pays_in_time_an_even_energy_ratio_is_named_as_well_as_a_costly_one() -> None:
+    """Energy ratios by hand per point (SD's joules per token over no SD's, its 95% interval): n-gram
+    pays at batch 1 with 1 [0.95, 1.05] (even), at 4 with 0.8 [0.7, 0.9] (saves); EAGLE-3 pays at 1
+    with 1.3 [1.2, 1.4] (costs). Points that do not pay are never named."""
+    energy = {("ngram-k3", 1): (1.0, 0.95, 1.05), ("ngram-k3", 4): (0.8, 0.7, 0.9), ("ngram-k3", 8): (1.2, 1.1, 1.3),
+              ("eagle3-k3", 1): (1.3, 1.2, 1.4), ("eagle3-k3", 4): (1.0, 0.9, 1.1),
+              ("eagle3-k3", 8): (0.9, 0.8, 1.0)}  # fmt: skip
+    cells = _cells()
+    nan = (float("nan"),) * 3
+    ratios = [energy.get((m, b), nan) for m, b in zip(cells["method"], cells["batch_size"])]
+    cells[["energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high"]] = ratios
+    cells["energy_meter"] = "nvml"
+    points = vd.points_table(cells).set_index(["method", "load"])
+    assert points["energy"].to_dict() == {
+        ("eagle3-k3", 1): "costs", ("eagle3-k3", 4): "even", ("eagle3-k3", 8): "even",
+        ("ngram-k3", 1): "even", ("ngram-k3", 4): "saves", ("ngram-k3", 8): "costs"}  # fmt: skip
+    assert points.index[points["time_not_energy"]].tolist() == [("eagle3-k3", 1), ("ngram-k3", 1)]
+    lines = vd.time_not_energy_lines(points.reset_index(), {"ngram-k3": "n-gram k=3"})
+    assert lines == [
+        "- m / d (e), eagle3-k3 at batch size 1: pays in time (1.20x) but costs more energy per token "
+        "(energy ratio 1.30 [1.20, 1.40], nvml).",
+        "- m / d (e), n-gram k=3 at batch size 1: pays in time (2.00x) but saves no energy per token measurably "
+        "(energy ratio 1.00 [0.95, 1.05], nvml).",
+    ]  # fmt: skip
+
+
+def test_a_flagged_point_is_drawn_but_never_pays_nor_advised() -> None:
+    """Preempted, contaminated or hardware-mismatched points keep their speedup and interval but
+    are judged "flagged": the advice falls to the best clean method (here n-gram, 1.10x), or no SD."""
+    from sdbench.analysis.verdict import FLAGGED, advice, points_table, recommendations, verdict_markdown, lines_table
+
+    def cell(method: str, speedup: float, **flags: bool) -> dict:
+        return {"engine": "e", "model": "m", "dataset": "d", "method": method, "sd_method": method, "batch_size": 1,
+                "speedup": speedup, "speedup_ci_low": speedup - 0.05, "speedup_ci_high": speedup + 0.05,
+                "speedup_design": "paired", "mean_acceptance_length": 2.0, **flags}  # fmt: skip
+
+    cells = pd.DataFrame([cell("eagle3", 1.5, preempted=True), cell("ngram", 1.1),
+                          cell("eagle", 1.4, contaminated=True, hardware_mismatch=True)])  # fmt: skip
+    points = points_table(cells).set_index("method")
+    assert points["flags"].to_dict() == {"eagle": "contaminated, hardware mismatch", "eagle3": "preempted", "ngram": ""}
+    assert points["verdict"].to_dict() == {"eagle": FLAGGED, "eagle3": FLAGGED, "ngram": "pays"}
+    recs = recommendations(points.reset_index(), {})
+    assert recs[["use", "speedup"]].values.tolist() == [["ngram", 1.1]]
+    assert advice(recs) == ["m on d (e): batch size 1: ngram (1.10x)."]
+    text = verdict_markdown(points.reset_index(), lines_table(points.reset_index()), recs, {})
+    assert "- eagle3, m / d (e), batch size 1: 1.50x, preempted" in text
+    assert "| eagle3 | 1.50 [1.45, 1.55] flagged |" in text
+    alone = points_table(pd.DataFrame([cell("eagle3", 1.5, preempted=True)]))
+    assert advice(recommendations(alone, {})) == ["m on d (e): batch size 1: run without SD (no method pays)."]

@@ -81,6 +81,7 @@ PROVENANCE_COLUMNS = (
     "sdbench_version",
     "python_version",
     "code_digest",
+    "measurement_digest",
     "hostname",
     "cpu_model",
     "cpu_count",

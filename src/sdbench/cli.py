@@ -168,6 +168,15 @@ def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.doctor", "_cmd_doctor"))
 
 
+def _add_image_gate(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench image-gate`` (:mod:`sdbench.imagegate`)."""
+    p = subparsers.add_parser("image-gate", help="inside an engine image, before its engine jobs: GPU and driver")
+    p.add_argument("--image", required=True, help="the image's name (containers/images.yaml), e.g. sdbench-vllm-0.26.0")
+    p.add_argument("--rehearsal", action="store_true", help="a rehearsal: without nvidia-smi, pass and say so")
+    p.add_argument("--output", required=True, help="where the passed gate writes what it saw (JSON)")
+    p.set_defaults(func=lazy("sdbench.imagegate", "_cmd_image_gate"))
+
+
 def _add_rehearsal(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench rehearsal estimates|marks|prepare-dataset|standin-model`` (:mod:`sdbench.rehearsal.report`,
     :mod:`sdbench.rehearsal.prepare`)."""
@@ -248,6 +257,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "compare": _add_compare,
     "doctor": _add_doctor,
     "rehearsal": _add_rehearsal,
+    "image-gate": _add_image_gate,
 }
 # What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
 TOOLS = (

@@ -34,6 +34,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 PACKAGE = "sdbench"
@@ -118,15 +119,16 @@ def step_modules(*names: str) -> list[str]:
     return out
 
 
-def module_closure(*modules: str) -> list[str]:
+def module_closure(*modules: str, outside: Iterable[str] = ()) -> list[str]:
     """The given modules (see :func:`step_modules`) and every ``sdbench`` module they import,
-    transitively, sorted."""
+    transitively, sorted; a module in ``outside`` is left out with everything only it imports."""
     modules = tuple(step_modules(*modules))
+    stop = set(outside)
     seen: set[str] = set()
     todo = list(modules)
     while todo:
         name = todo.pop()
-        if name in seen:
+        if name in seen or name in stop:
             continue
         parsed = _parsed(name)
         if parsed is None:
@@ -181,22 +183,24 @@ def _write_cache(path: Path, key: str, digest: str) -> None:
         pass  # a read-only or full directory: the digest is still right, only not kept
 
 
-def code_digest(*modules: str) -> str:
-    """Short sha256 over the syntax trees of ``modules`` and their package imports."""
+def code_digest(*modules: str, outside: Iterable[str] = ()) -> str:
+    """Short sha256 over the syntax trees of ``modules`` and their package imports (but
+    ``outside``, see :func:`module_closure`)."""
     cache = _loaded_cache()
-    key = " ".join(modules)
+    outside = tuple(sorted(outside))
+    key = " ".join(modules) + "".join(f" !{name}" for name in outside)
     if cache is not None and key in cache[1]:
         return cache[1][key]
-    digest = _compute_digest(*modules)
+    digest = _compute_digest(*modules, outside=outside)
     if cache is not None:
         cache[1][key] = digest
         _write_cache(cache[0], key, digest)
     return digest
 
 
-def _compute_digest(*modules: str) -> str:
+def _compute_digest(*modules: str, outside: Iterable[str] = ()) -> str:
     h = hashlib.sha256()
-    for name in module_closure(*modules):
+    for name in module_closure(*modules, outside=outside):
         parsed = _parsed(name)
         assert parsed is not None
         h.update(name.encode() + b"\0" + parsed[0].encode() + b"\0")

@@ -22,6 +22,7 @@ Snakemake reads ``<PROFILE_DIR>/config.yaml``. What is checked:
 * with ``executor: slurm``: ``sinfo``/``scontrol`` answer, the profile's partitions exist, their
   MaxTime covers the longest runtime the plan asks (:mod:`sdbench.scheduling`, every retry
   included) and their GPUs (GRES) the ``gpu_model`` and tensor-parallel size of the engine jobs;
+  the QOS and association limits ``sacctmgr`` holds cover the jobs (:mod:`sdbench.doctorslurm`);
 * with CUDA engines: NVML's energy counter read around ~2 s of matmuls on the first GPU, printed
   as joules and mean watts (the meter of every timed call, :mod:`sdbench.engine.energy`).
 
@@ -38,7 +39,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -48,7 +48,18 @@ from typing import Any
 
 import yaml
 
-OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
+from sdbench.doctorcore import (  # the result line and helpers doctorslurm shares
+    OK,
+    Result,
+    failed,
+    ok,
+    parse_slurm_minutes,
+    profile_minutes,
+    set_resources,
+    skipped,
+)
+from sdbench.doctorcore import resource_map as _resource_map
+from sdbench.doctorcore import run_command as _run
 
 # Engine rules: they run in the engine's image and ask for GPUs and the plan's runtime
 # (workflow/rules/{runs,acceptance,breakdown,server}.smk).
@@ -64,7 +75,6 @@ DEFAULT_CONFIG = Path("config/config.yaml")
 # Minimum runtime versions Snakemake 9 accepts (snakemake/deployment/singularity.py, Singularity.check).
 MIN_APPTAINER = (1, 0, 0)
 MIN_SINGULARITY = (2, 4, 1)
-COMMAND_TIMEOUT = 60.0
 
 # Image -> (CUDA major version of its base image, minimum NVIDIA driver, where they come from).
 # The driver minimum is NVIDIA's for CUDA minor-version compatibility, "CUDA Toolkit 11.x, 12.x
@@ -84,54 +94,10 @@ IMAGE_CUDA: dict[str, tuple[int, str, str]] = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Result:
-    """One check's outcome: ``status`` is ``ok``, ``FAILED`` or ``skipped``."""
-
-    check: str
-    status: str
-    why: str = ""
-    fix: str = ""
-
-    @property
-    def failed(self) -> bool:
-        return self.status == FAILED
-
-    def line(self) -> str:
-        """``check | ok``, ``check | FAILED: why | how to fix`` or ``check | skipped: why``."""
-        if self.status == OK:
-            return f"{self.check} | ok"
-        if self.status == SKIPPED:
-            return f"{self.check} | skipped: {self.why}"
-        return f"{self.check} | FAILED: {self.why} | {self.fix}"
-
-
-def ok(check: str) -> Result:
-    return Result(check, OK)
-
-
-def failed(check: str, why: str, fix: str) -> Result:
-    return Result(check, FAILED, why, fix)
-
-
-def skipped(check: str, why: str) -> Result:
-    return Result(check, SKIPPED, why)
-
-
 def _version_tuple(text: str) -> tuple[int, ...]:
     """Leading dotted integers of ``text`` ("580.65.06" -> (580, 65, 6))."""
     match = re.match(r"\d+(?:\.\d+)*", text.strip())
     return tuple(int(p) for p in match.group(0).split(".")) if match else ()
-
-
-def _run(cmd: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd``; a missing binary or a timeout comes back as returncode 127 / 124."""
-    try:
-        return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        return subprocess.CompletedProcess(list(cmd), 127, "", f"{cmd[0]}: command not found")
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(list(cmd), 124, "", f"{cmd[0]}: no answer within {timeout:.0f} s")
 
 
 def _first_line(text: str) -> str:
@@ -233,29 +199,6 @@ def load_profile(profile_dir: Path | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of Snakemake options")
     return data
-
-
-def _resource_map(value: Any) -> dict[str, Any]:
-    """``default-resources`` as a mapping (a profile may give it as ``["key=value", ...]``)."""
-    if isinstance(value, Mapping):
-        return dict(value)
-    out: dict[str, Any] = {}
-    for item in value or []:
-        key, _, val = str(item).partition("=")
-        out[key.strip()] = yaml.safe_load(val) if val else None
-    return out
-
-
-def set_resources(profile: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``set-resources`` as rule -> mapping (also from the ``["rule:key=value", ...]`` form)."""
-    value = profile.get("set-resources") or {}
-    if isinstance(value, Mapping):
-        return {rule: dict(res or {}) for rule, res in value.items()}
-    out: dict[str, dict[str, Any]] = {}
-    for item in value:
-        rule, _, rest = str(item).partition(":")
-        out.setdefault(rule.strip(), {}).update(_resource_map([rest]))
-    return out
 
 
 def _plugins_named(profile: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -638,32 +581,6 @@ def download_dir(root: Path, repo: HubRepo) -> Path:
 # --- SLURM --------------------------------------------------------------------------------------
 
 
-def parse_slurm_minutes(text: str) -> float | None:
-    """A SLURM time limit in minutes; None for UNLIMITED/INFINITE.
-
-    Formats (sbatch(1) --time): minutes, minutes:seconds, hours:minutes:seconds, days-hours,
-    days-hours:minutes, days-hours:minutes:seconds.
-    """
-    text = text.strip()
-    if text.upper() in ("UNLIMITED", "INFINITE", ""):
-        return None
-    days = 0
-    if "-" in text:
-        d, text = text.split("-", 1)
-        days = int(d)
-        parts = [int(p) for p in text.split(":")]
-        h, m, s = (parts + [0, 0])[:3]
-    else:
-        parts = [int(p) for p in text.split(":")]
-        if len(parts) == 1:
-            h, m, s = 0, parts[0], 0
-        elif len(parts) == 2:
-            h, m, s = 0, parts[0], parts[1]
-        else:
-            h, m, s = parts[:3]
-    return days * 1440 + h * 60 + m + s / 60
-
-
 def slurm_partitions() -> dict[str, dict[str, str]] | str:
     """``scontrol show partition -o`` as name -> fields, or why SLURM did not answer."""
     out = _run(["scontrol", "show", "partition", "-o"])
@@ -692,20 +609,6 @@ def slurm_reachable() -> Result:
         return failed("slurm: sinfo answers", _first_line(out.stderr or out.stdout) or f"exit {out.returncode}",
                       "run on a login node of the cluster (sinfo, sbatch on PATH; SLURM_CONF if the site needs it)")
     return ok("slurm: sinfo answers")
-
-
-_UNITS = {"d": 1440, "h": 60, "m": 1, "min": 1, "s": 1 / 60}
-
-
-def profile_minutes(value: Any) -> int:
-    """A profile's ``runtime`` in minutes: a number, ``"90"``, ``"2h"``, ``"1h30m"`` or ``"1-00:00:00"``."""
-    if isinstance(value, (int, float)):
-        return int(value)
-    text = str(value).strip().replace(" ", "")
-    parts = re.findall(r"(\d+(?:\.\d+)?)(d|h|min|m|s)", text)
-    if parts and "".join(n + u for n, u in parts) == text:
-        return int(sum(float(n) * _UNITS[u] for n, u in parts))
-    return int(parse_slurm_minutes(text) or 0)
 
 
 @dataclass(frozen=True)
@@ -873,6 +776,15 @@ def config_check(site: Site) -> Result:
     check = f"config {site.config_path}"
     try:
         site.config = load_config(site.root / site.config_path)
+        if site.profile_dir is not None and site.profile.get("config"):  # a site's limits, as snakemake and
+            import yaml  # check-config apply them (the SLURM profiles' site block)
+
+            from sdbench.config import validate_config
+            from sdbench.workflow.plan import profile_config
+
+            raw = yaml.safe_load((site.root / site.config_path).read_text())
+            site.config = validate_config({**raw, **profile_config(str(site.profile_dir))},
+                                          source=f"{site.config_path} + {site.profile_dir}")  # fmt: skip
         site.plan = Plan(site.config)
     except (ValueError, OSError) as exc:  # a bad config (ConfigError): every error names its key
         from sdbench.cli import one_line
@@ -1106,7 +1018,9 @@ def slurm_checks(site: Site) -> list[Result]:
             for model in sorted(models, key=str):
                 need = max(a.gpus for a in gpu_asks if a.gpu_model == model)
                 results.append(partition_gpus(partition, gres, need, model))
-    return results
+    from sdbench import doctorslurm  # QOS and association limits (sacctmgr)
+
+    return results + doctorslurm.site_checks(site.config, site.plan, site.profile, site.profile_dir, partitions)
 
 
 def run_checks(site: Site) -> list[Result]:

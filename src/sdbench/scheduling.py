@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Iterable
 
+from sdbench.expectedlengths import DEFAULT_PROMPT_TOKENS, SIZING_KEYS, output_tokens, prompt_tokens  # noqa: F401
 from sdbench.grid import Cell
 
 # ----------------------------------------------------------------------------- constants
@@ -90,10 +91,6 @@ PREFILL_CHUNK_TOKENS = 8192
 # without SD), each step verifying 1 + k tokens per sequence and paying the drafter. An upper
 # bound whatever the acceptance.
 SD_TOKENS_PER_STEP = 1
-# A dataset entry without expected_prompt_tokens (nor max_prompt_tokens): an allowance.
-DEFAULT_PROMPT_TOKENS = 1024
-# Dataset keys that only size jobs: no job's params hold them, so editing them reruns nothing.
-SIZING_KEYS = frozenset({"expected_output_tokens", "expected_prompt_tokens"})
 SAFETY = 2.0
 MIN_MINUTES = 10
 MAX_MINUTES = 7 * 24 * 60
@@ -146,27 +143,6 @@ def cell_gpus(config: dict[str, Any], cell: Cell) -> int:
     if config["engines"][cell.engine]["device"] != "cuda":
         return 0
     return int(config["models"][cell.model].get("tensor_parallel_size", 1))
-
-
-def prompt_tokens(config: dict[str, Any], dataset: str) -> int:
-    """A dataset's expected prompt length: ``expected_prompt_tokens``, else its ``matched_to``
-    dataset's (random-token controls), else ``max_prompt_tokens``, else :data:`DEFAULT_PROMPT_TOKENS`."""
-    entry = config["datasets"][dataset]
-    if entry.get("expected_prompt_tokens"):
-        return int(entry["expected_prompt_tokens"])
-    if entry.get("matched_to") in config["datasets"]:
-        return prompt_tokens(config, entry["matched_to"])
-    return int(entry.get("max_prompt_tokens") or DEFAULT_PROMPT_TOKENS)
-
-
-def output_tokens(config: dict[str, Any], dataset: str, run: dict[str, Any] | None = None) -> int:
-    """A request's expected output length: ``max_tokens`` when outputs ignore EOS, else the
-    dataset's ``expected_output_tokens`` (the workload's mean, a stated estimate) within ``max_tokens``."""
-    entry = config["datasets"][dataset]
-    budget = int(entry["max_tokens"])
-    if (run if run is not None else config.get("run", {})).get("ignore_eos"):
-        return budget
-    return min(budget, int(entry.get("expected_output_tokens") or budget))
 
 
 def _cell_run(config: dict[str, Any], cell: Cell) -> dict[str, Any]:
@@ -624,11 +600,18 @@ class SiteLimits:
     partition: str
     max_runtime: int | None
     gpus_per_node: int | None
+    attempts: int = 1  # how many times a job may run (the profile's retries + 1)
 
     @property
     def budget(self) -> int | None:
         """The estimate (minutes) an engine job may have: :data:`SITE_MARGIN` of the limit."""
         return None if self.max_runtime is None else int(SITE_MARGIN * self.max_runtime)
+
+    @property
+    def reach(self) -> int | None:
+        """The most minutes a resumable job can get: the limit times its attempts (a killed cell
+        resumes from its progress, :mod:`sdbench.engine.progress`)."""
+        return None if self.max_runtime is None else self.max_runtime * self.attempts
 
 
 def _partition_number(entry: dict[str, Any], key: str) -> int | None:
@@ -651,7 +634,8 @@ def site_limits(config: dict[str, Any]) -> SiteLimits | None:
             f"(defined: {', '.join(sorted(partitions)) or 'none'})"
         )
     entry = partitions[name] or {}
-    return SiteLimits(name, _partition_number(entry, "max_runtime"), _partition_number(entry, "gpus_per_node"))
+    return SiteLimits(name, _partition_number(entry, "max_runtime"), _partition_number(entry, "gpus_per_node"),
+                      _partition_number(site, "attempts") or 1)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -732,6 +716,20 @@ def split_to_fit(
             Split(key, total, tuple((s, estimate(config, p)) for s, p in parts), tuple(oversized))
         )
     return dict(sorted(out.items())), splits
+
+
+def unfinishable(limits: SiteLimits, splits: list[Split], unsplit: list[tuple[str, int]]) -> list[str]:
+    """What cannot finish at the site, one line each: a single cell whose estimate is past the limit
+    times the attempts (it resumes from its progress after each kill), and a trace or server group
+    (``unsplit``: (name, estimate); neither resumes) past one limit."""
+    if limits.max_runtime is None:
+        return []
+    out = [f"cell {cell} (estimated {minutes:,} min) cannot finish in {limits.attempts} attempt(s) of "
+           f"{limits.max_runtime:,} min (site.attempts x partition {limits.partition}'s max_runtime)"
+           for split in splits for cell, minutes in split.oversized if minutes > (limits.reach or 0)]  # fmt: skip
+    out += [f"{name} (estimated {minutes:,} min) cannot finish in one job of {limits.max_runtime:,} min: it does "
+            "not resume" for name, minutes in unsplit if minutes > limits.max_runtime]  # fmt: skip
+    return out
 
 
 def site_problems(config: dict[str, Any], cells: list[Cell]) -> list[str]:

@@ -24,15 +24,21 @@ FAMILY_LABELS = {"none": "w/o SD", "ngram": "n-gram", "eagle": "EAGLE", "eagle3"
                  "mtp": "MTP", "medusa": "Medusa", "suffix": "suffix"}  # fmt: skip
 FAMILY_COLORS = {"none": "#444444", "ngram": "#e6821e", "eagle": "#1f6fb4", "eagle3": "#2ca02c",
                  "draft_model": "#8c52b8", "mtp": "#d62728", "medusa": "#e377c2"}  # fmt: skip
-VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0"}
+VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0", "flagged": "#fbe3a1"}
 STAGE_COLORS = {"propose": "#4c72b0", "verify": "#dd8452", "sample": "#55a868", "other": "#8c8c8c"}
 TOL = 1e-9  # drawn values are floats written to CSV and read back
 
 
 # ----------------------------------------------------------------------------- small helpers
-def verdict_rule(low: float, high: float) -> str:
-    """The verdict on a speedup's 95% interval: above 1 pays, below 1 loses, else break-even."""
-    return "pays" if low > 1 else "loses" if high < 1 else "break-even"
+def verdict_rule(low: float, high: float, flagged: bool = False) -> str:
+    """The verdict on a speedup's 95% interval: above 1 pays, below 1 loses, else break-even; a
+    point preempted, contaminated or measured on two kinds of machine is flagged, whatever its interval."""
+    return "flagged" if flagged else "pays" if low > 1 else "loses" if high < 1 else "break-even"
+
+
+def _flag(row: object, *columns: str) -> bool:
+    """Whether any of ``columns`` is true on ``row`` (absent or NaN: false)."""
+    return any(bool(getattr(row, c, False)) and getattr(row, c) == getattr(row, c) for c in columns)
 
 
 def method_label(sd_method: str, k: int | float | None) -> str:
@@ -131,7 +137,7 @@ def check_verdict(run: Path, scope: str, drawn: pd.DataFrame) -> int:
     texts = drawn[drawn["mark"] == "text"]
     for c in sd.itertuples(index=False):
         what = f"verdict {panel_of(c)} {c.method} bs{c.batch_size}"
-        rule = verdict_rule(c.speedup_ci_low, c.speedup_ci_high)
+        rule = verdict_rule(c.speedup_ci_low, c.speedup_ci_high, _flag(c, "preempted", "contaminated", "hardware_mismatch"))
         assert offline.loc[(c.engine, c.model, c.dataset, c.method, c.batch_size), "verdict"] == rule, what
         square = one(squares, what, panel=panel_of(c), xlabel="batch size", series=c.method, x=str(c.batch_size))
         close(square["y"], c.speedup, tol=0.0051, what=what)  # written with two decimals
@@ -149,7 +155,11 @@ def check_verdict(run: Path, scope: str, drawn: pd.DataFrame) -> int:
     for c in points.itertuples(index=False):
         what = f"verdict {panel_of(c)} {c.method} concurrency {c.concurrency}"
         b = base.loc[(c.engine, c.model, c.dataset, c.concurrency)]
-        rule = verdict_rule(c.tokens_per_s_min / b["tokens_per_s_max"], c.tokens_per_s_max / b["tokens_per_s_min"])
+        kind = lambda h: str(h).split(", driver ")[0]  # noqa: E731 - the board and its memory, or the CPU
+        apart = kind(getattr(c, "hardware", "")) != kind(b.get("hardware", "")) and getattr(c, "hardware", "") and b.get("hardware", "")
+        tainted = _flag(c, "contaminated") or bool(b.get("contaminated", False))
+        rule = verdict_rule(c.tokens_per_s_min / b["tokens_per_s_max"], c.tokens_per_s_max / b["tokens_per_s_min"],
+                            bool(tainted or apart))  # fmt: skip
         square = one(squares, what, panel=panel_of(c), xlabel="concurrency", series=c.method, x=str(c.concurrency))
         close(square["y"], c.tokens_per_s / b["tokens_per_s"], tol=0.0051, what=what)
         assert square["color"] == VERDICT_COLORS[rule], f"{what}: colour {square['color']}, rule {rule}"

@@ -23,9 +23,7 @@ rule trace_group:
         mem_mb=trace_group_mem_mb,
         runtime=trace_group_runtime,
     params:
-        code=code_digest(
-            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
-        ),
+        code=MEASUREMENT_CODE,
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.trace_group_spec(_trace_group(w))),
         drafter=drafter_arg,
@@ -49,7 +47,7 @@ rule trace_cell:
         "logs/trace_cell/{engine}/{model}/{dataset}/{method}.log",
     localrule: True
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=MEASUREMENT_CODE,
     shell:
         "sdbench trace-tables --group-dir {input} --dataset {wildcards.dataset} "
         "--trace {output.trace} --requests {output.requests} > {log} 2>&1"

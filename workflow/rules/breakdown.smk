@@ -24,9 +24,7 @@ rule breakdown_group:
         mem_mb=breakdown_group_mem_mb,
         runtime=breakdown_group_runtime,
     params:
-        code=code_digest(
-            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
-        ),
+        code=MEASUREMENT_CODE,
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.breakdown_group_spec(_group(w))),
         drafter=drafter_arg,
@@ -49,7 +47,7 @@ rule breakdown_cell:
         "logs/breakdown_cell/{engine}/{model}/{dataset}/{method}/bs{batch_size}.log",
     localrule: True
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=MEASUREMENT_CODE,
         outdir=subpath(output.summary, parent=True),
     shell:
         "sdbench cell-tables --steps --group-dir {input} --method {wildcards.method} "

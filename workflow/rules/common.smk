@@ -14,6 +14,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 from sdbench import scheduling
 from sdbench.analysis.memory import refuse_kv_shortfalls
 from sdbench.codedigest import code_digest, use_cache
+from sdbench.engine.scope import measurement_digest
 from sdbench.config import validate_config
 from sdbench.containers import image_identity, refuse_stale_images
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
@@ -101,6 +102,10 @@ REHEARSAL_PREPARE = PLAN.rehearsal_prepare_arg()
 # The rehearsal's code (the package, reached by name from the engine code) joins the code digests of
 # the engine, prompt and model rules in a rehearsal only: a measured run's jobs never rerun for it.
 REHEARSAL_CODE = ("sdbench.rehearsal",) if PLAN.rehearsal else ()
+# What engine jobs (and their checkpoints) are keyed on: the measurement's code only
+# (sdbench.engine.scope), so an edit of a trainer, a tracer or an analysis measures nothing again.
+MEASUREMENT_CODE = measurement_digest(rehearsal=PLAN.rehearsal)
+SERVER_MEASUREMENT_CODE = measurement_digest(rehearsal=PLAN.rehearsal, server=True)
 CELLS = PLAN.cells
 TRACE_SETTINGS = PLAN.trace_settings
 BLEU = PLAN.bleu or {}

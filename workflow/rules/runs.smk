@@ -34,9 +34,7 @@ rule run_engine:
         mem_mb=group_mem_mb,
         runtime=group_runtime,
     params:
-        code=code_digest(
-            "sdbench.engine.cli", "sdbench.engine.commands", *REHEARSAL_CODE
-        ),
+        code=MEASUREMENT_CODE,
         image=cell_image,
         spec=group_spec,
         drafter=drafter_arg,
@@ -59,7 +57,7 @@ rule run_cell:
     priority: lambda w: PLAN.cell_priority(_cell(w))
     localrule: True
     params:
-        code=code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        code=MEASUREMENT_CODE,
         outdir=subpath(output.summary, parent=True),
     shell:
         "sdbench cell-tables --group-dir {input} --method {wildcards.method} "

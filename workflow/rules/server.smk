@@ -4,7 +4,7 @@
 
 rule serve_group:
     input:
-        unpack(lambda w: PLAN.server_inputs(w.model, w.method)),
+        unpack(lambda w: PLAN.server_inputs(w.engine, w.model, w.method)),
         model=target_dir,
     output:
         directory(P.SERVER_GROUP_DIR),
@@ -24,13 +24,7 @@ rule serve_group:
         mem_mb=server_mem_mb,
         runtime=server_runtime,
     params:
-        code=code_digest(
-            "sdbench.engine.cli",
-            "sdbench.engine.servegroup",
-            "sdbench.engine.server",
-            "sdbench.engine.loadgen",
-            *REHEARSAL_CODE,
-        ),
+        code=SERVER_MEASUREMENT_CODE,
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.server_group_spec(_server_group(w))),
         prompts=server_prompts_arg,

@@ -7,6 +7,7 @@ batch size. Figures are drawn from the joined table only.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,7 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
         out.loc[paired, "speedup_design"] = "paired"
     out.loc[out["method"] == baseline, "speedup_design"] = ""
     check_layouts(out)
-    check_hardware(out, "_base_hardware", independent=out["speedup_design"] == "independent")
+    out["hardware_mismatch"] = check_hardware(out, "_base_hardware", independent=out["speedup_design"] == "independent")
     out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
         False
     ).astype(bool)
@@ -124,19 +125,36 @@ def check_layouts(cells: pd.DataFrame) -> None:
         )
 
 
-def check_hardware(cells: pd.DataFrame, base: str, independent: pd.Series, load: str = "batch_size") -> None:
-    """Refuse a speedup whose two arms were measured on different hardware (``hardware``: GPU
-    boards, memory, driver, CPU; sdbench.engine.hardware.provenance) in separate jobs; ``base``
-    names the no-SD arm's column, ``independent`` the rows whose arms ran apart (paired arms share
-    one process). One line naming the cell and both."""
-    found = _mismatched(cells, "hardware", base, independent, load)
-    if found:
-        name, row, count = found
-        raise ValueError(
-            f"cell {name}: its speedup divides a cell measured on [{row['hardware']}] by a no-SD cell measured "
-            f"on [{row[base]}]; both arms must run on the same hardware, or in one job "
-            f"(run.paired_baseline) ({count} such cell(s))"
-        )
+# Re-measures, on the kind of node the engine jobs now get, every cell measured on another kind
+# (sdbench.engine.groups.reusable_cells): the arms of a marked pair then share one kind.
+REMEASURE_OTHER_HARDWARE = "SDBENCH_REMEASURE_OTHER_HARDWARE=1 snakemake --forcerun run_engine"
+
+
+def hardware_kind(label: object) -> str:
+    """The part of a ``hardware`` label a number depends on (sdbench.engine.hardware.hardware_class):
+    the GPU boards with their memory and count, or the CPU; not the driver, which is provenance."""
+    label = "" if label is None or label != label else str(label)  # NaN: unknown
+    return label if label.startswith("CPU ") else label.split(", driver ")[0]
+
+
+def check_hardware(cells: pd.DataFrame, base: str, independent: pd.Series, load: str = "batch_size") -> pd.Series:
+    """The rows whose two arms were measured in separate jobs on different kinds of machine
+    (:func:`hardware_kind` of ``hardware``: GPU boards and memory, or the CPU; another driver is
+    the same kind); ``base`` names the no-SD arm's column, ``independent`` the rows whose arms ran
+    apart (paired arms share one process). Such a speedup is no measurement of either machine:
+    the caller marks it (``hardware_mismatch``) and keeps it out of the verdict and advice. One
+    line on stderr names the first, how many, and the command that re-measures them."""
+    kinds, base_kinds = cells["hardware"].map(hardware_kind), cells[base].map(hardware_kind)
+    mismatch = independent & (kinds != "") & (base_kinds != "") & (kinds != base_kinds)
+    if mismatch.any():
+        row = cells[mismatch].iloc[0]
+        short = {"batch_size": "bs", "concurrency": "c"}[load]
+        name = "/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/{short}{row[load]}"
+        print(f"warning: cell {name}: SD measured on [{hardware_kind(row['hardware'])}], its no-SD arm on "
+              f"[{hardware_kind(row[base])}]: marked hardware_mismatch, kept out of the verdict "
+              f"({int(mismatch.sum())} such cell(s)); to measure both arms on one kind of node: "
+              f"{REMEASURE_OTHER_HARDWARE}, or measure in pairs (run.paired_baseline)", file=sys.stderr)  # fmt: skip
+    return mismatch
 
 
 def generation_length_table(requests: pd.DataFrame) -> pd.DataFrame:
@@ -465,6 +483,27 @@ def plot_acceptance_per_position(cells: pd.DataFrame, out_png: str | Path) -> pd
     return save_png(fig, out_png, dpi=dpi)
 
 
+def stale_scope_note(cells: pd.DataFrame) -> str | None:
+    """One line naming the cells measured under another measurement scope than this checkout's
+    (``measurement_digest``, sdbench.engine.scope; a rehearsal's against the rehearsal's scope),
+    and the command that measures exactly those again; None when every cell is current. Their
+    numbers stay in the tables: they are measurements of the older code."""
+    from sdbench.engine.scope import REMEASURE_COMMAND, measurement_digest, stale_cells
+
+    recorded = cells.get("measurement_digest", pd.Series([""] * len(cells), index=cells.index)).fillna("")
+    measured = cells.get("measured", pd.Series([True] * len(cells), index=cells.index)).fillna(True).astype(bool)
+    current = {flag: measurement_digest(rehearsal=not flag) for flag in set(measured)}
+    names = ["/".join(str(row[k]) for k in ("engine", "model", "dataset", "method")) + f"/bs{row['batch_size']}"
+             for _, row in cells.iterrows()]  # fmt: skip
+    stale = [n for flag in current for n in stale_cells(
+        [(n, d) for n, d, m in zip(names, recorded, measured) if m == flag], current[flag])]  # fmt: skip
+    if not stale:
+        return None
+    now = ", ".join(sorted(current.values()))
+    return (f"warning: {len(stale)} of {len(cells)} cells were measured under another measurement scope than this "
+            f"checkout's ({now}), e.g. {sorted(stale)[0]}; to measure exactly those again: {REMEASURE_COMMAND}")
+
+
 def _cmd_aggregate(args: argparse.Namespace) -> int:
     import json
 
@@ -475,6 +514,9 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
     summaries = [read_parquet(p, what="summary table") for p in args.summaries]
     cells = mark_sweeps(join_cells(summaries, args.baseline), json.loads(args.sweeps))
     write_parquet(cells, args.cells)
+    note = stale_scope_note(cells)
+    if note:
+        print(note, file=sys.stderr)
     if args.speedups_md:
         write_text(speedup_markdown(cells), args.speedups_md)
     if not by_requests:

@@ -685,13 +685,31 @@ def _engine_kv(engine: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def residency_tokens(config: dict[str, Any], dataset_key: str) -> tuple[int | None, int, str]:
+    """(prompt, output, basis) tokens one sequence of a dataset holds in the KV cache, by the
+    config's ``kv_residency``: ``expected`` (the default) counts the expected prompt
+    (``expected_prompt_tokens``, its ``matched_to``'s, else the longest: :func:`_prompt_tokens`) and the expected output
+    (:func:`sdbench.expectedlengths.output_tokens`: ``expected_output_tokens`` within ``max_tokens``, the
+    budget where outputs ignore EOS or none is stated), what a batch holds while it runs; ``max_tokens``
+    the longest prompt and the whole budget, what no sequence can exceed."""
+    from sdbench.expectedlengths import output_tokens
+
+    dataset = config["datasets"][dataset_key]
+    if config.get("kv_residency", "expected") == "max_tokens":
+        return _prompt_tokens(dataset), int(dataset["max_tokens"]), "max_tokens"
+    matched = config["datasets"].get(dataset.get("matched_to") or "", {})  # a random-token control's
+    stated = dataset.get("expected_prompt_tokens") or matched.get("expected_prompt_tokens")
+    return (int(stated) if stated else _prompt_tokens(dataset)), output_tokens(config, dataset_key), "expected output"
+
+
 def kv_capacity_shortfalls(config: dict[str, Any]) -> dict[tuple[str, str, str, str, int], str]:
     """Cells of a validated config whose batch cannot fit the engine's KV cache -> why, one line each.
 
-    Needed: ``batch_size`` sequences of (longest prompt + ``max_tokens`` + k lookahead), each
-    capped at the model's ``max_model_len``; capacity: :func:`sdbench.analysis.memory.kv_capacity`
-    with the drafter's KV for SD cells. Cells whose capacity or model architecture is unknown
-    (a model built locally, a cuda engine without ``device_memory_gib``) are not judged.
+    Needed: ``batch_size`` sequences of (prompt + output + k lookahead) tokens
+    (:func:`residency_tokens`), each capped at the model's ``max_model_len``; capacity:
+    :func:`sdbench.analysis.memory.kv_capacity` with the drafter's KV for SD cells. Cells whose
+    capacity or model architecture is unknown (a model built locally, a cuda engine without
+    ``device_memory_gib``) are not judged.
     """
     import functools
 
@@ -732,9 +750,8 @@ def kv_capacity_shortfalls(config: dict[str, Any]) -> dict[tuple[str, str, str, 
                     continue
                 k = int(method.get("num_speculative_tokens", 0))
                 for dataset_key in block["datasets"]:
-                    dataset = config["datasets"][dataset_key]
-                    prompt = _prompt_tokens(dataset)
-                    per_seq = (prompt or 0) + int(dataset["max_tokens"]) + k
+                    prompt, output, basis = residency_tokens(config, dataset_key)
+                    per_seq = (prompt or 0) + output + k
                     if model.get("max_model_len"):
                         per_seq = min(per_seq, int(model["max_model_len"]))
                     for bs in block["batch_sizes"]:
@@ -744,7 +761,7 @@ def kv_capacity_shortfalls(config: dict[str, Any]) -> dict[tuple[str, str, str, 
                         prompt_text = f"{prompt} prompt" if prompt is not None else "prompt length unknown, counted as 0"
                         out[(block["engine"], model_key, dataset_key, method_key, int(bs))] = (
                             f"{block['engine']}/{model_key}/{dataset_key}/{method_key}/bs{bs}: needs {needed:,} KV "
-                            f"tokens (batch {bs} x ({prompt_text} + {dataset['max_tokens']} max_tokens + {k})), "
+                            f"tokens (batch {bs} x ({prompt_text} + {output} {basis} + {k})), "
                             f"capacity {cap.capacity_tokens:,} ({cap.kv_cache_gib:.1f} GiB at "
                             f"{cap.per_token_kib:.0f} KiB/token: {cap.how})"
                         )

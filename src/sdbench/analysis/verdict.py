@@ -53,6 +53,9 @@ from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
 PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
+# A point measured under a condition that makes it no measurement of the load it names: drawn and
+# marked, never judged "pays" nor the base of a recommendation (:func:`point_flags`).
+FLAGGED = "flagged"
 NO_TARGETS = "no targets"  # goodput's verdict where the config set no latency target (server.slo)
 NEITHER = "neither meets"  # goodput's verdict where no request of either arm met every target
 RULE = (
@@ -63,7 +66,7 @@ LINE = ["engine", "model", "dataset", "method", "load_kind"]
 POINT_COLUMNS: tuple[str, ...] = (
     "engine", "model", "dataset", "method", "sd_method", "num_speculative_tokens", "load_kind", "load", "speedup",
     "speedup_ci_low", "speedup_ci_high", "speedup_min", "speedup_max", "interval", "mean_acceptance_length",
-    "preempted", "verdict",
+    "preempted", "flags", "verdict",
     # Energy (offline; sdbench.analysis.energy) and goodput under the latency targets (server mode).
     "energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high", "energy_meter", "energy", "time_not_energy",
     "goodput_rps", "baseline_goodput_rps", "goodput_ratio", "goodput_ratio_ci_low", "goodput_ratio_ci_high",
@@ -88,6 +91,20 @@ def verdict(low: float | None, high: float | None) -> str:
     if high < 1.0:
         return LOSES
     return BREAK_EVEN
+
+
+def point_flags(preempted: pd.Series, contaminated: pd.Series, mismatch: pd.Series) -> list[str]:
+    """Why each point is no clean measurement of its load, comma-separated ("" when it is):
+    ``preempted`` (requests waited for KV cache: part of the batch was not running),
+    ``contaminated`` (the quiet guard saw other work during the timed part, either arm),
+    ``hardware mismatch`` (its arms ran on different kinds of machine)."""
+    names = ("preempted", "contaminated", "hardware mismatch")
+    columns = [c.fillna(False).astype(bool).tolist() for c in (preempted, contaminated, mismatch)]
+    return [", ".join(n for n, on in zip(names, row) if on) for row in zip(*columns)]
+
+
+def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+    return frame[name] if name in frame else pd.Series(False, index=frame.index)
 
 
 def crossing(loads: list[float], values: list[float]) -> str:
@@ -122,18 +139,21 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         "speedup_min": float("nan"), "speedup_max": float("nan"),
         "interval": BOOTSTRAP, "mean_acceptance_length": sd["mean_acceptance_length"],
         # Requests of the cell (or of its no-SD arm) waited for KV cache: the batch was not all running.
-        "preempted": sd["preempted"].fillna(False).astype(bool) if "preempted" in sd else False,
+        "preempted": _column(sd, "preempted").fillna(False).astype(bool),
+        "flags": point_flags(_column(sd, "preempted"), _column(sd, "contaminated"), _column(sd, "hardware_mismatch")),
         **{c: sd[c] if c in sd else nan for c in ENERGY_POINT_COLUMNS},
     }))  # fmt: skip
     if server is not None and len(server):
         frames.append(server_points(server))
     out = pd.concat(frames, ignore_index=True)
     out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
+    out.loc[out["flags"] != "", "verdict"] = FLAGGED
     out = judge_energy(out)
     for column in POINT_COLUMNS[POINT_COLUMNS.index("goodput_rps"):]:  # server points only
         if column not in out:
             out[column] = float("nan")
     out["goodput_verdict"] = out["goodput_verdict"].fillna("").astype(str)
+    out.loc[(out["flags"] != "") & (out["goodput_verdict"] != ""), "goodput_verdict"] = FLAGGED
     return conform(out.sort_values([*LINE, "load"], kind="stable").reset_index(drop=True), POINT_COLUMNS, "verdict points")
 
 
@@ -186,12 +206,16 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
     for column, default in (("goodput_rps", float("nan")), ("goodput_rps_boot", None)):
         if column not in server:
             server[column] = [default] * len(server)
+    if "contaminated" not in server:
+        server = server.assign(contaminated=False)
     base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max",
-                                                  "hardware", "goodput_rps", "goodput_rps_boot"]]  # fmt: skip
+                                                  "hardware", "goodput_rps", "goodput_rps_boot", "contaminated"]]  # fmt: skip
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
     # Each method's server is a job of its own (sdbench.servermode): its arms may have run apart.
-    check_hardware(sd, "base_hardware", independent=pd.Series(True, index=sd.index), load="concurrency")
+    mismatch = check_hardware(sd, "base_hardware", independent=pd.Series(True, index=sd.index), load="concurrency")
+    contaminated = _column(sd, "contaminated").fillna(False).astype(bool) | _column(sd, "base_contaminated").fillna(
+        False).astype(bool)  # fmt: skip
     return pd.DataFrame({
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),
@@ -202,6 +226,7 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
         "speedup_max": sd["tokens_per_s_max"] / sd["base_tokens_per_s_min"],
         "interval": ROUNDS, "mean_acceptance_length": sd["mean_acceptance_length"],
         "preempted": False,  # the server table does not count preemptions
+        "flags": point_flags(pd.Series(False, index=sd.index), contaminated, mismatch),
         **goodput_points(sd),
     })  # fmt: skip
 
@@ -320,6 +345,18 @@ def advice(recs: pd.DataFrame) -> list[str]:
     return out
 
 
+def flagged_lines(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
+    """A section naming every flagged point and why (nothing when none is)."""
+    flagged = points[points["flags"] != ""]
+    if flagged.empty:
+        return []
+    out = ["## Not judged\n", f"{len(flagged)} point(s) are drawn but neither judged nor advised from: their "
+           "speedup is no clean measurement of the load they name.\n"]  # fmt: skip
+    out += [f"- {labels.get(r.method, r.method)}, {r.model} / {r.dataset} ({r.engine}), {r.load_kind} {int(r.load)}: "
+            f"{_fmt(r.speedup)}x, {r.flags}" for r in flagged.itertuples(index=False)]  # fmt: skip
+    return [*out, ""]
+
+
 def _fmt(x: Any, spec: str = ".2f") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -329,7 +366,8 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
     out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n", "## Which method to use where\n"]
     out += [f"- {sentence}" for sentence in advice(recs)]
     out += ["", "## Where SD pays in time but not in energy\n", *time_not_energy_lines(points, labels), ""]
-    mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", NO_INTERVAL: "n/a"}
+    out += flagged_lines(points, labels)
+    mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", NO_INTERVAL: "n/a", FLAGGED: "flagged"}
     for (engine, model, dataset, kind), sub in points.groupby(["engine", "model", "dataset", "load_kind"], sort=True):
         loads = sorted(sub["load"].unique())
         interval = sub["interval"].iloc[0]
@@ -369,7 +407,7 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
 
     from sdbench.plotting import drawn_table, method_styles, panel_axes, panel_grid, save_png
 
-    colors = {PAYS: "#b7e4b0", BREAK_EVEN: "#e6e6e6", LOSES: "#f4b6b0", NO_INTERVAL: "#ffffff"}
+    colors = {PAYS: "#b7e4b0", BREAK_EVEN: "#e6e6e6", LOSES: "#f4b6b0", NO_INTERVAL: "#ffffff", FLAGGED: "#fbe3a1"}
     panels = list(points.groupby(["engine", "model", "dataset", "load_kind"], sort=True))
     n_methods = max((p[1]["method"].nunique() for p in panels), default=1)
     n_loads = max((p[1]["load"].nunique() for p in panels), default=1)
@@ -405,6 +443,8 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
             ax.spines[side].set_visible(False)
         ax.tick_params(length=0)
     legend = [Patch(color=colors[v], label=v) for v in (PAYS, BREAK_EVEN, LOSES)]
+    if (points["verdict"] == FLAGGED).any():
+        legend.append(Patch(color=colors[FLAGGED], label="flagged: not judged (preempted, contaminated or hardware)"))
     if points["preempted"].any():
         legend.append(Patch(fill=False, ec="darkorange", lw=1.5, label="requests preempted (KV cache full)"))
     fig.legend(handles=legend, loc="lower center", ncol=len(legend), fontsize=8, frameon=False,

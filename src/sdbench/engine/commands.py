@@ -55,7 +55,7 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
         if totals:  # a rehearsal: the job's modelled seconds (sdbench.rehearsal.report)
             from sdbench import rehearsal
 
-            rehearsal.module("report").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
+            rehearsal.module("totals").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
     return 0
 
 

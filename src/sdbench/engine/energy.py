@@ -38,7 +38,7 @@ NVML, RAPL, NOT_MEASURED = "nvml", "rapl", "not measured"
 RAPL_ROOT = Path("/sys/class/powercap")
 # A package domain: intel-rapl:<N> (its subzones, intel-rapl:<N>:<M>, are parts of it).
 _RAPL_PACKAGE = re.compile(r"^intel-rapl:\d+$")
-# The per-call column a cell's energy is bootstrapped on (sdbench.analysis.stats, column=...).
+# The per-call column a cell's energy is bootstrapped on (sdbench.engine.resampling, column=...).
 JOULES_PER_TOKEN = "joules_per_token"
 # Summary columns of a paired cell's energy (set by paired_energy_columns; NaN when not paired).
 PAIRED_ENERGY_COLUMNS = (
@@ -208,7 +208,7 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
     """A cell's energy summary columns (docs/schema.md): joules per output token as throughput is
     estimated (mean over prompts of each prompt's median over trials) with its 95% bootstrap
     interval and draws, the energy of the timed calls and their mean power; NaN without a meter."""
-    from sdbench.analysis import stats
+    from sdbench.engine import resampling as stats
 
     meter = meter_of(calls)
     nan = math.nan
@@ -233,7 +233,7 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
 def paired_energy_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int) -> dict[str, float]:
     """A paired cell's energy ratio (SD joules/token over its no-SD arm's), as the paired speedup
     is computed: both arms resampled with the same draws; NaN where either arm had no meter."""
-    from sdbench.analysis import stats
+    from sdbench.engine import resampling as stats
 
     if baseline_calls.empty or NOT_MEASURED in (meter_of(calls), meter_of(baseline_calls)):
         return {c: math.nan for c in PAIRED_ENERGY_COLUMNS}

@@ -54,6 +54,8 @@ STEPS_TABLE = "steps"
 # Beside a checkpoint's tables: what it was measured on (sdbench.engine.hardware.hardware) and the cell.
 HARDWARE_FILE = "hardware.json"
 CELL_FILE = "cell.json"
+# Set to 1: a checkpoint measured on another kind of machine is measured again (:func:`reusable_cells`).
+REMEASURE_OTHER_HARDWARE = "SDBENCH_REMEASURE_OTHER_HARDWARE"
 
 
 def cell_subdir(method: str, dataset: str, batch_size: int) -> str:
@@ -89,19 +91,21 @@ def _tree_signature(path: str | None) -> list[tuple[str, int, int]] | None:
 
 def measurement_context(
     prompt_paths: dict[str, str], model_dir: str, drafter_dir: str | None, guard_mode: str, breakdown: bool,
+    rehearsal: bool = False,
 ) -> dict[str, Any]:
     """What a group's cells are measured under besides their specs: the prompt tables' content,
-    the model and drafter files, the engine code and the software (not the hardware, which
+    the model and drafter files, the measurement's code (:mod:`sdbench.engine.scope`: not the
+    trainers', tracers' or analyses') and the software (not the hardware, which
     :func:`reusable_cells` checks, nor the host)."""
-    from sdbench.codedigest import code_digest
     from sdbench.engine.hardware import software
+    from sdbench.engine.scope import measurement_digest
 
     prompts = {d: hashlib.sha256(Path(p).read_bytes()).hexdigest() for d, p in sorted(prompt_paths.items())}
     return {
         "prompts": prompts,
         "model": _tree_signature(model_dir),
         "drafter": _tree_signature(drafter_dir),
-        "code": code_digest("sdbench.engine.cli", "sdbench.engine.commands"),
+        "code": measurement_digest(rehearsal=rehearsal),
         "software": software(),
         "guard_mode": guard_mode,
         "breakdown": breakdown,
@@ -144,7 +148,10 @@ def reusable_cells(
     """Checkpoints to re-use: {key: hardware it was measured on}, and one log line per cell
     measured again because of its hardware.
 
-    One engine start (``start_keys`` None): every complete checkpoint, on whatever hardware.
+    One engine start (``start_keys`` None): every complete checkpoint, on whatever kind of machine
+    (:func:`sdbench.engine.hardware.same_hardware`), unless ``$SDBENCH_REMEASURE_OTHER_HARDWARE``
+    is 1: then a cell measured on another kind is measured again here (what the join's
+    ``hardware_mismatch`` line proposes, so that both arms of a speedup share a kind).
     Several (``start_keys[i]``: the keys of cell i in every start): a cell's starts are resampled
     together, so they must share hardware: a start is re-used if every start of the cell is there
     on one kind of node, or if it was measured on this job's kind of node (the others are then
@@ -152,11 +159,16 @@ def reusable_cells(
     """
     from sdbench.engine.hardware import describe_hardware, same_hardware
 
+    only_here = os.environ.get(REMEASURE_OTHER_HARDWARE, "") == "1"
     found: dict[str, dict[str, Any]] = {}
     notes: list[str] = []
     for i, key in enumerate(keys):
         hw = recorded_hardware(store / key, names)
         if hw is None:
+            continue
+        if only_here and not same_hardware(hw, here):
+            notes.append(f"checkpoint {key} was measured on {describe_hardware(hw)}; this job runs on "
+                         f"{describe_hardware(here)} and {REMEASURE_OTHER_HARDWARE}=1: measured again here")  # fmt: skip
             continue
         if start_keys is not None and not same_hardware(hw, here):
             others = [recorded_hardware(store / k, names) for k in start_keys[i]]
@@ -185,7 +197,7 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
 
     ``calls`` gets an ``engine_start`` column and keeps every trial of every start; the
     summary's throughput and interval are recomputed over all of them (the bootstrap
-    resamples engine starts, then trials: sdbench.analysis.stats). ``requests`` are the first
+    resamples engine starts, then trials: sdbench.engine.resampling). ``requests`` are the first
     start's; ``outputs_stable`` also requires every start to produce them. Contamination
     of any start marks the cell; start-up and warm-up are the starts' means, peaks their maxima.
     """
@@ -321,7 +333,7 @@ def run_group(
     from sdbench.rehearsal import is_rehearsal
 
     gpus = not is_rehearsal(cell_specs[0])  # the rehearsal engine uses none (and never imports torch)
-    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown)
+    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown, rehearsal=not gpus)
     keys = [checkpoint_key(spec, context, max_num_seqs, engine_start) for spec in cell_specs]
     start_keys = None
     if engine_start is not None:
@@ -375,7 +387,7 @@ def _rehearsal_total(cell_specs: list[dict[str, Any]], directory: Path, kind: st
 
     if rehearsal.is_rehearsal(cell_specs[0]):
         summaries = [pd.read_parquet(directory / spec_subdir(s) / "summary.parquet") for s in cell_specs]
-        rehearsal.module("report").write_group_total(directory, summaries, kind)
+        rehearsal.module("totals").write_group_total(directory, summaries, kind)
 
 
 def _measure_cells(

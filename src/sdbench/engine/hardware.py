@@ -9,7 +9,7 @@ import platform
 import resource
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
@@ -137,17 +137,21 @@ def software() -> dict[str, str | None]:
     }
 
 
-def provenance(nvml: Any = None, gpus: bool = True) -> dict[str, object]:
+def provenance(nvml: Any = None, gpus: bool = True, server: bool = False) -> dict[str, object]:
     """Versions, code and hardware facts recorded with every cell (its summary's columns;
     ``nvml``: an NVML module to ask instead of pynvml, e.g. a test double; ``gpus`` False: none
-    looked up, for an engine that uses none: the rehearsal engine, which never imports torch)."""
+    looked up, for an engine that uses none: the rehearsal engine, which never imports torch;
+    ``server``: a server group's cell, whose measurement scope holds the server and its client)."""
     from sdbench.codedigest import package_digest
+    from sdbench.engine.scope import measurement_digest
 
     boards, driver = gpu_inventory(nvml) if gpus else ([], "")
     cpu = cpu_model()
     return {
         **software(),
         "code_digest": package_digest(),
+        # The scope the cell was measured under (sdbench.engine.scope; the rehearsal engine's: gpus False).
+        "measurement_digest": measurement_digest(rehearsal=not gpus, server=server),
         "hostname": platform.node(),
         "cpu_model": cpu,
         "cpu_count": os.cpu_count() or 0,
@@ -177,9 +181,31 @@ def hardware(nvml: Any = None, gpus: bool = True) -> dict[str, object]:
     }
 
 
+def hardware_class(gpus: Sequence[str], gpu_memory_mib: Sequence[int] | int, cpu_model: object,
+                   cpu_count: object) -> str:  # fmt: skip
+    """The kind of machine a number depends on: the GPU boards, each one's memory and how many;
+    without GPUs (a CPU engine) the CPU model and its CPUs. The driver, CUDA and the node are
+    provenance: two nodes of one board with other drivers measure one kind of machine.
+    ``gpu_memory_mib`` is per board, or one value for all (a summary's smallest)."""
+    gpus = [str(g) for g in gpus if str(g)]
+    if not gpus:
+        return f"CPU {cpu_model} x {cpu_count}"
+    memory = [int(m) for m in gpu_memory_mib] if isinstance(gpu_memory_mib, Sequence) else [int(gpu_memory_mib)]
+    memory = (memory * len(gpus))[: len(gpus)] if len(memory) == 1 else memory + [0] * (len(gpus) - len(memory))
+    boards = list(zip(gpus, memory))
+    return ", ".join(f"{boards.count(kind)} x {kind[0]} ({kind[1]} MiB)" for kind in sorted(set(boards)))
+
+
+def record_class(hw: dict[str, object]) -> str:
+    """:func:`hardware_class` of a :func:`hardware` record."""
+    return hardware_class(list(hw.get("gpus") or []), list(hw.get("gpu_memory_mib") or []),  # type: ignore[call-overload]
+                          hw.get("cpu_model"), hw.get("cpu_count"))  # fmt: skip
+
+
 def same_hardware(a: dict[str, object], b: dict[str, object]) -> bool:
-    """Whether two :func:`hardware` records name the same kind of machine (the node may differ)."""
-    return {k: v for k, v in a.items() if k != "node"} == {k: v for k, v in b.items() if k != "node"}
+    """Whether two :func:`hardware` records name the same kind of machine (:func:`hardware_class`:
+    the node, the driver may differ)."""
+    return record_class(a) == record_class(b)
 
 
 def describe_hardware(hw: dict[str, object]) -> str:

@@ -6,7 +6,7 @@ speedup taken between two separately started processes carries both. With
 ``run.paired_baseline`` an SD engine group's process also starts a no-SD engine with the
 same engine arguments, and every timed call of an SD cell is timed next to the same call
 on that baseline (the order alternates, so neither arm always runs second). The ratio of
-the two arms then cancels what they shared; :func:`sdbench.analysis.stats.paired_bootstrap`
+the two arms then cancels what they shared; :func:`sdbench.engine.resampling.paired_bootstrap`
 resamples both arms together for the interval.
 
 The SD cell's tables gain ``baseline_calls`` (the baseline arm's calls, same schema as
@@ -49,7 +49,7 @@ def baseline_spec(spec: dict[str, Any]) -> dict[str, Any]:
 def paired_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int) -> dict[str, float]:
     """Summary columns of a paired cell: the baseline arm's throughput, the speedup and its 95% interval
     (and the energy ratio with its interval)."""
-    from sdbench.analysis import stats
+    from sdbench.engine import resampling as stats
 
     if baseline_calls.empty:
         return {c: float("nan") for c in PAIRED_COLUMNS}

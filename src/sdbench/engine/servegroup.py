@@ -142,7 +142,7 @@ def measure_levels(
             for i, (k, v) in enumerate(keys.items()):
                 requests.insert(i, k, v)
             summary = summarise_level(keys, requests, walls, delta, spec).assign(
-                server_startup_s=server.startup_s, **report.columns(), **provenance(gpus=client.measured), measured=client.measured,
+                server_startup_s=server.startup_s, **report.columns(), **provenance(gpus=client.measured, server=True), measured=client.measured,
                 # A rehearsal's modelled seconds of the cell (warm-up and rounds); NaN when measured.
                 modelled_s=getattr(client, "level_s", float("nan")),
             )
@@ -231,7 +231,7 @@ def _write_group(
         if total is not None:
             from sdbench import rehearsal
 
-            rehearsal.module("report").write_job_total(tmp, "server", total[0], total[1], len(tables))
+            rehearsal.module("totals").write_job_total(tmp, "server", total[0], total[1], len(tables))
 
 
 @engine_job

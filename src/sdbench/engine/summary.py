@@ -47,7 +47,7 @@ def summarise(
         tuple(int(x) for x in _sum_lists(calls["accepted_per_pos"])),
     )
     acc = acceptance_stats(total)
-    from sdbench.analysis import stats
+    from sdbench.engine import resampling as stats
 
     draws = stats.bootstrap(calls, cell_seed(spec))
     low, high = stats.interval(draws)
@@ -66,7 +66,7 @@ def summarise(
         "num_calls": len(calls),
         "num_sequences": len(requests),
         # Paper's metric (mean over calls of output tokens / wall time of the call),
-        # with each prompt's median over trials; 95% bootstrap interval (sdbench.analysis.stats).
+        # with each prompt's median over trials; 95% bootstrap interval (sdbench.engine.resampling).
         "tokens_per_s": stats.point_estimate(calls),
         "tokens_per_s_ci_low": low,
         "tokens_per_s_ci_high": high,

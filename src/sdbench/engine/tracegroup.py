@@ -53,7 +53,7 @@ def trace_group(
     generate seconds go into ``totals``; every table says whether it was measured.
     """
     from sdbench.engine.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
-    from sdbench.traces.table import MethodTrace, make_trace_table
+    from sdbench.traces.records import MethodTrace, make_trace_table
 
     specs = [json.loads(json.dumps(s)) for s in specs]  # private copies
     for spec in specs:

@@ -59,10 +59,10 @@ def _trial_plan(run: dict[str, Any]) -> tuple[int, float, int, float | None]:
 
 def _precise_enough(arms: list[CellRun], target: float | None, seed: int) -> bool:
     """Whether the cell's interval is narrow enough: the paired speedup's with two arms
-    (baseline first), the throughput's with one (sdbench.analysis.stats.relative_half_width)."""
+    (baseline first), the throughput's with one (sdbench.engine.resampling.relative_half_width)."""
     if target is None:
         return True
-    from sdbench.analysis import stats
+    from sdbench.engine import resampling as stats
 
     calls = [pd.DataFrame(arm.call_rows)[["call_index", "trial", "tokens_per_s"]] for arm in arms]
     return stats.relative_half_width(calls, seed) <= target

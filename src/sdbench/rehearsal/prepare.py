@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,16 @@ def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
 
 
+def expected_outputs(dist: standins.LogNormal, entry: dict[str, Any]) -> standins.LogNormal:
+    """A stand-in output distribution moved to the mean the runtime estimate assumes
+    (:func:`sdbench.expectedlengths.output_tokens`): the dataset's ``expected_output_tokens``, else its
+    budget ``max_tokens``; the stand-in's spread. One expected length per dataset for the
+    estimate, the KV check and the rehearsal (outputs past the budget stop at it)."""
+    budget = int(entry["max_tokens"])
+    mean = min(budget, int(entry.get("expected_output_tokens") or budget))
+    return standins.LogNormal(mean / math.exp(dist.sigma**2 / 2), dist.sigma)
+
+
 def _draw(dist: standins.LogNormal, rng: np.random.Generator, n: int) -> np.ndarray:
     return np.maximum(1, np.round(dist.median * np.exp(dist.sigma * rng.standard_normal(n)))).astype(np.int64)
 
@@ -151,7 +162,7 @@ def rehearsal_prompts(
         else:
             prompt = lengths.prompt
             prompt_lens = np.full(n, prompt, np.int64) if isinstance(prompt, int) else _draw(prompt, rng, n)
-            outputs = _draw(lengths.output, rng, n) if lengths.output is not None else None
+            outputs = _draw(expected_outputs(lengths.output, entry), rng, n) if lengths.output is not None else None
             sources = None
     if sources is None:  # the acceptance record of each request's dataset or category
         sources = []

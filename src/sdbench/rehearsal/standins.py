@@ -72,7 +72,8 @@ class Lengths:
 
     ``trace``: the lengths of the published trace's records, record i for request i (cycled);
     else ``prompt`` (a distribution, or a fixed length) and ``output`` (a distribution; None: the
-    output length of the request's acceptance record).
+    output length of the request's acceptance record). An output distribution gives its spread
+    only: its mean is the dataset's expected output (:func:`sdbench.rehearsal.prepare.expected_outputs`).
     """
 
     trace: str | None = None

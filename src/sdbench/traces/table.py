@@ -24,20 +24,10 @@ import numpy as np
 import pandas as pd
 
 from sdbench.io import read_parquet, write_parquet
+from sdbench.traces.records import TRACE_COLUMNS, TRACE_DTYPES, MethodTrace, make_trace_table  # noqa: F401
 from sdbench.traces.ngram import trace_ngram
 from sdbench.traces.published import read_published_jsonl
 from sdbench.traces.suffix import SuffixParams, trace_suffix
-
-# Column -> pandas dtype. proposed_len is nullable: published traces do not record it.
-TRACE_DTYPES: dict[str, str] = {
-    "request_id": "string",
-    "position": "int32",
-    "method": "string",
-    "acc_len": "int32",
-    "proposed_len": "Int32",
-    "censored": "bool",
-}
-TRACE_COLUMNS: tuple[str, ...] = tuple(TRACE_DTYPES)
 
 REQUESTS_COLUMNS = ("request_id", "prompt_token_ids", "output_token_ids")
 
@@ -49,17 +39,6 @@ class TokenRequest:
     request_id: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-
-
-@dataclass(frozen=True)
-class MethodTrace:
-    """One request's trace for one method; ``proposed_len``/``censored`` None when unknown."""
-
-    request_id: str
-    method: str
-    acc_len: np.ndarray
-    proposed_len: np.ndarray | None = None
-    censored: np.ndarray | None = None
 
 
 def read_token_requests(
@@ -100,34 +79,6 @@ def read_token_requests(
             )
         ]
     raise ValueError(f"{path}: expected a published-trace .jsonl or a requests .parquet file")
-
-
-def make_trace_table(traces: Iterable[MethodTrace]) -> pd.DataFrame:
-    """Stack per-request traces into a trace table, rows in the given order."""
-    traces = list(traces)
-    lengths = [len(t.acc_len) for t in traces]
-
-    def cat(arrays: Iterable[np.ndarray], dtype: type) -> np.ndarray:
-        return np.concatenate([np.asarray(a, dtype=dtype) for a in arrays] + [np.empty(0, dtype)])
-
-    known = [t.proposed_len is not None for t in traces]
-    proposed = pd.arrays.IntegerArray(
-        cat((t.proposed_len if k else np.zeros(n) for t, k, n in zip(traces, known, lengths)), np.int32),
-        cat((np.full(n, not k) for k, n in zip(known, lengths)), bool),
-    )
-    df = pd.DataFrame(
-        {
-            "request_id": np.repeat(np.array([t.request_id for t in traces], dtype=object), lengths),
-            "position": cat((np.arange(n) for n in lengths), np.int32),
-            "method": np.repeat(np.array([t.method for t in traces], dtype=object), lengths),
-            "acc_len": cat((t.acc_len for t in traces), np.int32),
-            "proposed_len": proposed,
-            "censored": cat(
-                (t.censored if t.censored is not None else np.zeros(n) for t, n in zip(traces, lengths)), bool
-            ),
-        }
-    )
-    return df.astype(TRACE_DTYPES)
 
 
 def ngram_trace_table(

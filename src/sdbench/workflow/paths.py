@@ -51,6 +51,8 @@ BREAKDOWN_STEPS = BREAKDOWN_DIR + "/steps.parquet"
 
 # Server mode.
 SERVER_GROUP_DIR = "results/server/{engine}/{model}/{method}"
+# A CUDA engine image's gate (sdbench.imagegate), read by every engine job of the image.
+IMAGE_GATE = "results/gates/{image}.json"
 
 # Simulator.
 SIM_PUBLISHED = "results/simulator/published/{mode}/{proposer}.csv"

@@ -149,6 +149,8 @@ class Plan:
             for sgroup in self.server_groups:
                 minutes = scheduling.server_estimate_minutes(config, self.server_cell(sgroup))
                 self._note_unsplit("server", sgroup, minutes, limits)
+        if limits is not None:
+            self._refuse_unfinishable(limits, splits + breakdown_splits)
         self.cost = config.get("cost", {})
         self.bleu = config.get("bleu")
         self.breakdown = breakdown_cells(config)
@@ -159,6 +161,18 @@ class Plan:
             if d["source"] == "random_tokens" and name in grid_datasets
         }
         self._refuse_unpriced_drafters()
+
+    def _refuse_unfinishable(self, limits: Any, splits: list[Any]) -> None:
+        """Refuse, before any job, what the site cannot finish (:func:`sdbench.scheduling.unfinishable`):
+        every attempt of such a job would be GPU-hours with no number at the end."""
+        unsplit = [(f"trace group {g.engine}/{g.model}/{g.method}",
+                    scheduling.trace_estimate_minutes(self.config, self.trace_cells(g))) for g in self.trace_groups]
+        unsplit += [(f"server group {g.engine}/{g.model}/{g.method}",
+                     scheduling.server_estimate_minutes(self.config, self.server_cell(g))) for g in self.server_groups]
+        found = scheduling.unfinishable(limits, splits, unsplit)
+        if found:
+            more = f" ({len(found) - 1} more like it: sdbench check-config --profile lists them)" if len(found) > 1 else ""
+            raise ConfigError(f"config: site: {found[0]}{more}; drop it from the grid, or raise the limit or attempts")
 
     def _refuse_unpriced_drafters(self) -> None:
         """The grid's simulations replay each dataset's preferred drafter, priced by the cost model
@@ -284,8 +298,12 @@ class Plan:
     def dataset_entry(self, dataset: str) -> dict[str, Any]:
         """A dataset's entry as ``prepare-dataset`` reads it: a hub dataset's ``local_path`` is the
         copy ``download_dataset`` made, so the compute job needs no network. The keys that only size
-        jobs (:data:`sdbench.scheduling.SIZING_KEYS`) are left out: re-estimating reruns nothing."""
-        entry = {k: v for k, v in self.config["datasets"][dataset].items() if k not in scheduling.SIZING_KEYS}
+        jobs (:data:`sdbench.expectedlengths.SIZING_KEYS`) are left out: re-estimating reruns nothing; but
+        in a rehearsal the expected output length is the mean of the stand-in outputs
+        (:func:`sdbench.rehearsal.prepare.expected_outputs`)."""
+        kept = {"expected_output_tokens"} if self.rehearsal else set()
+        entry = {k: v for k, v in self.config["datasets"][dataset].items()
+                 if k not in scheduling.SIZING_KEYS or k in kept}  # fmt: skip
         if dataset in self.hub_datasets:
             return {**entry, "local_path": self.dataset_copy(dataset)}
         return entry
@@ -370,10 +388,29 @@ class Plan:
         return {c.dataset: self.prompt_table(c.model, sweeps.prompt_dataset(self.config, c.dataset)) for c in cells_}
 
     def engine_job_inputs(self, cells_: list[Cell], method: str, model: str) -> dict[str, str]:
-        """Inputs of a job running ``cells_`` on one engine: their prompt tables and the drafter."""
+        """Inputs of a job running ``cells_`` on one engine: their prompt tables, the drafter and the
+        engine image's gate."""
         inputs = {f"prompts_{Path(t).stem}": t for t in self.prompt_tables(cells_).values()}
         drafter = self.drafter_dir(method, model)
-        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs()}
+        gate = self.gate_input(cells_[0].engine)
+        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs(), **gate}
+
+    def image_of(self, engine: str) -> str | None:
+        """The image a CUDA engine runs in (its container's name), or None (a CPU engine, or one
+        run without a container)."""
+        entry = self.config["engines"][engine]
+        container = entry.get("container")
+        return Path(container).stem if entry.get("device") == "cuda" and container else None
+
+    def gate_input(self, engine: str) -> dict[str, str]:
+        """``{"gate": ...}``: the gate an engine job of ``engine`` waits for (:mod:`sdbench.imagegate`),
+        or nothing for an engine without a CUDA image."""
+        image = self.image_of(engine)
+        return {"gate": P.IMAGE_GATE.format(image=image)} if image else {}
+
+    def image_container(self, image: str) -> str:
+        """The container path of a gated image (the first engine that names it)."""
+        return next(e["container"] for k, e in sorted(self.config["engines"].items()) if self.image_of(k) == image)
 
     def _job_spec(
         self, specs: list[dict[str, Any]], cells_: list[Cell], group: EngineGroup | None = None
@@ -597,11 +634,12 @@ class Plan:
         """The group's largest cell (sizes the job like an engine cell at that batch size)."""
         return Cell(group.engine, group.model, self.server["datasets"][0], group.method, max(self.server["concurrency"]))
 
-    def server_inputs(self, model: str, method: str) -> dict[str, str]:
-        """Prompt tables of the server section's datasets, and the method's drafter."""
+    def server_inputs(self, engine: str, model: str, method: str) -> dict[str, str]:
+        """Prompt tables of the server section's datasets, the method's drafter, the image's gate."""
         inputs = {f"prompts_{d}": self.prompt_table(model, d) for d in self.server["datasets"]}
         drafter = self.drafter_dir(method, model)
-        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs()}
+        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs(),
+                **self.gate_input(engine)}  # fmt: skip
 
     def server_group_spec(self, group: ServerGroup) -> dict[str, Any]:
         return self.with_mode(resolve_server_group(self.config, group))
