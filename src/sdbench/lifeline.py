@@ -109,6 +109,8 @@ CONTAINER_ENV_ALLOW = (
     # the site's proxies reach the download jobs only (sdbench.models.hub.download_env).
     "TMPDIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
     "SDBENCH_DATA_DIR", "SOURCE_DATE_EPOCH",
+    # Compile caches kept across jobs on a shared path (sdbench.engine.compilecache; bind it in).
+    "SDBENCH_COMPILE_CACHE",
     # The job's cgroup, found on the host before its container starts (sdbench.engine.quietguard).
     "SDBENCH_JOB_CGROUP",
 )  # fmt: skip

