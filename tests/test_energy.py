@@ -189,3 +189,17 @@ def test_the_energy_command_writes_its_table_markdown_and_figure(tmp_path: Path)
            "| 1.20 [1.20, 1.20] | nvml |" in text  # fmt: skip
     assert "Power model fitted from the cells' mean power: P(n) = " in text
     assert out["png"].stat().st_size > 5_000 and out["png"].with_suffix(".csv").is_file()
+
+
+def test_the_meter_reads_the_jobs_gpus_in_cuda_visible_devices_order() -> None:
+    """CUDA_VISIBLE_DEVICES=3,1 and one GPU: the engine runs on device 3, so the meter reads GPU 3
+    (NVML order would give GPU 1, an idle one: its energy ratio reads about 1/speedup). By UUID too."""
+    from sdbench.engine.energy import nvml_meter
+
+    nvml = NVMLDouble([(f"GPU-{i}aaa", [], 1e3) for i in range(4)], energy_mj=lambda i: 1000 * (i + 1))
+    assert nvml_meter(nvml, ["3", "1"], 1).read() == 4.0  # GPU 3's counter: 4,000 mJ
+    assert nvml_meter(nvml, ["3", "1"], 2).read() == 6.0  # GPUs 3 and 1
+    assert nvml_meter(nvml, ["GPU-2", "GPU-0"], 1).read() == 3.0
+    assert nvml_meter(nvml, None, 1).read() == 1.0  # no list: the node's first
+    with pytest.raises(RuntimeError, match=r"no GPU among \['7'\]"):
+        nvml_meter(nvml, ["7"], 1)

@@ -125,17 +125,24 @@ def nvml_module() -> Any:
 
 
 def nvml_meter(nvml: Any, devices: list[str] | None, count: int) -> NvmlMeter:
-    """An NVML meter over the first ``count`` GPUs of ``devices`` (indices or UUIDs as
-    ``CUDA_VISIBLE_DEVICES`` names them; None: the node's). Raises what NVML raises when the
-    counter is unsupported or no GPU matches (RuntimeError)."""
+    """An NVML meter over the first ``count`` GPUs of ``devices`` in their order (indices or UUIDs
+    as ``CUDA_VISIBLE_DEVICES`` names them: the engine's rank 0 runs on the first; None: the node's,
+    in NVML order). Raises what NVML raises when the counter is unsupported or no GPU matches
+    (RuntimeError)."""
     nvml.nvmlInit()
-    handles = []
+    found = []  # (NVML index, UUID, handle)
     for index in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
         uuid = nvml.nvmlDeviceGetUUID(handle)
-        uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-        if devices is None or str(index) in devices or any(d.startswith("GPU-") and uuid.startswith(d) for d in devices):
-            handles.append(handle)
+        found.append((index, uuid.decode() if isinstance(uuid, bytes) else str(uuid), handle))
+    if devices is None:
+        handles = [handle for _, _, handle in found]
+    else:  # CUDA_VISIBLE_DEVICES=3,1 with one GPU: device 3, not the first of them in NVML's order
+
+        def named(d: str) -> Any:
+            return next((h for i, u, h in found if d == str(i) or (d.startswith("GPU-") and u.startswith(d))), None)
+
+        handles = [h for h in map(named, devices) if h is not None]
     handles = handles[: max(1, count)]
     if not handles:
         raise RuntimeError(f"no GPU among {devices}")
