@@ -134,3 +134,27 @@ def test_aggregate_names_the_cells_of_an_older_scope() -> None:
 @pytest.mark.parametrize(("recorded", "stale"), [([("a", "x"), ("b", "y")], ["b"]), ([("c", ""), ("a", "x")], ["c"])])
 def test_stale_cells(recorded: list[tuple[str, str]], stale: list[str]) -> None:
     assert scope.stale_cells(recorded, "x") == stale
+
+
+def test_only_the_corpus_builders_read_the_corpus() -> None:
+    """prepare_dataset's digest leaves the corpus out for every other builder: no other builder of
+    sdbench.datasets.prompts may import it."""
+    import ast
+
+    from sdbench.datasets.prompts import CORPUS_BUILDERS
+
+    tree = ast.parse((REPO / "src/sdbench/datasets/prompts.py").read_text())
+    readers = set()
+    for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+        names = [d.args[0].value for d in fn.decorator_list
+                 if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "builder"]  # fmt: skip
+        imports = {n.module for n in ast.walk(fn) if isinstance(n, ast.ImportFrom)}
+        if names and "sdbench.datasets.corpus" in imports:
+            readers.update(names)
+    assert readers == set(CORPUS_BUILDERS) == {"code_edit", "code_write"}
+    from sdbench.config import load_config
+    from sdbench.workflow.plan import Plan
+
+    paper = Plan(load_config(REPO / "config/paper.yaml"))
+    assert paper.prepare_outside("gsm8k") == ("sdbench.datasets.corpus",)
+    assert Plan(load_config(REPO / "config/config.yaml")).prepare_outside("code-edit") == ()

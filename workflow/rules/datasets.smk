@@ -31,13 +31,14 @@ rule prepare_dataset:
         mem_mb=prompt_table_mem_mb,
         runtime=analysis_runtime,
     params:
-        code=code_digest(
+        code=lambda w: code_digest(
             "sdbench.datasets.cli",
             "sdbench.datasets.prompts",
             "sdbench.datasets.randomtokens",
             "sdbench.datasets.speedbench",
             "sdbench.datasets.userprompts",
             *REHEARSAL_CODE,
+            outside=PLAN.prepare_outside(w.dataset),
         ),
         entry=lambda w: quoted(PLAN.dataset_entry(w.dataset)),
         chat=lambda w: quoted(PLAN.chat_template_kwargs(w.model)),

@@ -9,9 +9,9 @@ rule image_gate:
     log:
         "logs/image_gate/{image}.log",
     priority: FIRST
+    retries: 0
     container:
         lambda w: PLAN.image_container(w.image)
-    retries: 0
     resources:
         nodes=1,
         gpu=1,
@@ -20,7 +20,9 @@ rule image_gate:
     params:
         code=code_digest("sdbench.imagegate"),
         # A rebuilt image is gated again (what it needs of the driver may have changed).
-        image=lambda w: image_identity(PLAN.image_container(w.image), Path(workflow.basedir) / "containers"),
+        image=lambda w: image_identity(
+            PLAN.image_container(w.image), Path(workflow.basedir) / "containers"
+        ),
         rehearsal="--rehearsal" if PLAN.rehearsal else "",
     shell:
         "sdbench image-gate --image {wildcards.image} {params.rehearsal} --output {output} > {log} 2>&1"

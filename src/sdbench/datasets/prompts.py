@@ -67,6 +67,9 @@ class PromptRecord:
 
 Builder = Callable[[dict[str, Any], int], Iterator[PromptRecord]]
 BUILDERS: dict[str, Builder] = {}
+# The builders that read the tiny models' corpus (sdbench.datasets.corpus): only their prompt tables
+# depend on it, so an edit of the corpus re-prepares (and re-measures) no other dataset's.
+CORPUS_BUILDERS = frozenset({"code_edit", "code_write"})
 # Builders kept in modules of their own, which import this one (for @builder and the hub
 # loader): imported by name when builders are looked up (registered_builders), so that this
 # module need not import them back.

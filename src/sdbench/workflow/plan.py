@@ -308,6 +308,14 @@ class Plan:
             return {**entry, "local_path": self.dataset_copy(dataset)}
         return entry
 
+    def prepare_outside(self, dataset: str) -> tuple[str, ...]:
+        """Modules a dataset's prompt table does not depend on, left out of ``prepare_dataset``'s code
+        digest: the tiny models' corpus, but for the builders that read it
+        (:data:`sdbench.datasets.prompts.CORPUS_BUILDERS`)."""
+        from sdbench.datasets.prompts import CORPUS_BUILDERS
+
+        return () if self.config["datasets"][dataset].get("builder") in CORPUS_BUILDERS else ("sdbench.datasets.corpus",)
+
     def download_entry(self, dataset: str) -> dict[str, Any]:
         """What ``download-dataset`` needs of a hub dataset's entry (what selects its files)."""
         entry = self.config["datasets"][dataset]
