@@ -422,3 +422,45 @@ def test_a_paper_style_config_rehearses_to_the_end(published_traces_dir: Path, t
     assert estimates["modelled_min"].notna().all() and (estimates["modelled_min"] > 0).all()
     again = subprocess.run([*cmd, "-n"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+@pytest.mark.slow  # two rehearsed trace groups through the CLI
+def test_a_trace_group_keeps_each_dataset_and_a_rerun_traces_only_the_rest(
+    traces: dict[str, str], llama: str, tmp_path: Path
+) -> None:
+    """``sdbench trace-group --checkpoint-dir``: a job killed after its first dataset (here: the
+    second dataset's checkpoint removed) re-traces only the second, and its tables are the same."""
+    from sdbench.rehearsal.prepare import rehearsal_prompts
+
+    paths, cells = {}, []
+    for dataset, builder in (("gsm8k", "gsm8k"), ("instructcoder", "instructcoder")):
+        entry = {"source": "huggingface", "builder": builder, "num_prompts": 2, "max_tokens": 256, "category": "x"}
+        table = rehearsal_prompts(dataset, entry, load_traces(traces), 128256, 128009, 42, 131072)
+        paths[dataset] = str(tmp_path / f"{dataset}.parquet")
+        table.to_parquet(paths[dataset])
+        cell = spec(traces, "eagle", max_tokens=256)
+        cell["cell"]["dataset"] = dataset
+        cells.append(cell)
+    (tmp_path / "group.json").write_text(json.dumps({"cells": cells, "prompts": paths}))
+    store = tmp_path / "store"
+
+    def trace(out: str) -> str:
+        done = subprocess.run([str(Path(sys.executable).parent / "sdbench"), "trace-group", "--spec",
+                               f"@{tmp_path / 'group.json'}", "--model-dir", llama, "--num-speculative-tokens", "4",
+                               "--max-num-seqs", "2", "--checkpoint-dir", str(store), "--output-dir",
+                               str(tmp_path / out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return next(line for line in done.stderr.splitlines() if line.startswith("trace group: "))
+
+    assert trace("first") == "trace group: 2 of 2 dataset(s) to trace, 0 re-used"
+    kept = sorted(store.iterdir())
+    assert len(kept) == 2
+    import shutil
+
+    shutil.rmtree(kept[0])  # the job died before this dataset was kept
+    assert trace("second") == f"trace group: 1 of 2 dataset(s) to trace, 1 re-used from {store}"
+    for dataset in ("gsm8k", "instructcoder"):
+        for name in ("engine_trace", "engine_requests"):
+            pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "first" / dataset / f"{name}.parquet"),
+                                          pd.read_parquet(tmp_path / "second" / dataset / f"{name}.parquet"))  # fmt: skip
+    assert trace("third") == f"trace group: 0 of 2 dataset(s) to trace, 2 re-used from {store}"

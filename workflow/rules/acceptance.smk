@@ -29,10 +29,11 @@ rule trace_group:
         drafter=drafter_arg,
         k=TRACE_SETTINGS.get("num_speculative_tokens", 20),
         seqs=TRACE_SETTINGS.get("max_num_seqs", 8),
+        checkpoints=lambda w: P.TRACE_CHECKPOINT_DIR.format(**w),
     shell:
         "sdbench trace-group --spec @{params.spec} --model-dir {input.model} {params.drafter} "
         "--num-speculative-tokens {params.k} --max-num-seqs {params.seqs} --threads {threads} "
-        "--output-dir {output} > {log} 2>&1"
+        "--checkpoint-dir {params.checkpoints} --output-dir {output} > {log} 2>&1"
 
 
 rule trace_cell:

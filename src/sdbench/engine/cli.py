@@ -94,6 +94,8 @@ def add_trace_group(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--num-speculative-tokens", type=int, default=20, help="draft length probed per step")
     t.add_argument("--max-num-seqs", type=int, default=8, help="concurrent requests (distinct prompts)")
     add_output_dir(t, "the group's <dataset>/engine_{trace,requests}.parquet per dataset")
+    t.add_argument("--checkpoint-dir", default=None,
+                   help="keep each traced dataset here as it finishes; a rerun traces only the others")
     _add_threads(t)
     t.set_defaults(func=lazy(COMMANDS, "_cmd_trace_group"))
 

@@ -22,7 +22,7 @@ from sdbench.engine.groups import (
 from sdbench.engine.preflight import preflight
 from sdbench.engine.tracegroup import trace_group
 from sdbench.engine.trials import run_cell
-from sdbench.io import atomic_dir, atomic_path, read_spec, write_parquet
+from sdbench.io import atomic_dir, atomic_path, read_parquet, read_spec, write_parquet
 
 # A trace group's directory: <dataset>/<name>.parquet per traced dataset.
 TRACE_TABLES = ("engine_trace", "engine_requests")
@@ -41,12 +41,29 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
         spec["cell"]["dataset"]: preflight(spec, group["prompts"][spec["cell"]["dataset"]], args.model_dir, args.drafter_dir)
         for spec in specs
     }
+    store = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+    keys = trace_keys(group, args) if store else {}
+    done = {d for d, key in keys.items() if all((store / key / f"{n}.parquet").is_file() for n in TRACE_TABLES)}
+    todo = [s for s in specs if s["cell"]["dataset"] not in done]
+    print(f"trace group: {len(todo)} of {len(specs)} dataset(s) to trace, {len(done)} re-used"
+          + (f" from {store}" if done else ""), file=sys.stderr, flush=True)  # fmt: skip
+
+    def keep(dataset: str, tables: tuple) -> None:
+        if store is not None:
+            with atomic_dir(store / keys[dataset]) as tmp:
+                for name, table in zip(TRACE_TABLES, tables, strict=True):
+                    write_parquet(table, tmp / f"{name}.parquet")
+
     totals: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="sdbench-trace-") as trace_dir:
-        traced = trace_group(
-            specs, prompts, args.model_dir, args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir,
-            totals,
-        )
+    traced: dict[str, tuple] = {}
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="sdbench-trace-") as trace_dir:
+            traced = trace_group(
+                todo, {s["cell"]["dataset"]: prompts[s["cell"]["dataset"]] for s in todo}, args.model_dir,
+                args.drafter_dir, args.num_speculative_tokens, args.max_num_seqs, trace_dir, totals, keep,
+            )  # fmt: skip
+    for dataset in sorted(done):
+        traced[dataset] = tuple(read_parquet(store / keys[dataset] / f"{n}.parquet") for n in TRACE_TABLES)
     # Assembled aside and renamed at the end: no group directory unless every trace is in it.
     with atomic_dir(args.output_dir) as tmp:
         for dataset, tables in sorted(traced.items()):
@@ -57,6 +74,20 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
 
             rehearsal.module("totals").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
     return 0
+
+
+def trace_keys(group: dict, args: argparse.Namespace) -> dict[str, str]:
+    """Each traced dataset's checkpoint name: as a run group's cell (sdbench.engine.groups.checkpoint_key:
+    its spec, its prompt table's bytes, the model files, the measurement's code, the software),
+    with the draft length and concurrency the trace ran at."""
+    from sdbench.engine.groups import checkpoint_key, measurement_context
+    from sdbench.rehearsal import is_rehearsal
+
+    context = measurement_context(group["prompts"], args.model_dir, args.drafter_dir, "trace", False,
+                                  rehearsal=is_rehearsal(group["cells"][0]))  # fmt: skip
+    traced = {"num_speculative_tokens": args.num_speculative_tokens, "max_num_seqs": args.max_num_seqs}
+    return {s["cell"]["dataset"]: checkpoint_key({**s, "trace": traced}, context, args.max_num_seqs, None)
+            for s in group["cells"]}  # fmt: skip
 
 
 def _cmd_trace_tables(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ def trace_group(
     max_num_seqs: int,
     trace_dir: str,
     totals: dict[str, float] | None = None,
+    on_dataset: Callable[[str, tuple[pd.DataFrame, pd.DataFrame]], None] | None = None,
 ) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """In-engine acceptance traces of one method on several prompt sets, on one engine
     (see sdbench.engine.acceptancetrace).
@@ -50,7 +52,8 @@ def trace_group(
     dataset, (trace table, requests). The cells must need the same engine (``ValueError``
     naming the first dataset that does not): only the prompts and output lengths differ. A
     rehearsal spec traces on the rehearsal engine (sdbench.rehearsal), whose modelled start-up and
-    generate seconds go into ``totals``; every table says whether it was measured.
+    generate seconds go into ``totals``; every table says whether it was measured. ``on_dataset``
+    gets each dataset's tables as soon as they are traced (the command keeps them).
     """
     from sdbench.engine.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
     from sdbench.traces.records import MethodTrace, make_trace_table
@@ -121,6 +124,8 @@ def trace_group(
                 }
             )
         out[dataset] = (make_trace_table(traces).assign(measured=measured), pd.DataFrame(request_rows).assign(measured=measured))
+        if on_dataset is not None:  # kept as it finishes: a job killed later re-traces only the rest
+            on_dataset(dataset, out[dataset])
     if not measured and totals is not None:
         totals.update(startup_s=engine.startup_s, generate_s=llm.modelled_s)
     return out

@@ -36,6 +36,8 @@ CELL_TABLE = CELL_DIR + "/{name}.parquet"
 
 # Acceptance traces.
 TRACE_GROUP_DIR = "results/trace_groups/{engine}/{model}/{method}"
+# Each traced dataset of a trace group as it finishes (sdbench trace-group --checkpoint-dir).
+TRACE_CHECKPOINT_DIR = "results/trace_checkpoints/{engine}/{model}/{method}"
 TRACE_DIR = "results/traces/{engine}/{model}/{dataset}"
 ENGINE_TRACE = TRACE_DIR + "/{method}/engine_trace.parquet"
 ENGINE_REQUESTS = TRACE_DIR + "/{method}/engine_requests.parquet"
