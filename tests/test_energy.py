@@ -54,12 +54,13 @@ def test_nvml_double_gives_each_call_its_joules_and_each_cell_its_joules_per_tok
     assert [row(table, "ngram-k3", 1)[c] for c in RATIO] == pytest.approx([1.2] * 3, rel=1e-12)
     assert [row(table, "ngram-k3", 2)[c] for c in RATIO] == pytest.approx([0.5] * 3, rel=1e-12)
     assert row(table, "ngram-k3", 2)["baseline_joules_per_token"] == pytest.approx(0.4, rel=1e-12)
-    # Which GPUs: the first tensor_parallel_size of those CUDA_VISIBLE_DEVICES names, else of the node's.
+    # Which GPUs: the first tensor_parallel_size of those CUDA_VISIBLE_DEVICES names, in its order
+    # (the engine's rank 0 runs on GPU-c: 4,000 mJ x 8), else of the node's.
     bench = Bench(joules=8.0, t=1.0)
     nvml = NVMLDouble([("GPU-a", [], 1e3), ("GPU-b", [], 1e3), ("GPU-c", [], 1e3)],
                       energy_mj=lambda i: (1000, 2000, 4000)[i] * bench.joules)  # fmt: skip
     assert meter_for({"device": "cuda"}, 2, nvml=nvml, env={}).read() == 8.0 + 16.0
-    assert meter_for({"device": "cuda"}, 1, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "GPU-c,GPU-a"}).read() == 8.0
+    assert meter_for({"device": "cuda"}, 1, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "GPU-c,GPU-a"}).read() == 32.0
     assert row(table, "none", 1)[RATIO].isna().all() and "joules_per_token_boot" not in table
 
 

@@ -332,8 +332,11 @@ def run_group(
     max_num_seqs = max_num_seqs or max(int(s["cell"]["batch_size"]) for s in cell_specs)
     from sdbench.rehearsal import is_rehearsal
 
-    gpus = not is_rehearsal(cell_specs[0])  # the rehearsal engine uses none (and never imports torch)
-    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown, rehearsal=not gpus)
+    rehearsal = is_rehearsal(cell_specs[0])
+    # GPUs are the kind of machine of a CUDA engine only: the rehearsal engine uses none (and never
+    # imports torch), and a CPU engine on a node with GPUs is a CPU measurement.
+    gpus = not rehearsal and cell_specs[0].get("engine", {}).get("device") != "cpu"
+    context = measurement_context(prompt_paths, model_dir, drafter_dir, guard_mode, breakdown, rehearsal=rehearsal)
     keys = [checkpoint_key(spec, context, max_num_seqs, engine_start) for spec in cell_specs]
     start_keys = None
     if engine_start is not None:

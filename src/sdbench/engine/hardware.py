@@ -138,11 +138,13 @@ def software() -> dict[str, str | None]:
     }
 
 
-def provenance(nvml: Any = None, gpus: bool = True, server: bool = False) -> dict[str, object]:
+def provenance(nvml: Any = None, gpus: bool = True, server: bool = False,
+               rehearsal: bool | None = None) -> dict[str, object]:  # fmt: skip
     """Versions, code and hardware facts recorded with every cell (its summary's columns;
     ``nvml``: an NVML module to ask instead of pynvml, e.g. a test double; ``gpus`` False: none
     looked up, for an engine that uses none: the rehearsal engine, which never imports torch;
-    ``server``: a server group's cell, whose measurement scope holds the server and its client)."""
+    ``server``: a server group's cell, whose measurement scope holds the server and its client;
+    ``rehearsal``: the rehearsal engine's cell, whose scope holds it (default: ``not gpus``))."""
     from sdbench.codedigest import package_digest
     from sdbench.engine.scope import measurement_digest
 
@@ -152,7 +154,7 @@ def provenance(nvml: Any = None, gpus: bool = True, server: bool = False) -> dic
         **software(),
         "code_digest": package_digest(),
         # The scope the cell was measured under (sdbench.engine.scope; the rehearsal engine's: gpus False).
-        "measurement_digest": measurement_digest(rehearsal=not gpus, server=server),
+        "measurement_digest": measurement_digest(rehearsal=not gpus if rehearsal is None else rehearsal, server=server),
         "hostname": platform.node(),
         "cpu_model": cpu,
         "cpu_count": os.cpu_count() or 0,

@@ -142,7 +142,8 @@ def measure_levels(
             for i, (k, v) in enumerate(keys.items()):
                 requests.insert(i, k, v)
             summary = summarise_level(keys, requests, walls, delta, spec).assign(
-                server_startup_s=server.startup_s, **report.columns(), **provenance(gpus=client.measured, server=True), measured=client.measured,
+                server_startup_s=server.startup_s, **report.columns(), **provenance(gpus=client.measured and spec.get("engine", {}).get("device") != "cpu", server=True,
+                                      rehearsal=not client.measured), measured=client.measured,
                 # A rehearsal's modelled seconds of the cell (warm-up and rounds); NaN when measured.
                 modelled_s=getattr(client, "level_s", float("nan")),
             )

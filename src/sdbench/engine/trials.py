@@ -332,7 +332,8 @@ class CellRun:
             warmup_s=self.warmup_s,
             **engine_memory(engine.llm),
             speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
-            **provenance(gpus=engine.measured),
+            **provenance(gpus=engine.measured and self.spec.get("engine", {}).get("device") != "cpu",
+                         rehearsal=not engine.measured),
             **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.paired when paired
             paired_baseline_num_preemptions=0,
             # The paired no-SD arm's engine start and warm-up (sdbench.bench.timeline's breakdown).
