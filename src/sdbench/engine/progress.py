@@ -22,12 +22,17 @@ after a resume ran in different processes. The cell says so (``resumed``, ``num_
 summary). Partial progress is not resumed, and is deleted, when it was written on other hardware
 (a cell's calls share hardware) or, under ``quiet_guard: refuse``, when its guard saw other work.
 Breakdown cells are not checkpointed inside (their step timings stay in the killed process).
+
+The interval is :data:`PROGRESS_EVERY_S` unless the environment sets :data:`ENV_PROGRESS_EVERY_S`
+(seconds; a test shortens it to kill and resume a real engine's cell in seconds). It is not part
+of the cell's checkpoint key: it moves where a killed job's calls are saved, not what they measure.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -43,11 +48,20 @@ PROGRESS_DIR = ".progress"
 # Seconds of timed calls (all arms) between two shards: a killed job loses at most this much
 # timed work plus the call it was in; each shard is a handful of small files.
 PROGRESS_EVERY_S = 300.0
+# Overrides PROGRESS_EVERY_S for the process (seconds, e.g. ``SDBENCH_PROGRESS_EVERY_S=1``).
+ENV_PROGRESS_EVERY_S = "SDBENCH_PROGRESS_EVERY_S"
 STATE = "state.json"
 # CellRun's cumulative fields a shard carries (the names sdbench.engine.trials.CellRun keeps): its
 # call rows (a list) and its request rows (sdbench.requesttable.RequestRows, saved as records).
 ROW_LISTS = ("call_rows", "request_rows")
 TABLE_OF = {"call_rows": "calls", "request_rows": "requests"}
+
+
+def progress_every_s(env: dict[str, str] | None = None) -> float:
+    """Seconds of timed calls between two shards: :data:`ENV_PROGRESS_EVERY_S`, else
+    :data:`PROGRESS_EVERY_S`."""
+    raw = (os.environ if env is None else env).get(ENV_PROGRESS_EVERY_S, "").strip()
+    return float(raw) if raw else PROGRESS_EVERY_S
 
 
 def _rows_to_parquet(rows: list[dict[str, Any]], path: Path) -> None:
@@ -82,14 +96,15 @@ def _guard_from_json(data: dict[str, Any]) -> GuardReport:
 class Progress:
     """The partial checkpoint of one cell (see the module docstring).
 
-    ``path`` is ``<checkpoints>/.progress/<key>``; ``here`` the hardware this process runs on.
+    ``path`` is ``<checkpoints>/.progress/<key>``; ``here`` the hardware this process runs on;
+    ``every_s`` the interval (default :func:`progress_every_s`).
     """
 
-    def __init__(self, path: str | Path, here: dict[str, Any], guard_mode: str, every_s: float = PROGRESS_EVERY_S):
+    def __init__(self, path: str | Path, here: dict[str, Any], guard_mode: str, every_s: float | None = None):
         self.path = Path(path)
         self.here = here
         self.guard_mode = guard_mode
-        self.every_s = float(every_s)
+        self.every_s = progress_every_s() if every_s is None else float(every_s)
         #: This process's segment: 0 for a cell timed from its start, n after n resumes.
         self.segment = 0
         #: The quiet guard's reports of the earlier segments (one per engine process).
