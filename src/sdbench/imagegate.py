@@ -2,7 +2,7 @@
 
 Inside the image, on a node of the engine partition, it checks what the image needs of the site:
 a GPU visible through ``--nv`` and a driver at least the image's CUDA minimum
-(:data:`sdbench.doctor.IMAGE_CUDA`: CUDA 13, the draft-model image's, needs driver >= 580). Where
+(:data:`sdbench.gpudriver.IMAGE_CUDA`: CUDA 13, the draft-model image's, needs driver >= 580). Where
 it fails, the job fails in one line, and Snakemake starts none of the engine jobs that read its
 output (every other image's jobs run on: ``keep-going``); where it passes it writes what it saw
 (``results/gates/<image>.json``). Its rule retries nothing: a driver does not change between two
@@ -23,7 +23,7 @@ from sdbench.io import atomic_path
 
 def gate(image: str, rehearsal: bool = False) -> tuple[bool, str]:
     """(passed, one line) of the image's gate, run inside the image."""
-    from sdbench.doctor import driver_check
+    from sdbench.gpudriver import driver_check
 
     if rehearsal and shutil.which("nvidia-smi") is None:
         return True, f"image {image} | skipped: a rehearsal, no nvidia-smi to ask (no GPU checked)"

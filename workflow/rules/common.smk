@@ -99,9 +99,10 @@ PREPARE_DATASET = (
     "sdbench rehearsal prepare-dataset" if PLAN.rehearsal else "sdbench prepare-dataset"
 )
 REHEARSAL_PREPARE = PLAN.rehearsal_prepare_arg()
-# The rehearsal's code (the package, reached by name from the engine code) joins the code digests of
-# the engine, prompt and model rules in a rehearsal only: a measured run's jobs never rerun for it.
-REHEARSAL_CODE = ("sdbench.rehearsal",) if PLAN.rehearsal else ()
+# What the rehearsal's prompt and model rules run (sdbench.rehearsal.prepare: its prompt sets and
+# stand-in models) joins their code digests in a rehearsal only: a measured run's jobs never rerun
+# for it. The rehearsal's engine is in the engine jobs' measurement scope (sdbench.engine.scope).
+REHEARSAL_CODE = ("sdbench.rehearsal.prepare",) if PLAN.rehearsal else ()
 # What engine jobs (and their checkpoints) are keyed on: the measurement's code only
 # (sdbench.engine.scope), so an edit of a trainer, a tracer or an analysis measures nothing again.
 MEASUREMENT_CODE = measurement_digest(rehearsal=PLAN.rehearsal)
