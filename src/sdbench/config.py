@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from sdbench.errors import ConfigError  # re-exported: callers import it from here
+from sdbench.errors import describe_yaml_error  # noqa: F401 - re-exported likewise
 from sdbench import sweeps
 from sdbench.servermode import server_problems
 from sdbench.figureindex import PUBLISHED_SCOPE
@@ -21,20 +22,6 @@ from sdbench.packagedata import read_text
 
 # Methods whose speculative_config needs a drafter model (``method.drafter``).
 DRAFTER_METHODS = frozenset({"eagle", "eagle3", "draft_model", "medusa", "mtp", "deepseek_mtp", "qwen3_next_mtp"})
-
-
-def describe_yaml_error(exc: yaml.YAMLError) -> str:
-    """One line for a YAML parse error: where (line, column) and what, without the snippet."""
-    def at(mark: Any) -> str:
-        return f"line {mark.line + 1}, column {mark.column + 1}"
-
-    mark, context_mark = getattr(exc, "problem_mark", None), getattr(exc, "context_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    context = getattr(exc, "context", None)
-    out = f"{at(mark)}: {problem}" if mark is not None else problem
-    if context:
-        out += f" ({context}" + (f" at {at(context_mark)})" if context_mark is not None else ")")
-    return out
 
 
 def load_schema() -> dict[str, Any]:

@@ -220,7 +220,7 @@ def load_model_yaml(path: str | os.PathLike[str] | Traversable) -> ModelSpec:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        from sdbench.config import describe_yaml_error
+        from sdbench.errors import describe_yaml_error
 
         raise ValueError(f"{path}: not valid YAML: {describe_yaml_error(exc)}") from exc
     spec = _spec_from_mapping(data if data is not None else {}, str(path))

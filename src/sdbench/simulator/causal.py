@@ -232,8 +232,11 @@ def step_cost(ctx: PolicyContext, obs: Observation, drafter: int) -> tuple[float
     """
     cm, b = ctx.cost_model, ctx.batch_size
     kv = obs.prompt_len + obs.position
-    verify0 = cm.target.c_fixed / b + cm.target.c_kv * kv + cm.target.c_compute
-    t0, per_token = verify0 + cm.overhead_per_step / b, cm.target.c_compute
+    t = cm.target
+    # A hinged target (knee): the plain step's hinge shared by the batch, and per draft token the
+    # chord from b to 2b batched tokens (every request's first draft); both 0.0 without a knee.
+    verify0 = t.c_fixed / b + t.c_kv * kv + t.c_compute + t.hinge(b) / b
+    t0, per_token = verify0 + cm.overhead_per_step / b, t.c_compute + (t.hinge(2 * b) - t.hinge(b)) / b
     if drafter == NONE:
         return t0, 0.0
     d = cm.drafter(NGRAM_COST_KEY if drafter == NGRAM else ctx.draft_method)

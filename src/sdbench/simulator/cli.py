@@ -1,5 +1,5 @@
 """Commands of the simulator stage: ``sdbench simulate``, ``sdbench costmodel`` (and its power
-model, ``costmodel power``), ``sdbench validate-simulator``.
+model, ``costmodel power``), ``sdbench validate-simulator``, ``sdbench calibrate`` (and ``calibrate fit``).
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
@@ -51,6 +51,11 @@ STEP_COLUMNS: tuple[str, ...] = (  # costmodel.STEP_COLUMNS
     "step_s",
 )
 DEFAULT_COST_MODEL = "llama3.1-8b-h100"
+CALIBRATE_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # calibrate.DEFAULT_BATCH_SIZES
+CALIBRATE_TOKENS: tuple[int, ...] = (1, 2, 3, 4, 5, 8)  # calibrate.DEFAULT_TOKENS
+CALIBRATE_CONTEXTS: tuple[int, ...] = (1024, 4096)  # calibrate.DEFAULT_CONTEXTS
+DRAFTER_KINDS: tuple[str, ...] = ("eagle", "eagle3", "mtp", "draft_model")  # calibrate.DRAFTER_KINDS
+HOLDOUT_RULES: tuple[str, ...] = ("every-4th", "random")  # calibrate.HOLDOUT_RULES
 
 
 def add_trace_options(p: argparse.ArgumentParser, traces_required: bool = True) -> None:
@@ -222,8 +227,64 @@ def _add_report_outputs(parser: argparse.ArgumentParser, figure: str) -> None:
     add_figure(parser, figure)
 
 
+def add_calibrate(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``calibrate`` (time a model's step on this machine) and its sub-action ``fit``."""
+    cal = subparsers.add_parser(
+        "calibrate",
+        help="time one step of a model's shape (random weights) on this GPU or CPU; fit a cost model from it",
+        description="Time one verification step (and the drafter's) of a model's architecture with random "
+        "weights over a grid of batch size B, new tokens per sequence q and context length L; time and energy "
+        "from one window. Sub-action: fit (a cost model and power model from such a table).",
+    )
+    cal.add_argument("--model", help="a config's model key (with --config), a repo id with a shipped "
+                     "architecture YAML, or a config.json / model directory")  # fmt: skip
+    cal.add_argument("--config", help="pipeline config whose models (and methods) --model and --method name")
+    cal.add_argument("--method", help="config method key: time its drafter for --model (EAGLE, EAGLE-3, MTP, "
+                     "draft model)")  # fmt: skip
+    cal.add_argument("--drafter", help="drafter repo id or config.json / directory (without --config)")
+    cal.add_argument("--drafter-kind", choices=DRAFTER_KINDS, help="what --drafter is (default: its architecture's)")
+    cal.add_argument("--no-drafter", action="store_true", help="time the target only")
+    cal.add_argument("--batch-sizes", nargs="+", type=int, default=list(CALIBRATE_BATCH_SIZES), metavar="B")
+    cal.add_argument("--tokens", nargs="+", type=int, default=list(CALIBRATE_TOKENS), metavar="Q",
+                     help="new tokens per sequence (the drafter: drafts per sequence)")  # fmt: skip
+    cal.add_argument("--contexts", nargs="+", type=int, default=list(CALIBRATE_CONTEXTS), metavar="L",
+                     help="tokens in each sequence's KV cache")  # fmt: skip
+    cal.add_argument("--device", default="auto", help="auto (CUDA/ROCm where torch sees one, else cpu), cpu, cuda[:N]")
+    cal.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                     help="default: bfloat16 on a GPU, float32 on the CPU")  # fmt: skip
+    cal.add_argument("--no-graphs", action="store_true", help="on CUDA, run eager instead of replaying CUDA graphs")
+    cal.add_argument("--window-s", type=float, default=None,
+                     help="seconds of back-to-back steps per window, time and energy read at its ends "
+                     "(default 1.0 on a GPU, 0.2 on the CPU)")  # fmt: skip
+    cal.add_argument("--windows", type=int, default=3, help="windows per point (the median's is kept; default 3)")
+    cal.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own)")
+    add_seed(cal, 0, "the random weights, tokens and KV caches")
+    cal.add_argument("--output", metavar="TABLE", help="the calibration table (.parquet, or .csv)")
+    add_figure(cal, "ms per step against batched tokens, a line per context length", required=False)
+    cal.set_defaults(func=lazy("sdbench.simulator.calibrate", "_cmd_calibrate"))
+    actions = cal.add_subparsers(dest="calibrate_action", required=False, metavar="{fit}")
+    fit = actions.add_parser("fit", help="a cost model (line or hinge, with a KV term) from a calibration table")
+    fit.add_argument("--table", required=True, help="calibration table (.parquet/.csv), or any CSV with B, q, L, ms "
+                     "(and joules)")  # fmt: skip
+    fit.add_argument("--name", required=True, help="name recorded in the cost model")
+    fit.add_argument("--output", required=True, metavar="MODEL.yaml", help="the cost model to write")
+    fit.add_argument("--power-output", metavar="FILE.json",
+                     help="the power model to write (without same-window energy: no parameters, and why)")  # fmt: skip
+    fit.add_argument("--holdout", choices=HOLDOUT_RULES, default="every-4th",
+                     help="rows held out to choose the shape: every 4th in (L, B, q) order, or a seeded random "
+                     "25%% (default every-4th)")  # fmt: skip
+    add_seed(fit, 0, "the random hold-out")
+    fit.add_argument("--base", default=DEFAULT_COST_MODEL,
+                     help="cost model whose drafters and per-step overhead are kept where the table has none "
+                     "(default: llama3.1-8b-h100)")  # fmt: skip
+    fit.add_argument("--board-limit-w", type=float, help="the board's power limit, to check implied watts against "
+                     "(default: the table's power_limit_w)")  # fmt: skip
+    fit.set_defaults(func=lazy("sdbench.simulator.calibrate", "_cmd_fit"))
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the simulator stage's commands: ``costmodel``, ``validate-simulator``, ``simulate``."""
+    """Add the simulator stage's commands: ``costmodel``, ``validate-simulator``, ``simulate``, ``calibrate``."""
     add_costmodel(subparsers)
     add_validate_simulator(subparsers)
     add_simulate(subparsers)
+    add_calibrate(subparsers)

@@ -96,6 +96,7 @@ def _random_steps(
     draws = rs.random_sample(len(req) * batch_size).reshape(len(req), batch_size)
     matched = (draws < match_probability).sum(axis=1)
     verify = t.c_kv * batch_size * kv + t.c_compute * (batch_size + matched * k) + t.c_fixed
+    verify = verify + t.hinge(batch_size + matched * k)  # 0.0 without a knee: the published numbers stay
     d = cm.drafter(NGRAM_METHOD)
     if fidelity.batch_draft_cost:
         draft = np.where(matched > 0, d.time(verify, batch_size * kv, matched * k), 0.0)

@@ -71,6 +71,7 @@ RESULT_COLUMNS: tuple[str, ...] = (
     "mode",
     "batching",
     "cost_model",
+    "cost_model_sha256",
     "num_requests",
     "speedup",
     "baseline_tokens_per_s",
@@ -147,6 +148,7 @@ def simulate_prepared(
     if any(int(b) < 1 for b in batch_sizes):
         raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
     arrays = prep.arrays
+    digest = cm.digest()  # which cost model priced the rows (its name alone can be shared by two files)
     if match_probability is None:
         match_probability = COMPAT_NGRAM_MATCH_PROBABILITY.get(prep.dataset)
     tokens = arrays.length.astype(float)
@@ -212,6 +214,7 @@ def simulate_prepared(
                     "mode": mode,
                     "batching": batching,
                     "cost_model": cm.name,
+                    "cost_model_sha256": digest,
                     "num_requests": arrays.num_requests,
                     "speedup": sd_tpt[j] / base_tpt[j],
                     "baseline_tokens_per_s": base_tpt[j],

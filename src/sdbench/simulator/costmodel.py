@@ -3,7 +3,9 @@
 A cost model predicts the wall time (seconds) of one engine step:
 
 - target forward pass (verification, or prefill/plain decode):
-  ``c_kv * tokens_in_kv_cache + c_compute * batched_tokens + c_fixed``;
+  ``c_kv * tokens_in_kv_cache + c_compute * batched_tokens + c_fixed``, plus, where the model has a
+  knee (``knee_tokens``, ``c_above_knee``: a hinge fitted by ``sdbench calibrate fit``),
+  ``c_above_knee * max(0, batched_tokens - knee_tokens)``: a step that turns compute-bound past the knee;
 - drafting, per drafter method (a key of ``drafters``):
   ``fraction_of_verify`` (n-gram lookup: ``fraction * verify_time``) or
   ``linear`` (learned drafters: ``c_kv * kv + c_spec * proposed_tokens + c_fixed``);
@@ -40,7 +42,15 @@ _TARGET_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "required": ["c_kv", "c_compute", "c_fixed"],
-    "properties": {"c_kv": _COEF, "c_compute": _COEF, "c_fixed": _COEF},
+    "properties": {
+        "c_kv": _COEF,
+        "c_compute": _COEF,
+        "c_fixed": _COEF,
+        # The optional hinge: both or neither (a knee without its slope prices nothing).
+        "knee_tokens": {"type": "number", "exclusiveMinimum": 0},
+        "c_above_knee": _COEF,
+    },
+    "dependentRequired": {"knee_tokens": ["c_above_knee"], "c_above_knee": ["knee_tokens"]},
 }
 _DRAFTER_KINDS = {
     "fraction_of_verify": {"fraction": _COEF},
@@ -98,15 +108,32 @@ NGRAM_KIND_METHODS = frozenset({"ngram"})
 
 @dataclass(frozen=True)
 class TargetCost:
-    """Target forward pass: ``c_kv * kv + c_compute * batched + c_fixed`` seconds."""
+    """Target forward pass: ``c_kv * kv + c_compute * batched + c_fixed`` seconds, plus
+    :meth:`hinge` where the model has a knee (``c_above_knee`` > 0)."""
 
     c_kv: float
     c_compute: float
     c_fixed: float
+    knee_tokens: float = 0.0
+    c_above_knee: float = 0.0
+
+    def hinge(self, batched_tokens: Any) -> Any:
+        """``c_above_knee * max(0, batched - knee_tokens)`` seconds; exactly 0.0 without a knee, so
+        a linear model prices bit for bit as before. Elementwise on numpy arrays."""
+        if self.c_above_knee == 0.0:
+            return 0.0
+        return self.c_above_knee * np.maximum(np.asarray(batched_tokens, dtype=float) - self.knee_tokens, 0.0)
 
     def time(self, kv_tokens: Any, batched_tokens: Any) -> Any:
         """Forward-pass seconds; works elementwise on numpy arrays."""
-        return self.c_kv * kv_tokens + self.c_compute * batched_tokens + self.c_fixed
+        return self.c_kv * kv_tokens + self.c_compute * batched_tokens + self.c_fixed + self.hinge(batched_tokens)
+
+    def to_dict(self) -> dict[str, float]:
+        """The YAML mapping of the target (the knee only where the model has one)."""
+        out = {"c_kv": self.c_kv, "c_compute": self.c_compute, "c_fixed": self.c_fixed}
+        if self.c_above_knee > 0.0:
+            out.update(knee_tokens=self.knee_tokens, c_above_knee=self.c_above_knee)
+        return out
 
 
 @dataclass(frozen=True)
@@ -161,13 +188,21 @@ class CostModel:
             out["description"] = self.description
         if self.source:
             out["source"] = self.source
-        out["target"] = {"c_kv": self.target.c_kv, "c_compute": self.target.c_compute, "c_fixed": self.target.c_fixed}
+        out["target"] = self.target.to_dict()
         out["drafters"] = {m: d.to_dict() for m, d in self.drafters.items()}
         out["overhead_per_step"] = self.overhead_per_step
         out["switching_overhead"] = self.switching_overhead
         if self.fit:
             out["fit"] = dict(self.fit)
         return out
+
+    def digest(self) -> str:
+        """sha256 of the model's canonical YAML (keys sorted): which model priced a simulation,
+        the same for the same coefficients whatever the file's comments or key order."""
+        import hashlib
+
+        text = yaml.safe_dump(self.to_dict(), sort_keys=True, default_flow_style=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _key_path(path: Any) -> str:
@@ -221,7 +256,7 @@ def resolve_cost_model_path(name_or_path: str | os.PathLike[str]) -> Path | Trav
 
 def load_cost_model(name_or_path: str | os.PathLike[str]) -> CostModel:
     """Load and validate a cost model by name (see :func:`available_cost_models`) or YAML path."""
-    from sdbench.config import describe_yaml_error
+    from sdbench.errors import describe_yaml_error
 
     path = resolve_cost_model_path(name_or_path)
     try:
@@ -390,7 +425,8 @@ def _format_fit(model: CostModel) -> str:
     t = model.target
     lines = [
         f"cost model {model.name}",
-        f"  target: c_kv={t.c_kv:.6e} c_compute={t.c_compute:.6e} c_fixed={t.c_fixed:.6e}",
+        f"  target: c_kv={t.c_kv:.6e} c_compute={t.c_compute:.6e} c_fixed={t.c_fixed:.6e}"
+        + (f" knee_tokens={t.knee_tokens:.6g} c_above_knee={t.c_above_knee:.6e}" if t.c_above_knee > 0 else ""),
     ]
     for m, d in model.drafters.items():
         if d.kind == "fraction_of_verify":

@@ -83,6 +83,34 @@ def _step_coefficients(
     return a, c
 
 
+def _verify_weights(
+    traj: Trajectories, proposer: str | None, cm: CostModel, fidelity: Fidelity, draft_method: str
+) -> np.ndarray:
+    """Per step, how many times it pays its verify pass: 1, plus the fraction of a
+    ``fraction_of_verify`` drafter it is charged (as :func:`_step_coefficients` charges it)."""
+    w = np.ones(traj.num_steps)
+    charged = _charged_drafter(traj, proposer, fidelity)
+    for code, method in ((NGRAM, NGRAM_METHOD), (DRAFT, draft_method)):
+        m = charged == code
+        if m.any() and cm.drafter(method).kind == "fraction_of_verify":
+            w[m] += cm.drafter(method).fraction
+    return w
+
+
+def _hinge_per_k(
+    traj: Trajectories, arrays: TraceArrays, proposer: str | None, cm: CostModel, fidelity: Fidelity,
+    draft_method: str, lin: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """Verify passes per request and drafts ``k`` (shape (requests, max k + 1)) of the steps priced
+    linearly: a hinged target's extra seconds are not linear in the batch size, but a step's depend
+    on it only through ``k`` (it batches ``batch * (k + 1)`` tokens), so they are priced per k."""
+    n = arrays.num_requests
+    width = int(traj.k.max()) + 1 if traj.num_steps else 1
+    w = _verify_weights(traj, proposer, cm, fidelity, draft_method)
+    cell = traj.req[lin].astype(np.int64) * width + traj.k[lin]
+    return np.bincount(cell, w[lin], minlength=n * width).reshape(n, width)
+
+
 def replicated_latency(
     traj: Trajectories,
     arrays: TraceArrays,
@@ -108,6 +136,11 @@ def replicated_latency(
     # Prefill of the whole batch (empty KV cache), then its per-step overhead.
     fixed = cm.target.c_fixed + cm.overhead_per_step + a_sum
     lat = fixed[:, None] + (cm.target.c_compute * prompt + c_sum)[:, None] * b[None, :]
+    if cm.target.c_above_knee > 0:  # the hinge: the prefill's batch * prompt tokens, each step's per k
+        passes = _hinge_per_k(traj, arrays, proposer, cm, fidelity, draft_method, lin)
+        tokens = 1.0 + np.arange(passes.shape[1])
+        for j, bs in enumerate(b):
+            lat[:, j] += cm.target.hinge(bs * prompt) + passes @ cm.target.hinge(bs * tokens)
     if traj.rng is not None and traj.rng.any():
         if rng_state is None or match_probability is None:
             raise ValueError("the random n-gram match model needs the sampling RNG state and a match probability")
@@ -144,10 +177,16 @@ def replicated_energy(
     c_k = np.bincount(cell, c[lin], minlength=n * width).reshape(n, width)
     prompt = arrays.prompt_len.astype(float)
     out = np.empty((n, len(batch_sizes)))
+    hinged = cm.target.c_above_knee > 0
+    passes = _hinge_per_k(traj, arrays, proposer, cm, fidelity, draft_method, lin) if hinged else None
     for j, bs in enumerate(batch_sizes):
         b = float(bs)
         prefill_s = cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b
-        out[:, j] = prefill_s * power.watts(b * prompt) + (a_k + c_k * b) @ power.watts(b * (1.0 + np.arange(width)))
+        watts = power.watts(b * (1.0 + np.arange(width)))
+        out[:, j] = prefill_s * power.watts(b * prompt) + (a_k + c_k * b) @ watts
+        if passes is not None:  # the hinge's seconds (replicated_latency), at the same steps' power
+            hinge_s = cm.target.hinge(b * (1.0 + np.arange(width)))
+            out[:, j] += cm.target.hinge(b * prompt) * power.watts(b * prompt) + passes @ (hinge_s * watts)
     if traj.rng is not None and traj.rng.any():
         if rng_state is None or match_probability is None:
             raise ValueError("the random n-gram match model needs the sampling RNG state and a match probability")
