@@ -605,6 +605,39 @@ def test_ext11_draws_tpot_against_throughput_per_device_by_concurrency(tmp_path:
         assert got["note"].tolist() == line["concurrency"].astype(str).tolist()
 
 
+@covers("ext17_goodput_frontier")
+def test_ext17_draws_a_square_per_grid_target_in_its_regions_colour_and_a_star_at_the_targets(tmp_path: Path) -> None:
+    from sdbench.analysis.goodputfrontier import plot_frontier
+
+    regions = ["SD better", "no SD better", "undecided", "neither meets"]
+    colors = {"SD better": "#b7e4b0", "no SD better": "#f4b6b0", "undecided": "#e6e6e6", "neither meets": "#8c8c8c"}
+    rows = [dict(engine="e", model="m", dataset="d", method=m, sd_method=m.split("-")[0], num_speculative_tokens=3,
+                 concurrency=c, point="grid", slo_ttft_ms=ttft, slo_tpot_ms=tpot, slo_e2e_ms=np.nan,
+                 region=regions[(i + j + c) % 4], flags="contaminated" if c == 4 else "")
+            for m in ("ngram-k3", "eagle3-k3") for c in (1, 4)
+            for i, ttft in enumerate((10.0, 20.0, 40.0)) for j, tpot in enumerate((1.0, 2.0, 4.0))]  # fmt: skip
+    rows.append(dict(rows[0], point="your targets", slo_ttft_ms=np.nan, slo_tpot_ms=3.0, slo_e2e_ms=500.0,
+                     region="undecided"))  # fmt: skip
+    table = pd.DataFrame(rows)
+    png = tmp_path / "ext17.png"
+    drawn = drawn_of(plot_frontier(table, png, {"ngram-k3": "n-gram", "eagle3-k3": "EAGLE-3"}), png)
+    grid = table[table["point"] == "grid"]
+    cells = by(drawn, mark="cell")
+    assert len(cells) == len(grid) and set(drawn["mark"]) == {"cell", "target"}
+    for r in grid.itertuples(index=False):
+        label = "n-gram" if r.method == "ngram-k3" else "EAGLE-3"
+        flag = " (flagged: contaminated)" if r.concurrency == 4 else ""
+        got = cells[(cells["panel"] == f"m / d / e / {label}, concurrency {r.concurrency}{flag}")
+                    & (cells["series"] == r.method) & np.isclose(cells["x"].astype(float), r.slo_tpot_ms)
+                    & np.isclose(cells["y"], r.slo_ttft_ms)]  # fmt: skip
+        assert got["note"].tolist() == [r.region] and got["color"].tolist() == [colors[r.region]]
+    # No TTFT target: the star sits at the grid's loosest TTFT (40 ms), where every request meets it.
+    star = by(drawn, mark="target")
+    assert len(star) == 1 and star["panel"].iloc[0] == "m / d / e / n-gram, concurrency 1"
+    same([float(star["x"].iloc[0]), star["y"].iloc[0]], [3.0, 40.0])
+    assert star["note"].iloc[0] == "your targets: undecided"
+
+
 @covers("ext12_speed_bench_categories")
 def test_ext12_draws_a_bar_per_category_and_method_with_its_interval(tmp_path: Path) -> None:
     from sdbench.analysis.categories import plot_category_acceptance

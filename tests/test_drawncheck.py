@@ -299,7 +299,8 @@ def test_every_checker_on_an_end_to_end_shaped_run(full_run: Path) -> None:
     items = {name.split("/")[0] for name in checked}
     assert items == set(drawncheck.CHECKS) - {"ext00_verdict", "fig01_end_to_end", "ext02_acceptance_per_position",
                                               "fig09_fixed_vs_oracle", "ext03_compat_vs_exact", "fig08_bleu_simulated",
-                                              "ext11_latency_throughput", "ext12_speed_bench_categories"}  # fmt: skip
+                                              "ext11_latency_throughput", "ext12_speed_bench_categories",
+                                              "ext17_goodput_frontier"}  # fmt: skip
     assert all(n > 0 for _, n in checked.values()), checked
     # By hand: Fig. 3 has a bar per stage x (3 methods at batch size 1); ext14 the gap's 4 bars; ext15 one
     # point of the step-timing fit (the other predicted nothing) and two of the refit.

@@ -84,13 +84,13 @@ def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
     point = server_points(cells).iloc[0]
     assert point["goodput_ratio"] == pytest.approx(4.0) and point["baseline_goodput_rps"] == pytest.approx(0.5)
     assert 1.0 < point["goodput_ratio_ci_low"] <= 4.0 <= point["goodput_ratio_ci_high"]
-    assert point["goodput_verdict"] == "pays"
+    assert point["goodput_verdict"] == "SD better"  # where the targets fall on the frontier, not "pays"
     text = "\n".join(goodput_sections(server_points(cells).assign(load_kind="concurrency", load=2), {"ngram-k3": "n-gram"}))
     assert "| no SD (req/s) | 0.5 |" in text.splitlines()
     # The SD row whole. SD's draws are all 2 req/s; no SD's are k / 4 s with k ~ Binomial(8, 1/4) good
     # requests (each round holds one good of four): the ratio 8 / k is infinite at k = 0 (P = 10%, over
     # the top 2.5%), and its 2.5% point is 8 / 5 (P(k >= 5) = 2.7%, P(k >= 6) = 0.4%).
-    assert "| n-gram | 4.00 [1.60, inf] pays |" in text.splitlines()
+    assert "| n-gram | 4.00 [1.60, inf] SD better |" in text.splitlines()
     # Without targets for the dataset: no goodput, and no verdict on it.
     bare = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {}, 42)
     assert server_points(bare).iloc[0]["goodput_verdict"] == "no targets"
@@ -102,17 +102,20 @@ def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
 
 
 def test_where_no_sd_meets_no_target_the_verdict_gives_sd_goodput_not_an_infinite_ratio() -> None:
+    """Only SD's requests meet the targets: SD's goodput and that none met without SD, never "pays";
+    no request of either arm: named, not scored."""
     from sdbench.analysis.verdict import goodput_sections, server_points
 
     base, base_reqs = server_cell("none", 0)
-    for good, verdict, square in ((4, "pays", "| n-gram | 2 req/s, only SD meets: pays |"),
-                                  (0, "neither meets", "| n-gram | 0 req/s, neither meets |")):  # fmt: skip
+    for good, verdict, square in ((4, "SD better", "| n-gram | 2 req/s, none without SD: SD better |"),
+                                  (0, "neither meets", "| n-gram | 0 req/s, neither meets: not scored |")):  # fmt: skip
         sd, sd_reqs = server_cell("ngram-k3", good)
         cells = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {"d": SLO}, 42)
         points = server_points(cells)
         assert points.iloc[0]["goodput_verdict"] == verdict  # 8 good over 2 x 2 s; or 0 of 8 in both arms
         text = "\n".join(goodput_sections(points.assign(load_kind="concurrency", load=2), {"ngram-k3": "n-gram"}))
-        assert "| no SD (req/s) | 0 |" in text and square in text and "inf" not in text
+        assert "| no SD (req/s) | 0 |" in text and square in text.splitlines()
+        assert "inf" not in text and "pays" not in text
 
 
 def test_targets_are_global_or_per_dataset_and_a_stray_dataset_is_named() -> None:
@@ -176,16 +179,17 @@ def test_the_goodput_verdict_per_method_on_hand_made_draws_and_its_whole_markdow
     assert points.loc["ngram-k3", bounds].tolist() == [2.0, 8.0]
     assert points.loc["eagle-k2", bounds].tolist() == [0.5, 2.0]
     assert points.loc["mtp-k1", bounds].tolist() == pytest.approx([0.2, 0.8])
-    assert points["goodput_verdict"].to_dict() == {"ngram-k3": "pays", "eagle-k2": "break-even", "mtp-k1": "loses"}
+    assert points["goodput_verdict"].to_dict() == {"ngram-k3": "SD better", "eagle-k2": "undecided",
+                                                   "mtp-k1": "no SD better"}  # fmt: skip
     text = goodput_sections(points.reset_index().assign(load_kind="concurrency", load=2),
                             {"ngram-k3": "n-gram", "eagle-k2": "EAGLE", "mtp-k1": "MTP"})  # fmt: skip
     assert text[2:8] == [
         "| method | concurrency 2 |",
         "|---|---|",
         "| no SD (req/s) | 0.5 |",
-        "| EAGLE | 1.00 [0.50, 2.00] break-even |",
-        "| MTP | 0.40 [0.20, 0.80] loses |",
-        "| n-gram | 4.00 [2.00, 8.00] pays |",
+        "| EAGLE | 1.00 [0.50, 2.00] undecided |",
+        "| MTP | 0.40 [0.20, 0.80] no SD better |",
+        "| n-gram | 4.00 [2.00, 8.00] SD better |",
     ]
 
 

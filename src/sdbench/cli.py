@@ -237,6 +237,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "cost": analysis_cli.add_cost,
     "energy": analysis_cli.add_energy,
     "latency": analysis_cli.add_latency,
+    "goodput-frontier": analysis_cli.add_goodput_frontier,
     "proposal-length": analysis_cli.add_proposal_length,
     "random-inputs": analysis_cli.add_random_inputs,
     "temperature": analysis_cli.add_temperature,
@@ -250,6 +251,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "breakdown": analysis_cli.add_breakdown,
     "validate-simulator": simulator_cli.add_validate_simulator,
     "simulate": simulator_cli.add_simulate,
+    "calibrate": simulator_cli.add_calibrate,
     "bundle": _add_bundle,
     "containers": _add_containers,
     "check-model": models_cli.add_check_model,
@@ -262,7 +264,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
 # What a user runs by hand, listed first by ``sdbench --help``; the rest are the pipeline's steps.
 TOOLS = (
     "doctor", "check-config", "compare", "verdict", "engines", "containers", "bundle", "simulate", "memory", "bench",
-    "figure-index", "fetch", "download-model", "check-model", "costmodel", "datasets", "rehearsal",
+    "figure-index", "fetch", "download-model", "check-model", "costmodel", "calibrate", "datasets", "rehearsal",
 )  # fmt: skip
 # The stages' command modules (each has register(subparsers) adding all its commands).
 STAGE_CLIS = (traces_cli, bench_cli, analysis_cli, datasets_cli, engine_cli, models_cli, simulator_cli)

@@ -128,6 +128,9 @@ ITEMS: tuple[Item, ...] = (
          (".png", ".md"), "analysis.temperature.temperature_table", PRODUCTION),
     Item("ext11_latency_throughput", "", "server mode: TPOT p50 vs output tokens/s per device by concurrency; cost",
          (".png", ".md"), "analysis.latency.latency_table", PRODUCTION),
+    Item("ext17_goodput_frontier", "", "server mode: where SD's goodput is higher, over every TTFT x TPOT target; "
+         "each arm's max load at 90% attainment", (".png", ".md"), "analysis.goodputfrontier.frontier_table",
+         PRODUCTION),
     Item("ext12_speed_bench_categories", "", "acceptance length per SPEED-Bench category, per method, 95% intervals",
          (".png", ".md"), "analysis.categories.category_acceptance", PRODUCTION),
     Item("ext13_forced_acceptance", "", "speedup at forced accepted lengths per method x batch size; the ceiling",

@@ -565,6 +565,86 @@ def check_ext11(run: Path, scope: str, drawn: pd.DataFrame) -> int:
     return len(t)
 
 
+# How ext17 colours a region (docs/figures.md), written out here.
+REGION_COLORS = {"SD better": "#b7e4b0", "no SD better": "#f4b6b0", "undecided": "#e6e6e6", "neither meets": "#8c8c8c"}
+
+
+def region_rule(low: float, high: float, sd_goodput: float, base_goodput: float) -> str:
+    """Where a target lies: no request of either arm meets it, else the difference's 95% interval vs 0."""
+    if sd_goodput == 0 and base_goodput == 0:
+        return "neither meets"
+    return "SD better" if low > 0 else "no SD better" if high < 0 else "undecided"
+
+
+def _server_cells(run: Path) -> dict[tuple, tuple[pd.DataFrame, float]]:
+    """(engine, model, dataset, method, concurrency) -> (its timed requests, its rounds' summed wall time)."""
+    out = {}
+    for path in sorted((run / "results/server").glob("*/*/*/*/c*/summary.parquet")):
+        s = pd.read_parquet(path).iloc[0]
+        key = (s["engine"], s["model"], s["dataset"], s["method"], int(s["concurrency"]))
+        out[key] = (pd.read_parquet(path.with_name("requests.parquet")), float(sum(s["round_wall_s"])))
+    return out
+
+
+def _goodput_by_hand(requests: pd.DataFrame, wall: float, ttft: float, tpot: float, e2e: float) -> float:
+    """Requests meeting every target set (ms; NaN: none) per second; a one-token request's TPOT is 0."""
+    good = np.ones(len(requests), dtype=bool)
+    for column, target in (("ttft_s", ttft), ("tpot_s", tpot), ("latency_s", e2e)):
+        values = requests[column].to_numpy(dtype=float)
+        if not math.isnan(target):
+            good &= (np.nan_to_num(values, nan=0.0) if column == "tpot_s" else values) * 1000.0 <= target
+    return float(good.sum()) / wall
+
+
+def check_ext17(run: Path, scope: str, drawn: pd.DataFrame) -> int:
+    """Each grid target's goodput (both arms) counted by hand from the server cells' requests, its region
+    by the rule on the table's interval, and the square drawn there in that region's colour; the user's
+    targets as a star with their region, and the verdict's goodput square saying the same."""
+    t = pd.read_parquet(run / "results/tables/goodput_frontier.parquet")
+    cells = _server_cells(run)
+    labels = {k: m.get("label", k) for k, m in config(run)["methods"].items()}  # the rule's --labels
+    verdict_path = run / "results/tables/verdict.parquet"
+    verdict = pd.read_parquet(verdict_path) if verdict_path.is_file() else None
+    squares, stars = drawn[drawn["mark"] == "cell"], drawn[drawn["mark"] == "target"]
+    n = 0
+    panels = t.groupby(["engine", "model", "dataset", "method", "concurrency"])
+    for (engine, model, dataset, method, c), panel in panels:
+        what = f"ext17 {model} / {dataset} {method} concurrency {c}"
+        title = f"{model} / {dataset} / {engine} / {labels.get(method, method)}, concurrency {c}"
+        def here(marks: pd.DataFrame) -> pd.DataFrame:  # the panel's marks (its title may add its flags)
+            return marks[(marks["panel"] == title) | marks["panel"].str.startswith(title + " (flagged: ")]
+
+        sd, base = cells[(engine, model, dataset, method, int(c))], cells[(engine, model, dataset, "none", int(c))]
+        grid = panel[panel["point"] == "grid"]
+        marks = here(squares[squares["series"] == method])
+        assert len(marks) == len(grid), f"{what}: {len(marks)} squares for {len(grid)} grid targets"
+        at = {(round(float(x), 9), round(float(y), 9)): (note, color)
+              for x, y, note, color in zip(marks["x"], marks["y"], marks["note"], marks["color"])}  # fmt: skip
+        for r in panel.itertuples(index=False):
+            targets = (r.slo_ttft_ms, r.slo_tpot_ms, r.slo_e2e_ms)
+            close(r.goodput_rps, _goodput_by_hand(*sd, *targets), what=f"{what} SD goodput at {targets}")
+            close(r.baseline_goodput_rps, _goodput_by_hand(*base, *targets), what=f"{what} no-SD goodput at {targets}")
+            rule = region_rule(r.goodput_difference_rps_ci_low, r.goodput_difference_rps_ci_high, r.goodput_rps,
+                               r.baseline_goodput_rps)  # fmt: skip
+            assert r.region == rule, f"{what}: region {r.region} at {targets}, rule {rule}"
+            if r.point == "grid":
+                note, color = at[(round(r.slo_tpot_ms, 9), round(r.slo_ttft_ms, 9))]
+                assert (note, color) == (rule, REGION_COLORS[rule]), f"{what}: drawn {note} {color} at {targets}"
+            else:  # the user's targets: a star, at the grid's loosest value where one is unset
+                x = r.slo_tpot_ms if not math.isnan(r.slo_tpot_ms) else grid["slo_tpot_ms"].max()
+                y = r.slo_ttft_ms if not math.isnan(r.slo_ttft_ms) else grid["slo_ttft_ms"].max()
+                star = one(here(stars), what, series=method)
+                close(float(star["x"]), x, what=f"{what} star x")
+                close(star["y"], y, what=f"{what} star y")
+                assert star["note"] == f"your targets: {rule}", f"{what}: star says {star['note']}, rule {rule}"
+                if verdict is not None:
+                    v = one(verdict, what, engine=engine, model=model, dataset=dataset, method=method, load=c)
+                    assert v["goodput_verdict"] in (rule, "flagged"), f"{what}: verdict {v['goodput_verdict']}, {rule}"
+            n += 1
+    assert len(squares) == (t["point"] == "grid").sum() and len(stars) == (t["point"] != "grid").sum(), "ext17: marks"
+    return n
+
+
 def check_ext03(run: Path, scope: str, drawn: pd.DataFrame) -> int:
     t = pd.read_csv(run / "results/simulator/compat_vs_exact.csv")
     n = 0
@@ -596,6 +676,7 @@ CHECKS: dict[str, Callable[[Path, str, pd.DataFrame], int]] = {
     "ext15_simulator_at_forced": check_ext15, "ext07_cost": check_ext07, "ext16_energy_per_token": check_ext16,
     "ext08_proposal_length": check_ext08,
     "ext09_random_inputs": check_ext09, "ext10_temperature": check_ext10, "ext11_latency_throughput": check_ext11,
+    "ext17_goodput_frontier": check_ext17,
     "ext12_speed_bench_categories": check_ext12, "ext13_forced_acceptance": check_ext13, "ext14_sd_gap": check_ext14,
 }  # fmt: skip
 

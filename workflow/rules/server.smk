@@ -62,3 +62,31 @@ rule ext11_latency_throughput:
         "--currency={params.currency:q} --source={params.source:q} --slo {params.slo} "
         "--seed {params.seed} --output {output.table} "
         "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
+
+
+# Goodput without a hand-picked target (ext17): over every TTFT x TPOT target, where each SD arm's
+# goodput is higher than no SD's at the same concurrency; each arm's highest load at 90% attainment.
+# The user's targets (server.slo) are one point on it.
+rule ext17_goodput_frontier:
+    input:
+        PLAN.server_group_dirs(),
+    output:
+        table=P.table("goodput_frontier"),
+        max_load=P.table("goodput_max_load"),
+        markdown=paper_report("ext17_goodput_frontier", ".md"),
+        figure=paper_report("ext17_goodput_frontier", ".png"),
+        drawn=drawn_table("ext17_goodput_frontier"),
+    log:
+        "logs/ext17_goodput_frontier.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.goodputfrontier"),
+        slo=quoted(PLAN.server_slos()),
+        labels=quoted(PLAN.method_labels()),
+        seed=config["seed"],
+    shell:
+        "sdbench goodput-frontier --groups {input} --slo {params.slo} --labels {params.labels} "
+        "--seed {params.seed} --output {output.table} --max-load {output.max_load} "
+        "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"

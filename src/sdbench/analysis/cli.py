@@ -1,6 +1,6 @@
 """Commands of the analysis stage: ``sdbench aggregate``, ``plot-throughput``, ``memory``,
-``memory-table``, ``cost``, ``proposal-length``, ``random-inputs``, ``temperature``, ``category-acceptance``, ``bleu``,
-``acceptance`` and ``breakdown``.
+``memory-table``, ``cost``, ``latency``, ``goodput-frontier``, ``proposal-length``, ``random-inputs``,
+``temperature``, ``category-acceptance``, ``bleu``, ``acceptance`` and ``breakdown``.
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
@@ -31,6 +31,8 @@ DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 DEFAULT_ORDER = 4
 MAX_ORDER = 10
 BASES: tuple[str, ...] = ("auto", "text", "ids")
+# goodput-frontier: targets per axis of the grid (analysis.goodputfrontier.GRID_POINTS)
+FRONTIER_GRID = 24
 
 
 def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
@@ -121,6 +123,23 @@ def add_latency(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--seed", type=int, default=42, help="seed of goodput's bootstrap (the config's)")
     add_table_outputs(c, "TPOT p50 vs output tokens/s per device, per method")
     c.set_defaults(func=lazy("sdbench.analysis.latency", "_cmd_latency"))
+
+
+def add_goodput_frontier(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench goodput-frontier``."""
+    c = subparsers.add_parser(
+        "goodput-frontier", help="server mode: where SD's goodput is higher over every TTFT x TPOT target; max load"
+    )
+    c.add_argument("--groups", nargs="+", required=True, help="server group directories (serve-group)")
+    c.add_argument("--slo", default="{}", help="JSON: dataset -> your latency targets {ttft_ms, tpot_ms, e2e_ms}")
+    c.add_argument("--seed", type=int, default=42, help="seed of goodput's bootstrap (the config's)")
+    c.add_argument("--grid", type=int, default=FRONTIER_GRID,
+                   help=f"targets per axis of the frontier's grid (default {FRONTIER_GRID})")  # fmt: skip
+    add_labels(c)
+    add_table_outputs(c, "the frontier: a panel per SD arm x concurrency, TTFT x TPOT targets by region",
+                      table="one row per SD arm x concurrency x target with its region")  # fmt: skip
+    c.add_argument("--max-load", required=True, help="output: each arm's highest load meeting each target (parquet)")
+    c.set_defaults(func=lazy("sdbench.analysis.goodputfrontier", "_cmd_goodput_frontier"))
 
 
 def add_proposal_length(subparsers: argparse._SubParsersAction) -> None:
@@ -342,6 +361,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_cost,
         add_energy,
         add_latency,
+        add_goodput_frontier,
         add_proposal_length,
         add_random_inputs,
         add_temperature,

@@ -36,6 +36,10 @@ from sdbench.analysis.stats import CONFIDENCE, NUM_RESAMPLES
 # server.slo key -> the request column it bounds (seconds in the table, ms in the config).
 TARGETS = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2e_ms": "latency_s"}
 PERCENTILES = (50, 90, 95, 99)
+# Where a target lies against no SD at the same concurrency (:func:`region`): the verdict's goodput
+# squares and the frontier's regions (sdbench.analysis.goodputfrontier) use these words.
+SD_BETTER, BASE_BETTER, UNDECIDED, NEITHER = "SD better", "no SD better", "undecided", "neither meets"
+REGIONS = (SD_BETTER, BASE_BETTER, UNDECIDED, NEITHER)
 
 
 def meets_targets(requests: pd.DataFrame, slo: dict[str, float]) -> np.ndarray:
@@ -51,18 +55,50 @@ def meets_targets(requests: pd.DataFrame, slo: dict[str, float]) -> np.ndarray:
     return good
 
 
+def resample_weights(rounds: np.ndarray, walls: list[float], seed: int,
+                     resamples: int = NUM_RESAMPLES) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The bootstrap of :func:`goodput_draws` as weights: per draw, how often each request was drawn
+    (rounds with replacement, then each drawn round's requests with replacement) and the drawn
+    rounds' summed wall time. One set of weights serves every target (``weights @ good / wall``), so
+    the draws at two targets, and at the user's targets and a grid's, come from the same resamples."""
+    rng = np.random.default_rng(seed)
+    members = [np.flatnonzero(rounds == r) for r in range(len(walls))]
+    weights = np.zeros((resamples, len(rounds)))
+    wall = np.empty(resamples)
+    for b in range(resamples):
+        chosen = rng.integers(0, len(walls), size=len(walls))
+        for r in chosen:
+            picked = members[r][rng.integers(0, len(members[r]), size=len(members[r]))]
+            weights[b] += np.bincount(picked, minlength=len(rounds))
+        wall[b] = sum(walls[r] for r in chosen)
+    return weights, wall
+
+
 def goodput_draws(good: np.ndarray, rounds: np.ndarray, walls: list[float], seed: int,
                   resamples: int = NUM_RESAMPLES) -> np.ndarray:  # fmt: skip
     """Bootstrap draws of goodput (good requests / wall time): rounds with replacement, then each
-    drawn round's requests with replacement."""
-    rng = np.random.default_rng(seed)
-    per_round = [good[rounds == r] for r in range(len(walls))]
-    draws = np.empty(resamples)
-    for b in range(resamples):
-        chosen = rng.integers(0, len(walls), size=len(walls))
-        count = sum(per_round[r][rng.integers(0, len(per_round[r]), size=len(per_round[r]))].sum() for r in chosen)
-        draws[b] = count / sum(walls[r] for r in chosen)
-    return draws
+    drawn round's requests with replacement (:func:`resample_weights`)."""
+    weights, wall = resample_weights(rounds, walls, seed, resamples)
+    return weights @ np.asarray(good, dtype=float) / wall
+
+
+def region(sd_draws: Any, base_draws: Any, sd_goodput: Any, base_goodput: Any, confidence: float = CONFIDENCE) -> Any:
+    """Where a target lies, from two cells' goodput draws paired by index (columns: targets):
+    ``SD better`` where SD's goodput minus no SD's has its 95% interval above 0, ``no SD better``
+    below 0, ``undecided`` where it contains 0, ``neither meets`` where no request of either arm
+    meets the target (both goodputs 0: a target this hardware does not reach, never scored).
+
+    The same rule as the verdict's on the ratio's interval (:func:`ratio_interval`): with the
+    inverted CDF, the ratio's lower bound is above 1 exactly when fewer than 2.5% of the draws have
+    SD's goodput at or below no SD's, which is when the difference's lower bound is above 0."""
+    a, b = np.asarray(sd_draws, dtype=float), np.asarray(base_draws, dtype=float)
+    n = min(len(a), len(b))
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(a[:n] - b[:n], [tail, 1 - tail], axis=0, method="inverted_cdf")
+    out = np.where(low > 0, SD_BETTER, np.where(high < 0, BASE_BETTER, UNDECIDED)).astype(object)
+    neither = (np.asarray(sd_goodput, dtype=float) == 0) & (np.asarray(base_goodput, dtype=float) == 0)
+    out = np.where(neither, NEITHER, out)
+    return str(out) if out.ndim == 0 else out  # one target (draws of one column): its word
 
 
 def goodput_columns(requests: pd.DataFrame, walls: list[float], slo: dict[str, float], seed: int) -> dict[str, Any]:
@@ -120,24 +156,41 @@ def ratio_interval(numerator: Any, denominator: Any, confidence: float = CONFIDE
 
 
 # ----------------------------------------------------------------------------- the server table
-def add_goodput(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict[str, float]], seed: int) -> pd.DataFrame:
-    """The server cells (one row each, ``round_wall_s`` per round) with their goodput columns under
-    their dataset's targets (``slos``: dataset -> targets, sdbench.servermode.slo_for)."""
+def draw_seed(cell: dict[str, Any], seed: int) -> int:
+    """The seed of a server cell's goodput draws (the config seed and its keys): the server table's
+    draws and the frontier's (sdbench.analysis.goodputfrontier) are the same resamples."""
     from sdbench.engine.summary import cell_seed
+
+    return cell_seed({"seed": seed, "cell": cell})
+
+
+def server_cell_requests(cells: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[dict[str, Any], pd.DataFrame]]:
+    """Each server cell's summary row with its timed requests, in the order the requests table holds
+    them (the bootstrap draws requests by position within a round: one order, one set of draws)."""
     from sdbench.servermode import SERVER_CELL_KEYS
 
     keys = list(SERVER_CELL_KEYS)
     if len(cells) and "round_wall_s" not in cells:
         raise ValueError("server cell summaries lack round_wall_s: measured by an older serve-group, rerun it")
     by_cell = dict(iter(requests.groupby(keys, sort=False))) if len(requests) else {}
-    rows = []
+    out = []
     for cell in cells.to_dict("records"):
         key = tuple(cell[k] for k in keys)
         if key not in by_cell:
             raise ValueError(f"server cell {dict(zip(keys, key))}: no requests table")
-        spec = {"seed": seed, "cell": dict(zip(keys, key))}
-        rows.append(goodput_columns(by_cell[key], list(cell["round_wall_s"]), slos.get(cell["dataset"], {}),
-                                    cell_seed(spec)))  # fmt: skip
+        out.append((cell, by_cell[key]))
+    return out
+
+
+def add_goodput(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict[str, float]],
+                seed: int) -> pd.DataFrame:  # fmt: skip
+    """The server cells (one row each, ``round_wall_s`` per round) with their goodput columns under
+    their dataset's targets (``slos``: dataset -> targets, sdbench.servermode.slo_for)."""
+    from sdbench.servermode import SERVER_CELL_KEYS
+
+    rows = [goodput_columns(reqs, list(cell["round_wall_s"]), slos.get(cell["dataset"], {}),
+                            draw_seed({k: cell[k] for k in SERVER_CELL_KEYS}, seed))
+            for cell, reqs in server_cell_requests(cells, requests)]  # fmt: skip
     return pd.concat([cells.reset_index(drop=True), pd.DataFrame(rows, index=range(len(cells)))], axis=1)
 
 

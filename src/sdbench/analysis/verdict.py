@@ -31,12 +31,16 @@ Energy: each offline point carries its energy ratio (SD's joules per output toke
 ``time_not_energy`` marks a point where SD pays in time but not in energy, and the Markdown names
 each such point on a line of its own.
 
-Goodput (server mode, :mod:`sdbench.analysis.goodput`): each server point carries SD's goodput
-under the configured latency targets over no SD's at the same concurrency (``goodput_ratio``, the
-interval of the ratio of the two cells' bootstrap draws) and ``goodput_verdict``, the same rule on
-that interval (``no targets`` without ``server.slo``; ``neither meets`` where both goodputs are 0);
-the Markdown gives a table per model x dataset, with SD's goodput in req/s where no SD's is 0 (the
-ratio is then infinite).
+Goodput (server mode, :mod:`sdbench.analysis.goodput`): the user's latency targets (``server.slo``)
+are one point of the goodput frontier (:mod:`sdbench.analysis.goodputfrontier`, ext17: over every
+TTFT x TPOT target, where SD's goodput is higher than no SD's with 95% confidence), not the verdict
+itself. Each server point carries SD's and no SD's goodput under the targets, their ratio with the
+interval of the ratio of the two cells' bootstrap draws (``goodput_ratio``), the targets
+(``slo_*_ms``) and ``goodput_verdict``: where the targets fall, ``SD better`` / ``no SD better`` /
+``undecided`` (the verdict's rule on that interval), ``neither meets`` where no request of either
+arm met them (targets this hardware does not reach: named, never scored), ``no targets`` without
+``server.slo``. Where no SD's goodput is 0 the Markdown gives SD's in req/s and says so, never an
+infinite ratio.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.analysis.endtoend import check_hardware
+from sdbench.analysis.goodput import BASE_BETTER, SD_BETTER, UNDECIDED
 from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 
@@ -57,7 +62,8 @@ PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interv
 # marked, never judged "pays" nor the base of a recommendation (:func:`point_flags`).
 FLAGGED = "flagged"
 NO_TARGETS = "no targets"  # goodput's verdict where the config set no latency target (server.slo)
-NEITHER = "neither meets"  # goodput's verdict where no request of either arm met every target
+# goodput's verdict where no request of either arm met every target (sdbench.analysis.goodput.NEITHER)
+NEITHER = "neither meets"
 RULE = (
     "SD pays at a load when the speedup's 95% interval lies entirely above 1, loses when it lies "
     "entirely below 1, and breaks even when it contains 1"
@@ -70,7 +76,7 @@ POINT_COLUMNS: tuple[str, ...] = (
     # Energy (offline; sdbench.analysis.energy) and goodput under the latency targets (server mode).
     "energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high", "energy_meter", "energy", "time_not_energy",
     "goodput_rps", "baseline_goodput_rps", "goodput_ratio", "goodput_ratio_ci_low", "goodput_ratio_ci_high",
-    "goodput_verdict",
+    "slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms", "goodput_verdict",
 )  # fmt: skip
 # verdict.parquet: each point with its line's break-even loads.
 LINE_RESULTS: tuple[str, ...] = ("largest_paying_load", "break_even_load", "break_even_low", "break_even_high")
@@ -203,7 +209,9 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
     server = server.copy()
     if "hardware" not in server:  # tables from before the column
         server = server.assign(hardware="")
-    for column, default in (("goodput_rps", float("nan")), ("goodput_rps_boot", None)):
+    nan = float("nan")
+    for column, default in (("goodput_rps", nan), ("goodput_rps_boot", None), ("slo_ttft_ms", nan),
+                            ("slo_tpot_ms", nan), ("slo_e2e_ms", nan)):  # fmt: skip
         if column not in server:
             server[column] = [default] * len(server)
     if "contaminated" not in server:
@@ -233,34 +241,54 @@ def server_points(server: pd.DataFrame) -> pd.DataFrame:
 
 def goodput_points(sd: pd.DataFrame) -> dict[str, Any]:
     """Server points' goodput under the latency targets (sdbench.analysis.goodput): SD's and no SD's,
-    their ratio with the interval of the ratio of their draws, and the verdict's rule on it
-    (``goodput_verdict``; ``no targets`` where the config set none)."""
-    from sdbench.analysis.goodput import ratio_interval
+    their ratio with the interval of the ratio of their draws, the targets, and where the targets
+    fall (``goodput_verdict``: :func:`sdbench.analysis.goodput.region` on the same draws; ``no
+    targets`` where the config set none)."""
+    from sdbench.analysis.goodput import ratio_interval, region
 
     sized = lambda x: hasattr(x, "__len__") and len(x) > 0  # noqa: E731
     bounds = [ratio_interval(a, b) if sized(a) and sized(b) else (float("nan"),) * 2
               for a, b in zip(sd["goodput_rps_boot"], sd["base_goodput_rps_boot"])]  # fmt: skip
     good, base = sd["goodput_rps"].astype(float), sd["base_goodput_rps"].astype(float)
     ratio = [g / b if b > 0 else (float("inf") if g > 0 else 1.0) for g, b in zip(good, base)]
+    where = [str(region(a, b, g, bg)) if sized(a) and sized(b) else NO_TARGETS
+             for a, b, g, bg in zip(sd["goodput_rps_boot"], sd["base_goodput_rps_boot"], good, base)]  # fmt: skip
     return {
         "goodput_rps": good, "baseline_goodput_rps": base,
         "goodput_ratio": [r if not (math.isnan(g) or math.isnan(b)) else float("nan") for r, g, b in zip(ratio, good, base)],
         "goodput_ratio_ci_low": [lo for lo, _ in bounds], "goodput_ratio_ci_high": [hi for _, hi in bounds],
-        "goodput_verdict": [NO_TARGETS if math.isnan(lo) else NEITHER if g == 0 and b == 0 else verdict(lo, hi)
-                            for (lo, hi), g, b in zip(bounds, good, base)],
+        **{c: sd[c].astype(float) for c in ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")},
+        "goodput_verdict": where,
     }  # fmt: skip
 
 
+def _targets(point: pd.Series) -> str:
+    """A point's targets as the section names them: ``TTFT 100 / TPOT 4 / E2E 612 ms`` (those set)."""
+    parts = [f"{name} {point[c]:g}" for name, c in (("TTFT", "slo_ttft_ms"), ("TPOT", "slo_tpot_ms"),
+                                                    ("E2E", "slo_e2e_ms")) if not math.isnan(point[c])]  # fmt: skip
+    return " / ".join(parts) + " ms" if parts else "none"
+
+
 def goodput_sections(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
-    """The verdict on goodput in server mode: per model x dataset, a method x concurrency table of
-    SD's goodput over no SD's [95% interval] and the verdict, with no SD's goodput beside it."""
+    """The verdict on goodput in server mode: per model x dataset, where the user's targets fall on
+    the goodput frontier, as a method x concurrency table of SD's goodput over no SD's [95% interval]
+    and the side they fall on, with no SD's goodput beside it."""
     server = points[(points["load_kind"] == SERVER)] if "goodput_verdict" in points else points.iloc[:0]
     out: list[str] = []
     for (engine, model, dataset), sub in server.groupby(["engine", "model", "dataset"], sort=True):
         loads = sorted(sub["load"].unique())
-        out.append(f"## Goodput under the latency targets: {model} / {dataset} ({engine}), by {SERVER}\n")
-        out.append("SD's goodput (requests/s meeting every `server.slo` target) over no SD's [95% interval of the "
-                   "ratio] and the verdict on it; no SD's goodput in req/s, and SD's own where no SD's is 0.\n")  # fmt: skip
+        targets = sorted({_targets(p) for _, p in sub.iterrows()})
+        out.append(f"## Goodput at your latency targets: {model} / {dataset} ({engine}), by {SERVER}\n")
+        out.append(f"Your targets (`server.slo`: {', '.join(targets)}) are one point of the goodput frontier "
+                   "(`ext17_goodput_frontier`: over every TTFT x TPOT target, where SD's goodput is higher than "
+                   "no SD's with 95% confidence), not the verdict. Each square: SD's goodput (requests/s meeting "
+                   "every target) over no SD's [95% interval of the ratio] and on which side your targets fall "
+                   f"(`{SD_BETTER}`, `{BASE_BETTER}`, `{UNDECIDED}`); `{NEITHER}` where no request of either arm "
+                   "met them (targets this hardware does not reach at that load: not scored). No SD's goodput in "
+                   "req/s, and SD's own where no SD's is 0.\n")  # fmt: skip
+        if (sub["goodput_verdict"] == NEITHER).all():
+            out.append(f"No request of any arm met your targets at any {SERVER}: this hardware does not reach "
+                       "them, and they say nothing about SD; the frontier shows the targets it reaches.\n")
         out.append("| method | " + " | ".join(f"{SERVER} {x}" for x in loads) + " |")
         out.append("|" + "---|" * (len(loads) + 1))
         base = sub.drop_duplicates("load").set_index("load")["baseline_goodput_rps"]
@@ -274,12 +302,13 @@ def goodput_sections(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
 
 
 def _goodput_cell(point: pd.Series) -> str:
-    """One square of the goodput table: the ratio [interval] and verdict, or, where no request
-    without SD met every target (an infinite ratio says nothing a reader can use), SD's own goodput."""
+    """One square of the goodput table: the ratio [interval] and the side the targets fall on; where
+    no request without SD met every target (an infinite ratio says nothing a reader can use), SD's
+    own goodput, saying that none met them without SD; where neither arm did, that, unscored."""
     if point["goodput_verdict"] == NEITHER:
-        return "0 req/s, neither meets"
+        return "0 req/s, neither meets: not scored"
     if point["baseline_goodput_rps"] == 0:
-        return f"{_fmt(point['goodput_rps'], '.3g')} req/s, only SD meets: {point['goodput_verdict']}"
+        return f"{_fmt(point['goodput_rps'], '.3g')} req/s, none without SD: {point['goodput_verdict']}"
     return (f"{_fmt(point['goodput_ratio'])} [{_fmt(point['goodput_ratio_ci_low'])}, "
             f"{_fmt(point['goodput_ratio_ci_high'])}] {point['goodput_verdict']}")
 
