@@ -729,6 +729,12 @@ def config_check(site: Site) -> Result:
     return ok(f"{check} ({len(site.plan.cells)} cells)")
 
 
+def grid_uses(site: Site, device: str) -> bool:
+    """Whether the config's grid has a cell on an engine of ``device`` (``cuda``, ``cpu``)."""
+    return site.config is not None and any(site.config["engines"][c.engine].get("device") == device
+                                           for c in site.plan.cells)  # fmt: skip
+
+
 def cuda_images(site: Site) -> list[str]:
     """Names of the images of the grid's CUDA engines."""
     engines = site.config["engines"] if site.config else {}
@@ -739,8 +745,7 @@ def cuda_images(site: Site) -> list[str]:
 def host_gpu_checks(site: Site) -> list[Result]:
     """With CUDA engines in the grid: GPUs and a driver every engine image accepts, on this host
     (says what is missing before any image is built; the same inside each image follows)."""
-    if site.config is None or not any(site.config["engines"][c.engine].get("device") == "cuda"
-                                      for c in site.plan.cells):
+    if not grid_uses(site, "cuda"):
         return []
     return [driver_check("GPUs on this host (nvidia-smi)", [], cuda_images(site))]
 
@@ -809,15 +814,14 @@ def gpu_meter_check(nvml: Any = None, load: Callable[[float], None] | str | None
 
 def energy_meter_checks(site: Site) -> list[Result]:
     """With CUDA engines in the grid: the GPU energy meter works (:func:`gpu_meter_check`)."""
-    if site.config is None or not any(site.config["engines"][c.engine].get("device") == "cuda"
-                                      for c in site.plan.cells):
+    if not grid_uses(site, "cuda"):
         return []
     return [gpu_meter_check()]
 
 
 CPU_KERNEL_CHECK = "vLLM CPU kernels on this host"
 CPU_KERNEL_FIX = ("run the CPU engines on an x86-64 CPU with AVX2 (Intel Haswell, AMD Zen or later) "
-                  "or on aarch64 (README, What the default run needs)")
+                  "or on aarch64 (README; docs/methods/cpu-engine.md)")
 
 
 def cpu_kernel_check(features: Any = None) -> Result:
@@ -837,8 +841,7 @@ def cpu_kernel_check(features: Any = None) -> Result:
 
 def cpu_kernel_checks(site: Site) -> list[Result]:
     """With CPU engines in the grid: the kernel build this host loads (:func:`cpu_kernel_check`)."""
-    if site.config is None or not any(site.config["engines"][c.engine].get("device") == "cpu"
-                                      for c in site.plan.cells):
+    if not grid_uses(site, "cpu"):
         return []
     return [cpu_kernel_check()]
 
