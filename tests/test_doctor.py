@@ -835,3 +835,20 @@ def test_a_partition_shorter_than_the_plan_is_flagged(slurm_cluster, tmp_path: P
     assert short.startswith(f"slurm partition short MaxTime 00:05:00 >= {2 * runtime} min (run_engine, attempt 2) | "
                             f"FAILED: run_engine jobs ask up to {runtime} min at their first attempt, MaxTime is 5 min")
     assert (f"slurm partition {slurm_cluster.partition} MaxTime UNLIMITED >= 60 min (every other job) | ok" in lines)
+
+
+def test_the_config_check_applies_the_profiles_site_block() -> None:
+    """As snakemake does (and check-config --profile): the slurm profile's site block is in the
+    config the doctor plans with, so its job asks stop at the partition's 2,880 minutes."""
+    profile_dir = Path("profiles/slurm")
+    site = doctor.Site(root=REPO, config_path=Path("config/paper.yaml"), profile_dir=profile_dir,
+                       profile=doctor.load_profile(REPO / profile_dir), offline=True)  # fmt: skip
+    cwd = os.getcwd()
+    os.chdir(REPO)  # the profile's path is read as the command gets it, from the checkout
+    try:
+        assert doctor.config_check(site).status == "ok"
+    finally:
+        os.chdir(cwd)
+    assert site.config["site"]["partitions"]["gpu"]["max_runtime"] == 2880 and site.config["site"]["attempts"] == 3
+    asks = doctor.job_asks(site.config, site.plan, site.profile)
+    assert max(a.minutes for a in asks if a.gpus) == 2880

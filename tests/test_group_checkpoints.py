@@ -89,6 +89,21 @@ def test_one_start_reuses_a_checkpoint_from_any_hardware_and_only_complete_ones(
     assert found == {"a": SAME_KIND, "b": OTHER_KIND} and notes == []
 
 
+def test_remeasure_other_hardware_measures_again_what_another_kind_measured(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """SDBENCH_REMEASURE_OTHER_HARDWARE=1 (what a hardware_mismatch line proposes): a checkpoint of
+    another kind of node is measured again here; one of this kind on another node or driver is kept."""
+    _entry(tmp_path, "a", {**SAME_KIND, "driver": "570.86.10"})
+    _entry(tmp_path, "b", OTHER_KIND)
+    monkeypatch.setenv("SDBENCH_REMEASURE_OTHER_HARDWARE", "1")
+    found, notes = reusable_cells(tmp_path, ["a", "b"], CELL_TABLES, HERE)
+    assert list(found) == ["a"] and len(notes) == 1
+    assert notes[0].startswith("checkpoint b was measured on node g7: 112 x Intel Xeon 8480+, 1 x NVIDIA A100-SXM4-80GB")
+    assert notes[0].endswith("and SDBENCH_REMEASURE_OTHER_HARDWARE=1: measured again here")
+    monkeypatch.setenv("SDBENCH_REMEASURE_OTHER_HARDWARE", "0")
+    assert list(reusable_cells(tmp_path, ["a", "b"], CELL_TABLES, HERE)[0]) == ["a", "b"]
+
+
 def test_a_cells_engine_starts_share_hardware(tmp_path: Path) -> None:
     # Cell 0: both starts measured on the other kind of node. Cell 1: only start 0, on the other kind.
     # Cell 2: only start 0, on this kind (another node of it).

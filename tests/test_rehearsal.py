@@ -424,7 +424,6 @@ def test_a_paper_style_config_rehearses_to_the_end(published_traces_dir: Path, t
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-@pytest.mark.slow  # two rehearsed trace groups through the CLI
 def test_a_trace_group_keeps_each_dataset_and_a_rerun_traces_only_the_rest(
     traces: dict[str, str], llama: str, tmp_path: Path
 ) -> None:
