@@ -95,3 +95,10 @@ def test_an_isolated_engine_job_restores_and_publishes_around_its_command(monkey
     assert (shared / next((shared).iterdir()).name / "current").is_symlink()
     monkeypatch.delenv("SDBENCH_COMPILE_CACHE")
     assert job(0) == 0 and seen[-1] is False  # without the variable: every job from cold, nothing shared
+
+
+def test_the_shared_path_reaches_a_job_in_its_container() -> None:
+    """Containers start with --cleanenv: the variable must be on the allow-list the workflow passes."""
+    from sdbench.lifeline import container_env
+
+    assert container_env({"SDBENCH_COMPILE_CACHE": "/shared/c"})["APPTAINERENV_SDBENCH_COMPILE_CACHE"] == "/shared/c"

@@ -158,3 +158,16 @@ def test_only_the_corpus_builders_read_the_corpus() -> None:
     paper = Plan(load_config(REPO / "config/paper.yaml"))
     assert paper.prepare_outside("gsm8k") == ("sdbench.datasets.corpus",)
     assert Plan(load_config(REPO / "config/config.yaml")).prepare_outside("code-edit") == ()
+
+
+def test_sdbench_aggregate_prints_the_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from sdbench.cli import main
+
+    paths = []
+    for method, digest in (("none", scope.measurement_digest()), ("ngram", "0123456789abcdef")):
+        path = tmp_path / f"{method}.parquet"
+        pd.DataFrame([{"engine": "e", "model": "m", "dataset": "d", "method": method, "batch_size": 1,
+                       "tokens_per_s": 10.0, "tokens_per_s_pooled": 10.0, "measurement_digest": digest}]).to_parquet(path)  # fmt: skip
+        paths.append(str(path))
+    assert main(["aggregate", "--summaries", *paths, "--baseline", "none", "--cells", str(tmp_path / "cells.parquet")]) == 0
+    assert "warning: 1 of 2 cells were measured under another measurement scope" in capsys.readouterr().err
