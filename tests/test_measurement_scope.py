@@ -36,7 +36,7 @@ def test_the_scope_is_the_named_modules() -> None:
     assert scope.measurement_modules() == SCOPE
     server = set(scope.measurement_modules(server=True)) - set(SCOPE)
     assert server == {"sdbench.engine.servegroup", "sdbench.engine.server", "sdbench.engine.loadgen",
-                      "sdbench.servermode", "sdbench.analysis.goodput", "sdbench.analysis.stats"}  # fmt: skip
+                      "sdbench.engine.latencysummary"}  # fmt: skip
     rehearsal = scope.measurement_modules(rehearsal=True)
     assert "sdbench.rehearsal.steps" in rehearsal and "sdbench.rehearsal.steps" not in SCOPE
 

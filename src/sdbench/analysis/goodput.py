@@ -35,7 +35,7 @@ from sdbench.analysis.stats import CONFIDENCE, NUM_RESAMPLES
 
 # server.slo key -> the request column it bounds (seconds in the table, ms in the config).
 TARGETS = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2e_ms": "latency_s"}
-PERCENTILES = (50, 90, 95, 99)
+from sdbench.engine.latencysummary import PERCENTILES, latency_percentiles  # noqa: F401 - a server cell's summary
 # Where a target lies against no SD at the same concurrency (:func:`region`): the verdict's goodput
 # squares and the frontier's regions (sdbench.analysis.goodputfrontier) use these words.
 SD_BETTER, BASE_BETTER, UNDECIDED, NEITHER = "SD better", "no SD better", "undecided", "neither meets"
@@ -125,20 +125,6 @@ def goodput_columns(requests: pd.DataFrame, walls: list[float], slo: dict[str, f
         "goodput_rps_max": float(max(per_round)),
         "goodput_rps_boot": [float(x) for x in draws],
     }
-
-
-def latency_percentiles(requests: pd.DataFrame) -> dict[str, float]:
-    """P50/P90/P95/P99 (ms) of TTFT, TPOT and E2E over requests, and of ITL over every chunk gap."""
-    gaps = [g for gs in requests["chunk_gaps_s"] for g in gs] if "chunk_gaps_s" in requests else []
-    series = {"ttft": requests["ttft_s"], "tpot": requests["tpot_s"], "e2e": requests["latency_s"],
-              "itl": pd.Series(gaps, dtype=float)}  # fmt: skip
-    out = {}
-    for name, values in series.items():
-        v = values.to_numpy(dtype=float)
-        v = v[~np.isnan(v)]
-        for p in PERCENTILES:
-            out[f"{name}_p{p}_ms"] = float(np.percentile(v, p) * 1000) if len(v) else math.nan
-    return out
 
 
 def ratio_interval(numerator: Any, denominator: Any, confidence: float = CONFIDENCE) -> tuple[float, float]:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.analysis.goodput import latency_percentiles
+from sdbench.engine.latencysummary import latency_percentiles
 from sdbench.engine.hardware import engine_job, provenance
 from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
 from sdbench.engine.counters import acceptance_stats
@@ -73,7 +73,7 @@ def summarise_level(
         "requests_per_s": float(np.median(reqs_per_s)),
         "mean_output_tokens": float(requests["num_output_tokens"].mean()),
         "mean_prompt_tokens": float(requests["num_prompt_tokens"].mean()),
-        **latency_percentiles(requests),  # TTFT, TPOT, E2E, ITL (sdbench.analysis.goodput)
+        **latency_percentiles(requests),  # TTFT, TPOT, E2E, ITL (sdbench.engine.latencysummary)
         # Each round's wall time: goodput under the config's targets divides by it (sdbench latency).
         "round_wall_s": [float(w) for w in walls],
         "num_drafts": delta.num_drafts,
