@@ -463,3 +463,21 @@ def test_a_trace_group_keeps_each_dataset_and_a_rerun_traces_only_the_rest(
             pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "first" / dataset / f"{name}.parquet"),
                                           pd.read_parquet(tmp_path / "second" / dataset / f"{name}.parquet"))  # fmt: skip
     assert trace("third") == f"trace group: 0 of 2 dataset(s) to trace, 2 re-used from {store}"
+
+
+def test_a_standin_output_distribution_has_the_datasets_expected_mean(traces: dict[str, str]) -> None:
+    """The one expected output of a dataset (expected_output_tokens, else max_tokens) is the mean of
+    the rehearsal's stand-in outputs: median x exp(sigma^2 / 2), the stand-in's spread kept."""
+    import math
+
+    from sdbench.rehearsal import standins
+    from sdbench.rehearsal.prepare import expected_outputs, rehearsal_prompts
+
+    moved = expected_outputs(standins.LogNormal(424, 1.05), {"max_tokens": 8192, "expected_output_tokens": 737})
+    assert moved.sigma == 1.05 and moved.median == pytest.approx(737 / math.exp(1.05**2 / 2))
+    budget = expected_outputs(standins.LogNormal(500, 0.8), {"max_tokens": 4096})
+    assert budget.median == pytest.approx(4096 / math.exp(0.32))
+    entry = {"source": "huggingface", "builder": "sharegpt", "num_prompts": 4000, "max_tokens": 8192,
+             "expected_output_tokens": 737, "category": "chat"}  # fmt: skip
+    table = rehearsal_prompts("sharegpt", entry, load_traces(traces), 128256, 128009, 42, 131072)
+    assert table["rehearsal_output_tokens"].mean() == pytest.approx(737, rel=0.08)
