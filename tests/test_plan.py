@@ -309,3 +309,12 @@ def test_the_shipped_profiles_state_their_attempts() -> None:
     for profile in ("slurm", "slurm-cpu"):
         raw = yaml.safe_load((REPO / "profiles" / profile / "config.yaml").read_text())
         assert _with_profile("config.yaml", profile)["site"]["attempts"] == raw["retries"] + 1, profile
+
+
+def test_a_rehearsal_prepares_its_prompt_sets_with_the_expected_output() -> None:
+    """The sizing keys stay out of prepare_dataset's entry (re-estimating reruns nothing), but a
+    rehearsal's stand-in outputs take their mean from expected_output_tokens, so there it is kept."""
+    config = load_config(REPO / "config" / "paper.yaml")
+    assert "expected_output_tokens" not in Plan(config).dataset_entry("sharegpt")
+    rehearsal = Plan({**config, "engine_mode": "rehearsal"}).dataset_entry("sharegpt")
+    assert rehearsal["expected_output_tokens"] == 737 and "expected_prompt_tokens" not in rehearsal
