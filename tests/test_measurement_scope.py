@@ -171,3 +171,14 @@ def test_sdbench_aggregate_prints_the_note(tmp_path: Path, capsys: pytest.Captur
         paths.append(str(path))
     assert main(["aggregate", "--summaries", *paths, "--baseline", "none", "--cells", str(tmp_path / "cells.parquet")]) == 0
     assert "warning: 1 of 2 cells were measured under another measurement scope" in capsys.readouterr().err
+
+
+def test_a_cell_records_the_scope_it_was_measured_under() -> None:
+    """A measured CPU cell (no GPUs looked up) records the measured scope, a rehearsed one the
+    rehearsal's, a server cell the server's."""
+    from sdbench.engine.hardware import provenance
+
+    assert provenance(gpus=False, rehearsal=False)["measurement_digest"] == scope.measurement_digest()
+    assert provenance(gpus=False)["measurement_digest"] == scope.measurement_digest(rehearsal=True)
+    assert provenance(gpus=False, rehearsal=False, server=True)["measurement_digest"] == (
+        scope.measurement_digest(server=True))
