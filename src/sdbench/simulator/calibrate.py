@@ -23,7 +23,7 @@ ends. Of ``--windows`` windows per point the row keeps the one of median time, w
 energy; without a meter the joules are NaN and ``energy_meter`` says ``not measured`` (never 0).
 
 ``sdbench calibrate fit`` fits a cost model in the simulator's format (:mod:`costmodel`) from such
-a table, or from any table with columns ``B, q, L, ms`` (``../shared/data``'s published ones):
+a table, or from any table with columns ``B, q, L, ms`` (a published step-cost table, given by path):
 a straight line in batched tokens and a hinge (a knee fitted on a grid) are both fitted, each with
 the KV term, on the rows not held out, and the shape with the smaller held-out median relative
 error is refitted on every row and written. Its power model (watts against batched tokens,
