@@ -12,6 +12,9 @@ one finishes) until ``num_requests`` are done. Each request posts the prompt's t
 
 - chunk gaps: the time between consecutive chunks that carry a choice (vLLM's ``itl``).
 
+With ``stream=False`` (the stream-off control) a request is one plain JSON answer: end-to-end
+latency and output tokens only.
+
 TPOT is the time per token; with SD the accepted tokens of a step arrive in one chunk, so a gap
 between chunks is the wait between steps, not a per-token time (ITL, :mod:`sdbench.analysis.goodput`).
 
@@ -53,16 +56,51 @@ class RequestResult:
     chunk_gaps_s: list[float]  # between consecutive chunks with a choice (vLLM's itl)
 
 
-def _payload(prompt_ids: list[int], max_tokens: int, ignore_eos: bool, model: str) -> dict[str, Any]:
-    return {
+def _payload(
+    prompt_ids: list[int], max_tokens: int, ignore_eos: bool, model: str, stream: bool = True
+) -> dict[str, Any]:
+    payload: dict[str, Any] = {
         "model": model,
         "prompt": prompt_ids,
         "max_tokens": max_tokens,
         "temperature": 0.0,
         "ignore_eos": ignore_eos,
-        "stream": True,
-        "stream_options": {"include_usage": True},
+        "stream": stream,
     }
+    if stream:
+        payload["stream_options"] = {"include_usage": True}
+    return payload
+
+
+def parse_plain(body: str, request_id: str) -> tuple[int | None, int]:
+    """(prompt tokens or None, output tokens) of a non-streamed completion's JSON body."""
+    try:
+        usage = json.loads(body).get("usage") or {}
+    except json.JSONDecodeError as exc:
+        raise RequestFailed(f"request {request_id}: the answer is not JSON: {body[:200]!r}") from exc
+    if usage.get("completion_tokens") is None:
+        raise RequestFailed(f"request {request_id}: the answer has no usage.completion_tokens: {body[:200]!r}")
+    prompt = usage.get("prompt_tokens")
+    return (int(prompt) if prompt is not None else None), int(usage["completion_tokens"])
+
+
+async def _one_plain(
+    session: Any, url: str, payload: dict[str, Any], level_t0: float, round_: int, index: int, request_id: str
+) -> RequestResult:
+    """Send one non-streamed completion (the stream-off control): only end-to-end latency and
+    output tokens exist, so TTFT, TPOT and chunk gaps are NaN / empty."""
+    t0 = time.perf_counter()
+    async with session.post(url, json=payload) as resp:
+        body = await resp.text()
+        if resp.status != 200:
+            raise RequestFailed(f"request {request_id}: HTTP {resp.status}: {body[:300]}")
+    latency = time.perf_counter() - t0
+    prompt_tokens, output_tokens = parse_plain(body, request_id)
+    nan = float("nan")
+    return RequestResult(
+        round_, index, request_id, int(prompt_tokens if prompt_tokens is not None else len(payload["prompt"])),
+        output_tokens, t0 - level_t0, nan, latency, nan, 1, [],
+    )
 
 
 async def _one(
@@ -120,6 +158,7 @@ async def _level(
     timeout_s: float,
     round_: int,
     model: str,
+    stream: bool = True,
 ) -> tuple[list[RequestResult], float]:
     import aiohttp
 
@@ -138,9 +177,10 @@ async def _level(
                 next_index += 1
                 rid, ids, *budget = prompts[i % len(prompts)]  # (id, token ids[, its own max_tokens])
                 own = min(int(budget[0]), max_tokens) if budget and budget[0] else max_tokens  # capped: the cell's
-                payload = _payload(ids, own, ignore_eos, model)
+                payload = _payload(ids, own, ignore_eos, model, stream)
+                send = _one if stream else _one_plain
                 try:
-                    results.append(await _one(session, url, payload, t0, round_, i, rid))
+                    results.append(await send(session, url, payload, t0, round_, i, rid))
                 except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
                     raise RequestFailed(f"request {rid} (#{i}): {type(exc).__name__}: {exc}") from exc
 
@@ -159,8 +199,13 @@ def run_level(
     timeout_s: float = 600.0,
     round_: int = 0,
     model: str = "sdbench-target",
+    stream: bool = True,
 ) -> tuple[list[RequestResult], float]:
     """Send ``num_requests`` requests (prompts cycled in order), ``concurrency`` at a time.
+
+    ``stream=False`` sends plain (non-streamed) completions, the stream-off control: each
+    request records its end-to-end latency and output tokens; TTFT, TPOT and chunk gaps are
+    NaN / empty (nothing arrives before the whole answer).
 
     A prompt is ``(request id, token ids)`` or ``(request id, token ids, max_tokens)``: its own
     output budget (a user's prompts file), else ``max_tokens``.
@@ -171,7 +216,7 @@ def run_level(
     if concurrency < 1 or num_requests < 1 or not prompts:
         raise ValueError(f"concurrency {concurrency}, num_requests {num_requests}, {len(prompts)} prompts: need >= 1 each")
     return asyncio.run(
-        _level(base_url, prompts, max_tokens, concurrency, num_requests, ignore_eos, timeout_s, round_, model)
+        _level(base_url, prompts, max_tokens, concurrency, num_requests, ignore_eos, timeout_s, round_, model, stream)
     )
 
 
