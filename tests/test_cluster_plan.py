@@ -3,7 +3,7 @@
 The slow tests build the plan by Snakemake's own API with the settings of
 ``profiles/slurm/config.yaml``; the sbatch arguments come from the SLURM executor
 plugin's own functions, so the test sees what ``sbatch`` would receive. The fast tests
-read the same requests from the plan (sdbench.scheduling.engine_jobs), without Snakemake.
+read the same requests from the plan (sdbench.schedulingsite.engine_jobs), without Snakemake.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def test_runtime_grows_with_batch_size_and_retries(paper_jobs: list) -> None:
     # 46 engine groups without the limit; 196 jobs with it (split by dataset, then batch sizes).
     assert len(engine_groups(config)) == 46 and sum(j.rule.name == "run_engine" for j in paper_jobs) == 196
     # What the DAG asks is what the plan says (sdbench check-config --jobs).
-    from sdbench.scheduling import engine_jobs
+    from sdbench.schedulingsite import engine_jobs
 
     planned = {(j.rule, tuple(j.wildcards.items())): (j.runtime, j.mem_mb) for j in engine_jobs(plan)}
     dag = {(j.rule.name, tuple(dict(j.wildcards.items()).items())): (j.resources["runtime"], j.resources["mem_mb"])
@@ -193,7 +193,7 @@ def paper_at_site():
 def test_trace_and_server_jobs_ask_their_estimate_not_the_limit(paper_at_site) -> None:
     """Under the shipped site (2,880 minutes) a job asks for the whole limit only when its own
     estimate reaches it: no trace or server job does; every engine job asks min(limit, estimate)."""
-    from sdbench.scheduling import engine_jobs
+    from sdbench.schedulingsite import engine_jobs
 
     jobs = engine_jobs(paper_at_site)
     for job in jobs:

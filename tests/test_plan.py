@@ -278,7 +278,8 @@ def test_what_cannot_finish_at_the_site_is_refused_before_any_job() -> None:
     """A single cell estimated past max_runtime x attempts (resuming after each kill), or a trace or
     server group past one max_runtime (neither resumes), is refused in one line."""
     from sdbench.errors import ConfigError
-    from sdbench.scheduling import SiteLimits, Split, unfinishable
+    from sdbench.scheduling import SiteLimits
+    from sdbench.schedulingsite import Split, unfinishable
 
     limits = SiteLimits("gpu", 1000, 8, attempts=3)
     split = Split("e/m/k/all", 5000, (("all.d", 3001), ("all.d2", 2999)), (("e/m/d/k/bs64", 3001), ("e/m/d2/k/bs8", 3000)))

@@ -252,7 +252,7 @@ def test_analysis_resources_follow_what_their_inputs_hold() -> None:
     sequence's 4,096 output ids (16 B each in memory; no prompt ids: a row refers to its prompt);
     twice that while concatenated, over a 1,000 MB base. Greedy, a call's 64 equal outputs are
     stored once. Time: 60 s, 50 us a row, 1 us a token id, doubled."""
-    from sdbench.scheduling import analysis_mem_mb, analysis_runtime_minutes, input_reads, total_reads
+    from sdbench.schedulinganalysis import analysis_mem_mb, analysis_runtime_minutes, input_reads, total_reads
 
     config = deepcopy(CONFIG)
     greedy = {"num_prompts": 1000, "max_tokens": 4096, "expected_prompt_tokens": 32768}
@@ -272,11 +272,11 @@ def test_analysis_resources_follow_what_their_inputs_hold() -> None:
     streamed = total_reads(config, both, streamed=True)  # rows of both, token ids of one at a time
     assert streamed.nbytes == 2 * rows * 512 + tokens * 16
     # The offline tracers list token ids as Python ints: 44 B each instead of 16.
-    from sdbench.scheduling import parsed
+    from sdbench.schedulinganalysis import parsed
 
     assert parsed(reads).nbytes == rows * 512 + tokens * 44
     # aggregate reads file by file: 50 KB a cell and five copies of its largest file.
-    from sdbench.scheduling import streamed_mem_mb
+    from sdbench.schedulinganalysis import streamed_mem_mb
 
     largest = rows * 512 + tokens * 16
     assert streamed_mem_mb(config, both, num_cells=2) == math.ceil((1000 + (2 * 50_000 + 5 * largest) / 2**20) / 100) * 100 == 21200
@@ -314,14 +314,16 @@ def _groups(config):
 
 
 def test_without_a_site_nothing_is_split_or_capped_below_a_week() -> None:
-    from sdbench.scheduling import group_estimate_minutes, split_to_fit
+    from sdbench.scheduling import group_estimate_minutes
+    from sdbench.schedulingsite import split_to_fit
 
     groups = _groups(SPLIT)
     assert split_to_fit(SPLIT, groups, group_estimate_minutes) == (groups, [])
 
 
 def test_groups_split_by_dataset_then_batch_size_until_each_fits() -> None:
-    from sdbench.scheduling import SITE_MARGIN, site_limits, split_to_fit
+    from sdbench.scheduling import SITE_MARGIN, site_limits
+    from sdbench.schedulingsite import split_to_fit
 
     groups = _groups(SPLIT)
     # 130 minutes: budget 104 -- 'short' fits whole (48), 'long' in runs of batch sizes; bs64 alone (120) does not.
@@ -353,7 +355,7 @@ def test_no_request_exceeds_the_limit_not_even_a_retry() -> None:
 
 
 def test_a_model_wider_than_a_node_is_refused() -> None:
-    from sdbench.scheduling import site_problems
+    from sdbench.schedulingsite import site_problems
 
     config = {**SPLIT, "site": _site(150, gpus_per_node=2)}
     cells = [Cell("gpu", "big", "long", "none", 1), Cell("gpu", "small", "long", "none", 1)]

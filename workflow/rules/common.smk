@@ -11,7 +11,7 @@ from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-from sdbench import scheduling
+from sdbench import scheduling, schedulinganalysis
 from sdbench.analysis.memory import refuse_kv_shortfalls
 from sdbench.codedigest import code_digest, use_cache
 from sdbench.engine.scope import measurement_digest
@@ -273,37 +273,37 @@ def server_prompts_arg(w, input):
     return quoted({d: input[f"prompts_{d}"] for d in PLAN.server["datasets"]})
 
 
-# --- analysis jobs: memory and time from what their inputs hold (sdbench.scheduling) -----
+# --- analysis jobs: memory and time from what their inputs hold (sdbench.schedulinganalysis)
 def _reads(input):
-    return scheduling.total_reads(config, list(input), num_cells=len(CELLS))
+    return schedulinganalysis.total_reads(config, list(input), num_cells=len(CELLS))
 
 
 def analysis_mem_mb(w, input):
-    return scheduling.analysis_mem_mb(_reads(input))
+    return schedulinganalysis.analysis_mem_mb(_reads(input))
 
 
 def parsed_mem_mb(w, input):
     """A job that turns its token ids into Python ints (the offline tracers: a SPEED-Bench 32k
     prompt table peaked at 3,320 MB on 2,900 asked at Arrow's size in the SLURM rehearsal).
     """
-    return scheduling.analysis_mem_mb(scheduling.parsed(_reads(input)))
+    return schedulinganalysis.analysis_mem_mb(schedulinganalysis.parsed(_reads(input)))
 
 
 def prompt_table_mem_mb(w, input):
     """prepare_dataset builds its prompt table in memory (1,536 x 32K token ids peaked at 1,266 MB
     in the SLURM rehearsal): what it reads and the table it writes."""
-    return scheduling.analysis_mem_mb(
+    return schedulinganalysis.analysis_mem_mb(
         _reads([*input, P.PROMPTS.format(model=w.model, dataset=w.dataset)])
     )
 
 
 def streamed_mem_mb(w, input):
     """An analysis that reads its inputs file by file (aggregate): its largest file, not their sum."""
-    return scheduling.streamed_mem_mb(config, list(input), len(CELLS))
+    return schedulinganalysis.streamed_mem_mb(config, list(input), len(CELLS))
 
 
 def analysis_runtime(w, input, attempt):
-    return scheduling.analysis_runtime_minutes(config, _reads(input), attempt)
+    return schedulinganalysis.analysis_runtime_minutes(config, _reads(input), attempt)
 
 
 def simulation_runtime(policies, batch_sizes):
@@ -311,7 +311,7 @@ def simulation_runtime(policies, batch_sizes):
 
     def runtime(w, input, attempt):
         passes = max(1, len(policies(w))) * max(1, len(batch_sizes(w)))
-        return scheduling.analysis_runtime_minutes(
+        return schedulinganalysis.analysis_runtime_minutes(
             config, _reads(input), attempt, passes
         )
 

@@ -28,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sdbench import scheduling, sweeps
+from sdbench import scheduling, schedulingsite, sweeps
 from sdbench.config import ConfigError
 from sdbench.figureindex import BY_NAME, ITEMS, paper_path, published_scope
 from sdbench.grid import (
@@ -111,14 +111,14 @@ class Plan:
             if d["source"] == "huggingface" and not d.get("local_path") and sweeps.prompt_dataset(config, k) == k
             and not self.rehearsal
         )
-        problems = scheduling.site_problems(config, self.cells)
+        problems = schedulingsite.site_problems(config, self.cells)
         if problems:
             raise ConfigError("config: " + "; ".join(problems))
         # Engine and breakdown groups, split where a site's runtime limit needs it.
         unsplit = engine_groups(config)
-        self.groups, splits = scheduling.split_to_fit(config, unsplit, scheduling.group_estimate_minutes)
+        self.groups, splits = schedulingsite.split_to_fit(config, unsplit, scheduling.group_estimate_minutes)
         unsplit_breakdown = breakdown_groups(config)
-        self.breakdown_groups, breakdown_splits = scheduling.split_to_fit(
+        self.breakdown_groups, breakdown_splits = schedulingsite.split_to_fit(
             config, unsplit_breakdown, scheduling.breakdown_estimate_minutes
         )
         limits = scheduling.site_limits(config)
@@ -163,13 +163,13 @@ class Plan:
         self._refuse_unpriced_drafters()
 
     def _refuse_unfinishable(self, limits: Any, splits: list[Any]) -> None:
-        """Refuse, before any job, what the site cannot finish (:func:`sdbench.scheduling.unfinishable`):
+        """Refuse, before any job, what the site cannot finish (:func:`sdbench.schedulingsite.unfinishable`):
         every attempt of such a job would be GPU-hours with no number at the end."""
         unsplit = [(f"trace group {g.engine}/{g.model}/{g.method}",
                     scheduling.trace_estimate_minutes(self.config, self.trace_cells(g))) for g in self.trace_groups]
         unsplit += [(f"server group {g.engine}/{g.model}/{g.method}",
                      scheduling.server_estimate_minutes(self.config, self.server_cell(g))) for g in self.server_groups]
-        found = scheduling.unfinishable(limits, splits, unsplit)
+        found = schedulingsite.unfinishable(limits, splits, unsplit)
         if found:
             more = f" ({len(found) - 1} more like it: sdbench check-config --profile lists them)" if len(found) > 1 else ""
             raise ConfigError(f"config: site: {found[0]}{more}; drop it from the grid, or raise the limit or attempts")
@@ -857,7 +857,7 @@ def profile_config(profile_dir: str) -> dict[str, Any]:
 def _cmd_check_config(args: Any) -> int:
     """``sdbench check-config FILE [--profile DIR] [--jobs]``: validate and count; with a profile, also
     apply its config entries (a site's limits) and print how engine groups are split to fit; with
-    ``--jobs``, every engine job's estimate and request (:func:`sdbench.scheduling.engine_jobs_table`)."""
+    ``--jobs``, every engine job's estimate and request (:func:`sdbench.schedulingsite.engine_jobs_table`)."""
     import yaml
 
     from sdbench.config import load_config, validate_config
@@ -874,7 +874,7 @@ def _cmd_check_config(args: Any) -> int:
         print(line)
     if args.jobs:
         limits = scheduling.site_limits(config)
-        for line in scheduling.engine_jobs_table(scheduling.engine_jobs(plan), limits and limits.max_runtime):
+        for line in schedulingsite.engine_jobs_table(schedulingsite.engine_jobs(plan), limits and limits.max_runtime):
             print(line)
     where = f" with {args.profile}" if args.profile else ""
     print(f"{args.config}{where}: valid; {len(plan.cells)} cells on {len(plan.groups)} engine groups")
