@@ -17,6 +17,7 @@ import yaml
 
 from sdbench.cli import main
 from sdbench.simulator import calibrate as cal
+from sdbench.simulator import calibratefit as calfit
 from sdbench.simulator.costmodel import CostModel, TargetCost, cost_model_from_dict, load_cost_model
 from sdbench.simulator.powermodel import PowerModel, load_power_model
 from tests.conftest import SHARED
@@ -165,7 +166,7 @@ def _hinge_table(noise: float = 0.003) -> pd.DataFrame:
 
 def test_the_fit_recovers_a_known_hinge_and_prefers_it_to_the_line() -> None:
     table = _hinge_table()
-    result = cal.fit_calibration(table, "synthetic", source="synthetic")
+    result = calfit.fit_calibration(table, "synthetic", source="synthetic")
     assert result.time.chosen == "hinge"
     line, hinge = ({s.shape: s for s in result.time.shapes}[k] for k in ("line", "hinge"))
     assert hinge.heldout_median < 0.01 < line.heldout_median
@@ -183,18 +184,18 @@ def test_the_fit_recovers_a_known_hinge_and_prefers_it_to_the_line() -> None:
 
 def test_hold_out_rules_are_stated_and_deterministic() -> None:
     table = _hinge_table()
-    every = cal.holdout_mask(table, "every-4th")
+    every = calfit.holdout_mask(table, "every-4th")
     assert every.sum() == len(table) // 4
-    assert (cal.holdout_mask(table, "random", 3) == cal.holdout_mask(table, "random", 3)).all()
+    assert (calfit.holdout_mask(table, "random", 3) == calfit.holdout_mask(table, "random", 3)).all()
     with pytest.raises(ValueError, match="--holdout: 'half'"):
-        cal.holdout_mask(table, "half")
+        calfit.holdout_mask(table, "half")
 
 
 def test_same_window_energy_gives_a_power_model_and_its_watts() -> None:
     table = _hinge_table(noise=0.0)
     watts = 300 + 300 * table["batched_tokens"] / (table["batched_tokens"] + 64)
     table = table.assign(joules=watts * table["ms"] / 1e3, same_window=True, energy_meter="nvml", power_limit_w=700.0)
-    result = cal.fit_calibration(table, "synthetic", source="synthetic")
+    result = calfit.fit_calibration(table, "synthetic", source="synthetic")
     assert isinstance(result.power, PowerModel) and result.power.r2 > 0.99
     assert result.implied_watts["power_model_max_w"] <= 700
     assert result.implied_watts["above_limit"] == 0 and result.implied_watts["limit_w"] == 700.0
@@ -277,7 +278,7 @@ def test_a_hinged_model_prices_as_the_line_it_equals(published_traces_dir: Path,
 
 def test_the_simulator_reads_a_fitted_model_and_records_which(published_traces_dir: Path, tmp_path: Path) -> None:
     table = _hinge_table()
-    model = cal.fit_calibration(table, "synthetic-hinge", source="synthetic").model
+    model = calfit.fit_calibration(table, "synthetic-hinge", source="synthetic").model
     path = tmp_path / "fitted.yaml"
     path.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
     out = tmp_path / "sim.csv"

@@ -55,7 +55,7 @@ CALIBRATE_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # calibr
 CALIBRATE_TOKENS: tuple[int, ...] = (1, 2, 3, 4, 5, 8)  # calibrate.DEFAULT_TOKENS
 CALIBRATE_CONTEXTS: tuple[int, ...] = (1024, 4096)  # calibrate.DEFAULT_CONTEXTS
 DRAFTER_KINDS: tuple[str, ...] = ("eagle", "eagle3", "mtp", "draft_model")  # calibrate.DRAFTER_KINDS
-HOLDOUT_RULES: tuple[str, ...] = ("every-4th", "random")  # calibrate.HOLDOUT_RULES
+HOLDOUT_RULES: tuple[str, ...] = ("every-4th", "random")  # calibratefit.HOLDOUT_RULES
 
 
 def add_trace_options(p: argparse.ArgumentParser, traces_required: bool = True) -> None:
@@ -279,7 +279,7 @@ def add_calibrate(subparsers: argparse._SubParsersAction) -> None:
                      "(default: llama3.1-8b-h100)")  # fmt: skip
     fit.add_argument("--board-limit-w", type=float, help="the board's power limit, to check implied watts against "
                      "(default: the table's power_limit_w)")  # fmt: skip
-    fit.set_defaults(func=lazy("sdbench.simulator.calibrate", "_cmd_fit"))
+    fit.set_defaults(func=lazy("sdbench.simulator.calibratefit", "_cmd_fit"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
