@@ -204,3 +204,116 @@ def test_the_meter_reads_the_jobs_gpus_in_cuda_visible_devices_order() -> None:
     assert nvml_meter(nvml, None, 1).read() == 1.0  # no list: the node's first
     with pytest.raises(RuntimeError, match=r"no GPU among \['7'\]"):
         nvml_meter(nvml, ["7"], 1)
+
+
+def test_the_meter_follows_cuda_visible_devices_from_the_environment() -> None:
+    """The issue's case end to end through meter_for: CUDA_VISIBLE_DEVICES=3,1, tp=1 meters GPU 3
+    (the old code took NVML's first: GPU 0 here, 1,000 mJ)."""
+    nvml = NVMLDouble([(f"GPU-{i}aaa", [], 1e3) for i in range(4)], energy_mj=lambda i: 1000 * (i + 1))
+    meter = meter_for({"device": "cuda"}, 1, nvml=nvml, env={"CUDA_VISIBLE_DEVICES": "3,1"})
+    assert (meter.kind, meter.reason, meter.read()) == ("nvml", "", 4.0)
+
+
+def dram_tree(root: Path, bench: Bench) -> None:
+    """Package 0 (half the bench's joules), its core subzone (a part of the package: not counted
+    again), its DRAM (a quarter, starting 1 J below its 10 J wrap) and package 1 (a quarter)."""
+    domains = {"intel-rapl:0": ("package-0", 0, 500_000), "intel-rapl:0:0": ("core", 0, 300_000),
+               "intel-rapl:0:1": ("dram", 9_000_000, 250_000), "intel-rapl:1": ("package-1", 0, 250_000)}  # fmt: skip
+    for name, (label, _, _) in domains.items():
+        (root / name).mkdir(parents=True)
+        (root / name / "name").write_text(label + "\n")
+        (root / name / "max_energy_range_uj").write_text("10000000\n")
+
+    def write(b: Bench) -> None:
+        for name, (_, start, per_joule) in domains.items():
+            (root / name / "energy_uj").write_text(f"{(start + round(per_joule * b.joules)) % 10_000_000}\n")
+
+    write(bench)
+    bench.listeners.append(write)
+
+
+def test_rapl_dram_is_metered_beside_the_package_and_kept_apart(tmp_path: Path) -> None:
+    bench = Bench()
+    dram_tree(tmp_path / "pc", bench)
+    meter = meter_for({"device": "cpu"}, rapl_root=tmp_path / "pc")
+    assert (meter.kind, meter.reason, meter.dram_j) == ("rapl", "", 0.0)
+    bench.spend(1.0, 8.0)  # DRAM: 2 J, from 9 J across its 10 J wrap
+    assert (meter.read(), meter.dram_j) == (pytest.approx(8.0, rel=1e-12), pytest.approx(2.0, rel=1e-12))
+    assert (meter.read(), meter.dram_j) == (pytest.approx(8.0, rel=1e-12), pytest.approx(2.0, rel=1e-12))  # unmoved: 0 J
+    # Through the timed calls into the calls and the cell: energy_j is the total, energy_dram_j its DRAM part.
+    roots: list[Path] = []
+
+    def tree_meter(b: Bench) -> object:
+        roots.append(tmp_path / f"cell{len(roots)}")
+        dram_tree(roots[-1], b)
+        return meter_for({"device": "cpu"}, rapl_root=roots[-1])
+
+    cells = energycells.measure(tree_meter, device="cpu", paired=False)
+    sd1 = cell(cells, "ngram-k3", 1)
+    calls = sd1["calls"].sort_values(["trial", "call_index"])
+    assert calls["energy_j"].tolist() == pytest.approx([6.0, 12.0] * 3, rel=1e-12)
+    assert calls["energy_dram_j"].tolist() == pytest.approx([1.5, 3.0] * 3, rel=1e-12)
+    assert set(calls["energy_reason"]) == {""}
+    s = sd1["summary"].iloc[0]
+    assert (s["energy_j"], s["energy_dram_j"], s["energy_reason"]) == (pytest.approx(54.0), pytest.approx(13.5), "")
+    # Without a dram domain (AMD RAPL) the DRAM column is NaN, not 0.
+    nodram = tmp_path / "nodram"
+    dram_tree(nodram, Bench())
+    for f in (nodram / "intel-rapl:0:1").iterdir():
+        f.unlink()
+    (nodram / "intel-rapl:0:1").rmdir()
+    assert math.isnan(meter_for({"device": "cpu"}, rapl_root=nodram).dram_j)
+
+
+def test_every_meter_that_does_not_measure_says_why_and_the_cells_carry_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sdbench.engine import energy
+    from sdbench.engine.energy import RAPL_ROOT, energy_columns, engine_meter
+
+    monkeypatch.setattr(energy, "nvml_module", lambda: None)
+    assert meter_for({"device": "cuda"}).reason.startswith("no NVML (pynvml not importable")
+    absent = meter_for({"device": "cpu"}, rapl_root=tmp_path / "absent")
+    assert absent.reason == f"no RAPL: {tmp_path / 'absent'} does not exist (no powercap driver: a VM, or a kernel without intel_rapl)"  # fmt: skip
+    (tmp_path / "empty").mkdir()
+    assert meter_for({"device": "cpu"}, rapl_root=tmp_path / "empty").reason.startswith("no RAPL: no package domain")
+    # Root-only energy_uj (CVE-2020-8694): this test runs as root, so the read itself is refused.
+    dram_tree(tmp_path / "pc", Bench())
+    locked = tmp_path / "pc" / "intel-rapl:0:1" / "energy_uj"
+    real = Path.read_text
+
+    def read_text(self: Path, *a: object, **k: object) -> str:
+        if self == locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    denied = meter_for({"device": "cpu"}, rapl_root=tmp_path / "pc")
+    assert denied.kind == NOT_MEASURED and denied.reason.startswith(
+        f"RAPL unreadable: permission denied on {locked} (root-only since CVE-2020-8694; to meter, make it readable: "
+        "`sudo chmod o+r /sys/class/powercap/intel-rapl:*/energy_uj")  # fmt: skip
+    monkeypatch.setattr(Path, "read_text", real)
+    # This VM has no powercap: the default CPU engine's meter says so.
+    if not RAPL_ROOT.exists():
+        assert engine_meter({"engine": {"device": "cpu"}, "model": {}}).reason.startswith(
+            "no RAPL: /sys/class/powercap does not exist")
+    # A cell whose calls read different meters is not measured, and says so.
+    mixed = pd.DataFrame({"energy_meter": ["nvml", "rapl"], "energy_reason": ["", ""], "energy_j": [1.0, 2.0],
+                          "num_output_tokens": [10, 10], "duration_s": [1.0, 1.0]})  # fmt: skip
+    got = energy_columns(mixed, 0)
+    assert (got["energy_meter"], got["energy_reason"]) == (NOT_MEASURED, "mixed meters across trials (nvml, rapl)")
+    # The reason rides from the meter through the calls and the cell to the cells table and its page.
+    why = "no RAPL: /x does not exist"
+    cells = energycells.measure(lambda bench: NoMeter(why))
+    assert all(set(c["calls"]["energy_reason"]) == {why} for c in cells)
+    assert all(c["summary"].at[0, "energy_reason"] == why for c in cells)
+    table = energycells.joined(cells)
+    assert set(table["energy_reason"]) == {why}
+    from sdbench.analysis.energy import NOT_RECORDED, energy_markdown, energy_table
+
+    text = energy_markdown(energy_table(table))
+    assert f"- {why}: 4 cell(s) (e/m/d: ngram-k3 bs1, ngram-k3 bs2, none bs1, none bs2)" in text
+    measured = energycells.joined(energycells.measure(nvml_meter))
+    assert set(measured["energy_reason"]) == {""} and "Not measured, and why" not in energy_markdown(energy_table(measured))
+    old = table.drop(columns="energy_reason")  # a cells table from before the column
+    assert set(energy_table(old)["energy_reason"]) == {NOT_RECORDED}

@@ -6,7 +6,9 @@ cell is its joules per token over its no-SD arm's, computed as its speedup is
 (:func:`sdbench.analysis.endtoend.join_cells`): from the paired arms where the cell was timed in pairs
 (``paired_energy_ratio``), else over the separately measured no-SD cell with the interval of the
 ratio of the two cells' bootstrap draws. Below 1 SD saves energy per token; above 1 it costs more.
-Where no meter existed every energy column is NaN and ``energy_meter`` says ``not measured``.
+Where no meter existed every energy column is NaN, ``energy_meter`` says ``not measured`` and
+``energy_reason`` why (no NVML, no RAPL, RAPL root-only, mixed meters): the page lists those cells
+under their reason rather than leaving them out.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ BOOT = "joules_per_token_boot"
 # energy.parquet (docs/schema.md).
 COLUMNS: tuple[str, ...] = (
     *SORT, "sd_method", "num_speculative_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
-    "energy_meter", "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low", f"{JOULES_PER_TOKEN}_ci_high",
+    "energy_meter", "energy_reason", "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low", f"{JOULES_PER_TOKEN}_ci_high",
     "speedup", "speedup_ci_low", "speedup_ci_high", *RATIO,
 )  # fmt: skip
 
@@ -43,6 +45,7 @@ def add_energy_ratio(out: pd.DataFrame, cells: pd.DataFrame, baseline: str) -> p
         if column not in out:
             out[column] = math.nan
     out["energy_meter"] = out["energy_meter"].fillna(NOT_MEASURED)
+    out["energy_reason"] = with_reasons(out)
     base = cells.loc[cells["method"] == baseline, [c for c in [*GROUP, JOULES_PER_TOKEN, BOOT] if c in cells]]
     base = base.rename(columns={JOULES_PER_TOKEN: "baseline_joules_per_token", BOOT: "_base_jpt_boot"})
     out = out.merge(base, on=GROUP, how="left", validate="many_to_one") if len(base.columns) > len(GROUP) \
@@ -59,6 +62,18 @@ def add_energy_ratio(out: pd.DataFrame, cells: pd.DataFrame, baseline: str) -> p
         out.loc[paired, "baseline_joules_per_token"] = out.loc[paired, "paired_baseline_joules_per_token"]
     out.loc[out["method"] == baseline, list(RATIO)] = math.nan
     return out.drop(columns=[c for c in (BOOT, "_base_jpt_boot") if c in out])
+
+
+NOT_RECORDED = "not recorded (cells from before energy_reason)"
+
+
+def with_reasons(cells: pd.DataFrame) -> pd.Series:
+    """``energy_reason`` of each cell: '' where a meter measured it, its recorded reason, or
+    :data:`NOT_RECORDED` for an unmetered cell from before the column existed."""
+    reason = cells["energy_reason"] if "energy_reason" in cells else pd.Series("", index=cells.index)
+    reason = reason.fillna("").astype(str)
+    unmetered = cells["energy_meter"].fillna(NOT_MEASURED) == NOT_MEASURED
+    return reason.where(~unmetered | (reason != ""), NOT_RECORDED).where(unmetered, "")
 
 
 def _ratio_bounds(a: object, b: object) -> tuple[float, float]:
@@ -94,6 +109,8 @@ def energy_table(cells: pd.DataFrame) -> pd.DataFrame:
     from sdbench.columns import conform
 
     cells = cells[cells["sweep"].fillna("") == ""] if "sweep" in cells else cells  # the grid's own (a sweep's: its item)
+    if "energy_meter" in cells:
+        cells = cells.assign(energy_reason=with_reasons(cells))
     missing = [c for c in COLUMNS if c not in cells]
     if missing:
         raise ValueError(f"cells table lacks columns {missing} (expected sdbench aggregate output)")
@@ -123,7 +140,20 @@ def energy_markdown(table: pd.DataFrame) -> str:
             f"| {fmt_energy(r.energy_ratio, r.energy_ratio_ci_low, r.energy_ratio_ci_high, '.2f') if sd else '1'} "
             f"| {r.energy_meter} |"
         )
-    return "\n".join(lines) + "\n\n" + power_model_line(table) + "\n"
+    return "\n".join(lines + not_measured_lines(table)) + "\n\n" + power_model_line(table) + "\n"
+
+
+def not_measured_lines(table: pd.DataFrame) -> list[str]:
+    """The unmetered cells grouped by their ``energy_reason`` (none: no lines)."""
+    unmetered = table[table["energy_meter"] == NOT_MEASURED]
+    if unmetered.empty:
+        return []
+    lines = ["", "Not measured, and why:"]
+    for reason, group in unmetered.groupby("energy_reason", sort=True):
+        names = ", ".join(f"{r.method} bs{r.batch_size}" for r in group.itertuples(index=False))
+        keys = sorted({f"{r.engine}/{r.model}/{r.dataset}" for r in group.itertuples(index=False)})
+        lines.append(f"- {reason or NOT_RECORDED}: {len(group)} cell(s) ({', '.join(keys)}: {names})")
+    return lines
 
 
 def power_model_line(table: pd.DataFrame) -> str:

@@ -11,12 +11,20 @@ A meter is a cumulative counter in joules (:meth:`Meter.read`); a timed call's e
   that reads coarse; the bootstrap over trials carries that spread.
 - ``rapl``: on a CPU engine, the package domains of Linux powercap RAPL
   (``/sys/class/powercap/intel-rapl:<N>/energy_uj``, microjoules; the ``psys`` platform domain left
-  out, it contains the packages), summed. Each counter wraps at its ``max_energy_range_uj``: a
-  reading below the last one adds the distance to the wrap, so calls shorter than one wrap (minutes
-  at full power) are exact. The whole socket's energy, neighbours' work included (the quiet-machine
-  guard flags a busy machine). ``energy_uj`` is often readable by root only: then no meter.
+  out, it contains the packages) and, where the machine has them, their ``dram`` subdomains
+  (``intel-rapl:<N>:<M>`` named ``dram``: the memory's energy, not part of the package's, where CPU
+  decoding spends its weight reads), summed; :attr:`RaplMeter.dram_j` keeps the DRAM part apart
+  (the calls' ``energy_dram_j``). Each counter wraps at its ``max_energy_range_uj``: a reading
+  below the last one adds the distance to the wrap (an unchanged reading adds 0), so calls shorter
+  than one wrap (minutes at full power) are exact. The whole socket's energy, neighbours' work
+  included (the quiet-machine guard flags a busy machine). ``energy_uj`` is readable by root only
+  on kernels patched for CVE-2020-8694 (Platypus): then no meter, and the reason says how to open it.
 - ``not measured``: neither exists or can be read. The meter reads NaN, so every energy column of
   the cell is NaN and its ``energy_meter`` column says ``not measured``: never 0.
+
+Every meter has a ``reason`` (the calls' and cells' ``energy_reason``): empty when it measures,
+else why not, in words a user can act on (:func:`meter_for`; "mixed meters across trials" for a
+cell whose calls read different meters, :func:`reason_of`).
 
 :func:`energy_columns` and :func:`paired_energy_columns` turn a cell's calls into its summary's
 energy columns (joules per output token with its 95% bootstrap interval; the paired energy ratio).
@@ -36,8 +44,15 @@ log = logging.getLogger(__name__)
 
 NVML, RAPL, NOT_MEASURED = "nvml", "rapl", "not measured"
 RAPL_ROOT = Path("/sys/class/powercap")
-# A package domain: intel-rapl:<N> (its subzones, intel-rapl:<N>:<M>, are parts of it).
+# A package domain: intel-rapl:<N> (its subzones, intel-rapl:<N>:<M>, are parts of it, but for
+# ``dram``: the memory's own counter, outside the package's).
 _RAPL_PACKAGE = re.compile(r"^intel-rapl:\d+$")
+_RAPL_SUBZONE = re.compile(r"^intel-rapl:\d+:\d+$")
+# Why energy_uj is root-only, and how a site opens it (docs/measurement.md, Energy).
+RAPL_FIX = ("root-only since CVE-2020-8694; to meter, make it readable: "
+            "`sudo chmod o+r /sys/class/powercap/intel-rapl:*/energy_uj /sys/class/powercap/intel-rapl:*:*/energy_uj` "
+            "(until reboot) or a udev rule, see docs/measurement.md, Energy")
+MIXED_METERS = "mixed meters across trials"
 # The per-call column a cell's energy is bootstrapped on (sdbench.engine.resampling, column=...).
 JOULES_PER_TOKEN = "joules_per_token"
 # Summary columns of a paired cell's energy (set by paired_energy_columns; NaN when not paired).
@@ -53,6 +68,8 @@ class Meter(Protocol):
     """A cumulative energy counter."""
 
     kind: str  # NVML, RAPL or NOT_MEASURED: the calls table's ``energy_meter``
+    reason: str  # '' when it measures, else why not: the calls table's ``energy_reason``
+    dram_j: float  # the DRAM part of the last read() (RAPL dram domains), NaN where none is metered
 
     def read(self) -> float:
         """Joules since the meter was made (NaN: nothing measured)."""
@@ -62,9 +79,10 @@ class NoMeter:
     """No energy counter here: every reading is NaN, so every difference is too."""
 
     kind = NOT_MEASURED
+    dram_j = math.nan
 
-    def __init__(self, reason: str = "") -> None:
-        self.reason = reason
+    def __init__(self, reason: str = "no meter") -> None:
+        self.reason = reason or "no meter"
 
     def read(self) -> float:
         return math.nan
@@ -74,6 +92,8 @@ class NvmlMeter:
     """NVML's total-energy counter of some GPUs, summed (``nvml``: the pynvml module or its double)."""
 
     kind = NVML
+    reason = ""
+    dram_j = math.nan  # the board's counter includes its memory: no part of its own
 
     def __init__(self, nvml: Any, handles: list[Any]) -> None:
         self.nvml, self.handles = nvml, handles
@@ -83,15 +103,19 @@ class NvmlMeter:
 
 
 class RaplMeter:
-    """RAPL package counters under ``root`` (powercap), summed, with wraparound."""
+    """RAPL package counters (and ``dram`` ones: ``dram``) under powercap, summed, with wraparound."""
 
     kind = RAPL
+    reason = ""
 
-    def __init__(self, domains: list[Path]) -> None:
-        self.domains = domains
-        self.ranges = [int((d / "max_energy_range_uj").read_text()) for d in domains]
-        self.last = [self._raw(d) for d in domains]
+    def __init__(self, domains: list[Path], dram: list[Path] | None = None) -> None:
+        self.domains = [*domains, *(dram or [])]
+        self.is_dram = [False] * len(domains) + [True] * len(dram or [])
+        self.ranges = [int((d / "max_energy_range_uj").read_text()) for d in self.domains]
+        self.last = [self._raw(d) for d in self.domains]
         self.total_uj = 0
+        self.dram_uj = 0
+        self.dram_j = 0.0 if dram else math.nan
 
     @staticmethod
     def _raw(domain: Path) -> int:
@@ -101,10 +125,14 @@ class RaplMeter:
         for i, domain in enumerate(self.domains):
             raw = self._raw(domain)
             step = raw - self.last[i]
-            if step < 0:  # wrapped at max_energy_range_uj since the last reading
+            if step < 0:  # wrapped at max_energy_range_uj since the last reading (equal: did not move)
                 step += self.ranges[i]
             self.total_uj += step
+            if self.is_dram[i]:
+                self.dram_uj += step
             self.last[i] = raw
+        if any(self.is_dram):
+            self.dram_j = self.dram_uj / 1e6
         return self.total_uj / 1e6
 
 
@@ -151,18 +179,41 @@ def nvml_meter(nvml: Any, devices: list[str] | None, count: int) -> NvmlMeter:
     return meter
 
 
-def rapl_meter(root: Path = RAPL_ROOT) -> RaplMeter:
-    """A RAPL meter over the package domains under ``root``; OSError when there are none or
-    they cannot be read (``energy_uj`` is root-only on many kernels)."""
-    domains = []
+class MeterUnavailable(Exception):
+    """No meter here; its message is the ``energy_reason`` (a user can act on it)."""
+
+
+def rapl_domains(root: Path = RAPL_ROOT) -> tuple[list[Path], list[Path]]:
+    """The package domains under ``root`` (``psys`` left out) and their ``dram`` subdomains."""
+    packages: list[Path] = []
+    dram: list[Path] = []
     if root.is_dir():
         for d in sorted(root.iterdir()):
             name = (d / "name").read_text().strip() if (d / "name").is_file() else ""
             if _RAPL_PACKAGE.match(d.name) and name != "psys":
-                domains.append(d)
-    if not domains:
-        raise FileNotFoundError(f"no RAPL package domain under {root}")
-    return RaplMeter(domains)
+                packages.append(d)
+            elif _RAPL_SUBZONE.match(d.name) and name == "dram":
+                dram.append(d)
+    return packages, dram
+
+
+def rapl_meter(root: Path = RAPL_ROOT) -> RaplMeter:
+    """A RAPL meter over the package domains under ``root`` and their ``dram`` subdomains;
+    :class:`MeterUnavailable` saying why when there are none or they cannot be read."""
+    if not root.exists():
+        raise MeterUnavailable(f"no RAPL: {root} does not exist (no powercap driver: a VM, or a kernel "
+                               "without intel_rapl)")  # fmt: skip
+    packages, dram = rapl_domains(root)
+    if not packages:
+        raise MeterUnavailable(f"no RAPL: no package domain (intel-rapl:<N>) under {root}")
+    for d in [*packages, *dram]:
+        try:
+            (d / "energy_uj").read_text()
+        except PermissionError:
+            raise MeterUnavailable(f"RAPL unreadable: permission denied on {d / 'energy_uj'} ({RAPL_FIX})") from None
+        except OSError as exc:
+            raise MeterUnavailable(f"RAPL unreadable: {d / 'energy_uj'}: {exc.strerror or exc}") from None
+    return RaplMeter(packages, dram)
 
 
 def meter_for(
@@ -173,20 +224,25 @@ def meter_for(
     env: dict[str, str] | None = None,
 ) -> Meter:
     """The meter of an engine (config ``engines.<name>``): NVML on ``device: cuda``, RAPL on a CPU
-    engine, else :class:`NoMeter` (the reason logged). Never raises: a missing meter must not fail a run."""
+    engine, else :class:`NoMeter` with its reason (logged). Never raises: a missing meter must not
+    fail a run."""
     from sdbench.engine.quietguard import visible_gpus
 
     try:
         if engine.get("device") == "cuda":
             nvml = nvml if nvml is not None else nvml_module()
             if nvml is None:
-                raise ImportError("no NVML binding (pynvml or vllm.third_party.pynvml)")
+                raise MeterUnavailable("no NVML (pynvml not importable, nor vllm.third_party.pynvml)")
             meter: Meter = nvml_meter(nvml, visible_gpus(env), tensor_parallel_size)
         else:
             meter = rapl_meter(rapl_root)
+    except MeterUnavailable as exc:
+        log.info("energy: not measured (%s)", exc)
+        return NoMeter(str(exc))
     except Exception as exc:  # noqa: BLE001 - see docstring
-        log.info("energy: not measured (%s: %s)", type(exc).__name__, exc)
-        return NoMeter(f"{type(exc).__name__}: {exc}")
+        what = "NVML" if engine.get("device") == "cuda" else "RAPL"
+        log.info("energy: not measured (%s: %s: %s)", what, type(exc).__name__, exc)
+        return NoMeter(f"{what} unreadable: {type(exc).__name__}: {exc}")
     log.info("energy: %s meter", meter.kind)
     return meter
 
@@ -211,6 +267,26 @@ def meter_of(calls: pd.DataFrame) -> str:
     return kinds.pop() if len(kinds) == 1 else NOT_MEASURED
 
 
+def reason_of(calls: pd.DataFrame) -> str:
+    """The cell's ``energy_reason``: '' when :func:`meter_of` names a meter; else why not: the
+    calls' own reasons, or :data:`MIXED_METERS` (naming them) when its calls read different meters."""
+    kinds = sorted(set(calls["energy_meter"])) if "energy_meter" in calls else []
+    if len(kinds) > 1:
+        return f"{MIXED_METERS} ({', '.join(kinds)})"
+    if kinds and kinds[0] != NOT_MEASURED:
+        return ""
+    reasons = sorted({str(r) for r in calls["energy_reason"] if r}) if "energy_reason" in calls else []
+    return "; ".join(reasons) or ("no calls" if calls.empty else "not recorded (calls from before energy_reason)")
+
+
+def dram_of(calls: pd.DataFrame) -> float:
+    """The cell's ``energy_dram_j``: the DRAM joules of its timed calls (NaN unless every call metered DRAM)."""
+    if "energy_dram_j" not in calls or calls.empty or meter_of(calls) == NOT_MEASURED:
+        return math.nan
+    dram = calls["energy_dram_j"].astype(float)
+    return float(dram.sum()) if dram.notna().all() else math.nan
+
+
 def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
     """A cell's energy summary columns (docs/schema.md): joules per output token as throughput is
     estimated (mean over prompts of each prompt's median over trials) with its 95% bootstrap
@@ -220,7 +296,8 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
     meter = meter_of(calls)
     nan = math.nan
     if meter == NOT_MEASURED:
-        return {"energy_meter": NOT_MEASURED, "energy_j": nan, "mean_power_w": nan, JOULES_PER_TOKEN: nan,
+        return {"energy_meter": NOT_MEASURED, "energy_reason": reason_of(calls), "energy_j": nan,
+                "energy_dram_j": nan, "mean_power_w": nan, JOULES_PER_TOKEN: nan,
                 "joules_per_token_ci_low": nan, "joules_per_token_ci_high": nan, "joules_per_token_boot": []}  # fmt: skip
     per_call = with_joules_per_token(calls)
     draws = stats.bootstrap(per_call, seed, column=JOULES_PER_TOKEN)
@@ -228,7 +305,9 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
     total = float(calls["energy_j"].sum())
     return {
         "energy_meter": meter,
+        "energy_reason": "",
         "energy_j": total,
+        "energy_dram_j": dram_of(calls),
         "mean_power_w": total / float(calls["duration_s"].sum()),
         JOULES_PER_TOKEN: stats.point_estimate(per_call, column=JOULES_PER_TOKEN),
         "joules_per_token_ci_low": low,

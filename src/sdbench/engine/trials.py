@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -249,10 +250,12 @@ class CellRun:
         call_prompts = self._call_prompts(rows)
         before = read_counters(llm.get_metrics())
         e0 = self.engine.meter.read()  # joules (sdbench.engine.energy; NaN without a meter)
+        d0 = getattr(self.engine.meter, "dram_j", math.nan)  # its DRAM part (RAPL dram domains)
         t0 = self.engine.clock()
         outputs = llm.generate(call_prompts, sampling, use_tqdm=False)
         duration = self.engine.clock() - t0
         energy_j = self.engine.meter.read() - e0
+        dram_j = getattr(self.engine.meter, "dram_j", math.nan) - d0
         delta = read_counters(llm.get_metrics()) - before
         self.timed_s += duration
         n_out = 0
@@ -287,6 +290,8 @@ class CellRun:
                 "tokens_per_s": n_out / duration,
                 "energy_j": energy_j,
                 "energy_meter": self.engine.meter.kind,
+                "energy_reason": getattr(self.engine.meter, "reason", ""),
+                "energy_dram_j": dram_j,
                 "num_drafts": delta.num_drafts,
                 "num_draft_tokens": delta.num_draft_tokens,
                 "num_accepted_tokens": delta.num_accepted_tokens,
