@@ -90,7 +90,7 @@ def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
     # The SD row whole. SD's draws are all 2 req/s; no SD's are k / 4 s with k ~ Binomial(8, 1/4) good
     # requests (each round holds one good of four): the ratio 8 / k is infinite at k = 0 (P = 10%, over
     # the top 2.5%), and its 2.5% point is 8 / 5 (P(k >= 5) = 2.7%, P(k >= 6) = 0.4%).
-    assert "| n-gram | 4.00 [1.60, inf] SD better |" in text.splitlines()
+    assert "| n-gram | 4.00 [1.60, inf] SD better, unpaired |" in text.splitlines()
     # Without targets for the dataset: no goodput, and no verdict on it.
     bare = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {}, 42)
     assert server_points(bare).iloc[0]["goodput_verdict"] == "no targets"
@@ -187,9 +187,9 @@ def test_the_goodput_verdict_per_method_on_hand_made_draws_and_its_whole_markdow
         "| method | concurrency 2 |",
         "|---|---|",
         "| no SD (req/s) | 0.5 |",
-        "| EAGLE | 1.00 [0.50, 2.00] undecided |",
-        "| MTP | 0.40 [0.20, 0.80] no SD better |",
-        "| n-gram | 4.00 [2.00, 8.00] SD better |",
+        "| EAGLE | 1.00 [0.50, 2.00] undecided, unpaired |",  # separately started servers: independent draws
+        "| MTP | 0.40 [0.20, 0.80] no SD better, unpaired |",
+        "| n-gram | 4.00 [2.00, 8.00] SD better, unpaired |",
     ]
 
 

@@ -198,7 +198,7 @@ def test_the_frontier_markdown_rows_by_hand() -> None:
     found = arms(cells, reqs, seed=7)
     slos = {"d": {"ttft_ms": 10, "tpot_ms": 3}}
     text = frontier_markdown(frontier_table(found, cells, slos, n=6), max_load_table(found, slos), LABELS, grid=6)
-    assert ("| n-gram | 2 | 33% | 0% | 8% | 58% | 2.1-4.76 | SD better (TTFT 10 / TPOT 3 ms: SD 4, no SD 0 req/s) |"
+    assert ("| n-gram | 2 | unpaired | 33% | 0% | 8% | 58% | 2.1-4.76 | SD better (TTFT 10 / TPOT 3 ms: SD 4, no SD 0 req/s) |"
             in text.splitlines())  # fmt: skip
     assert "(log-spaced, 6 x 6)" in text
 

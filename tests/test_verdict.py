@@ -103,7 +103,7 @@ def test_a_point_names_the_bounds_it_was_judged_on() -> None:
     assert (row.speedup_min, row.speedup_max) == pytest.approx((117 / 110, 143 / 90))
     assert row.verdict == vd.PAYS
     text = vd.verdict_markdown(points, vd.lines_table(points), vd.recommendations(points, {}), {})
-    assert "Speedup over no SD [range over rounds] and verdict." in text
+    assert "Speedup over no SD [range over rounds] and verdict; draws:" in text
     assert "| ngram-k3 | 1.30 [1.06, 1.59] pays |" in text
 
 

@@ -15,12 +15,28 @@ per-request timing is ``vllm/benchmarks/lib/endpoint_request_func.py``):
   ITL is the wait between the chunks a user sees (one per engine step), not a time per token; TPOT
   is the time per token.
 
-Goodput's 95% interval is a bootstrap over rounds, then requests within each drawn round
-(:func:`goodput_draws`); an SD cell's goodput ratio over the no-SD cell at the same concurrency is
-judged on the interval of the ratio of the two cells' draws (independent servers), with the
-verdict's rule (:mod:`sdbench.analysis.verdict`). A draw where neither meets any target counts as
-ratio 1 (the same goodput), one where only SD does as infinite; the interval's bounds are then
-draws themselves (no interpolation across an infinite draw).
+Goodput's 95% interval is a hierarchical bootstrap (:func:`resample_weights`): server starts with
+replacement, then rounds within each drawn start, then requests within each drawn round, because
+engine processes differ by 20-35% (docs/measurement.md) and rounds of one process do not show it.
+Tokens per second come from the same draws (``tokens_per_s_boot``), so one verdict square's
+throughput and goodput intervals rest on the same resampled rounds. A table without server starts
+(``round_start``, from before serve-group repeated them) is one start per arm: the draws are then the
+rounds-only bootstrap's, draw for draw; ``resample="rounds"`` keeps that older method callable on any
+table, for comparison. With few starts (3 per arm) the percentile interval is still somewhat too
+narrow (a bootstrap of n clusters sees (n-1)/n of their variance); it is no longer blind to them.
+
+An SD cell's ratio over the no-SD cell at the same concurrency is judged on the interval of the
+ratio of the two cells' draws, paired by index. ``pairing`` says how they were drawn (:func:`pairings`):
+``paired`` when both arms ran interleaved in one job (the same ``job_id``, and start s of one
+adjacent in the job's sequence of starts to start s of the other): the start indices are then drawn
+jointly (start s of SD with start s of no SD, one shared seed), so a slow period that hit both arms
+cancels in the ratio; ``unpaired`` otherwise (separate jobs, or a table from before interleaving):
+independent draws. Rounds and requests are always drawn per cell. A draw where neither meets any
+target counts as ratio 1 (the same goodput), one where only SD does as infinite; the interval's
+bounds are then draws themselves (no interpolation across an infinite draw).
+
+Stream-off control rounds (``stream`` False in the requests table, sdbench.engine.loadgen's plain
+completions) are never part of timed throughput, goodput or latency: :func:`timed_requests` drops them.
 """
 
 from __future__ import annotations
@@ -55,22 +71,45 @@ def meets_targets(requests: pd.DataFrame, slo: dict[str, float]) -> np.ndarray:
     return good
 
 
-def resample_weights(rounds: np.ndarray, walls: list[float], seed: int,
-                     resamples: int = NUM_RESAMPLES) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+STARTS, ROUNDS_ONLY = "starts", "rounds"  # what the bootstrap resamples above requests (resample_weights)
+RESAMPLE_MODES = (STARTS, ROUNDS_ONLY)
+PAIRED, UNPAIRED = "paired", "unpaired"  # how an SD/no-SD ratio's draws were made (pairings)
+
+
+def resample_weights(rounds: np.ndarray, walls: list[float], seed: int, resamples: int = NUM_RESAMPLES,
+                     round_start: list[int] | None = None, start_seed: int | None = None,
+                     resample: str = STARTS) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """The bootstrap of :func:`goodput_draws` as weights: per draw, how often each request was drawn
-    (rounds with replacement, then each drawn round's requests with replacement) and the drawn
-    rounds' summed wall time. One set of weights serves every target (``weights @ good / wall``), so
-    the draws at two targets, and at the user's targets and a grid's, come from the same resamples."""
+    and the drawn rounds' summed wall time. ``rounds``: each request's round position (0 to
+    len(walls) - 1, :func:`round_positions`); ``round_start``: each round's server start.
+
+    ``resample="starts"``: starts with replacement (drawn from ``start_seed``'s generator: two arms
+    given one seed and as many starts draw the same start indices, the joint draw of a paired ratio),
+    then each drawn start's rounds with replacement, then each drawn round's requests. One start (or
+    no ``round_start``) skips the first level, so the draws are ``"rounds"``'s: rounds with
+    replacement over all rounds, then requests. One set of weights serves every target (``weights @
+    good / wall``) and tokens per second (``weights @ tokens / wall``): the same resamples."""
+    if resample not in RESAMPLE_MODES:
+        raise ValueError(f"resample {resample!r}: one of {RESAMPLE_MODES}")
+    if round_start is not None and len(round_start) != len(walls):
+        raise ValueError(f"round_start has {len(round_start)} entries for {len(walls)} rounds (round_wall_s)")
     rng = np.random.default_rng(seed)
     members = [np.flatnonzero(rounds == r) for r in range(len(walls))]
+    if resample == ROUNDS_ONLY or round_start is None or len(set(round_start)) < 2:
+        groups = [np.arange(len(walls))]
+    else:
+        groups = [np.flatnonzero(np.asarray(round_start) == s) for s in sorted(set(round_start))]
+    start_rng = np.random.default_rng([seed, 1] if start_seed is None else start_seed)
     weights = np.zeros((resamples, len(rounds)))
     wall = np.empty(resamples)
+    walls_arr = np.asarray(walls, dtype=float)
     for b in range(resamples):
-        chosen = rng.integers(0, len(walls), size=len(walls))
+        starts = start_rng.integers(0, len(groups), size=len(groups)) if len(groups) > 1 else [0]
+        chosen = np.concatenate([groups[s][rng.integers(0, len(groups[s]), size=len(groups[s]))] for s in starts])
         for r in chosen:
             picked = members[r][rng.integers(0, len(members[r]), size=len(members[r]))]
             weights[b] += np.bincount(picked, minlength=len(rounds))
-        wall[b] = sum(walls[r] for r in chosen)
+        wall[b] = walls_arr[chosen].sum()
     return weights, wall
 
 
@@ -101,8 +140,53 @@ def region(sd_draws: Any, base_draws: Any, sd_goodput: Any, base_goodput: Any, c
     return str(out) if out.ndim == 0 else out  # one target (draws of one column): its word
 
 
-def goodput_columns(requests: pd.DataFrame, walls: list[float], slo: dict[str, float], seed: int) -> dict[str, Any]:
-    """A server cell's goodput summary columns (docs/schema.md); NaN without targets."""
+def round_positions(requests: pd.DataFrame, walls: list[float], where: str = "server cell") -> np.ndarray:
+    """Each timed request's round as a position in ``walls`` (``round_wall_s``). Rounds numbered 0 to
+    len(walls) - 1 are their own positions; other numbers (a stream-off control round between them,
+    rounds numbered across starts) map in increasing order, one per wall."""
+    values = requests["round"].to_numpy()
+    distinct = np.unique(values)
+    if len(distinct) and np.isin(distinct, np.arange(len(walls))).all():
+        return values.astype(int)
+    if len(distinct) != len(walls):
+        raise ValueError(f"{where}: {len(distinct)} timed rounds in the requests table, {len(walls)} in round_wall_s")
+    return np.searchsorted(distinct, values)
+
+
+def energy_columns(cell: dict[str, Any], requests: int, good: int | None) -> dict[str, Any]:
+    """A server cell's joules per timed request and per good request, from ``round_energy_j`` (one
+    reading per timed round, NaN where unmetered); NaN with ``energy_reason`` saying why."""
+    nan = math.nan
+    readings = cell.get("round_energy_j")
+    reason = cell.get("energy_reason")
+    reason = reason if isinstance(reason, str) and reason else ""
+    if readings is None or (isinstance(readings, float) and math.isnan(readings)):
+        return {"energy_j": nan, "joules_per_request": nan, "joules_per_good_request": nan,
+                "energy_reason": reason or "not recorded (a serve-group from before energy metering)"}  # fmt: skip
+    values = np.asarray(readings, dtype=float)
+    if not len(values) or np.isnan(values).all():
+        return {"energy_j": nan, "joules_per_request": nan, "joules_per_good_request": nan,
+                "energy_reason": reason or "not metered"}  # fmt: skip
+    if np.isnan(values).any():  # a sum over some rounds is no cell's energy
+        why = f"metered in {int((~np.isnan(values)).sum())} of {len(values)} rounds only"
+        return {"energy_j": nan, "joules_per_request": nan, "joules_per_good_request": nan,
+                "energy_reason": f"{reason}; {why}" if reason else why}  # fmt: skip
+    total = float(values.sum())
+    per_good, why = nan, reason
+    if good is None:
+        why = "; ".join(x for x in (reason, "no targets: no good requests to count") if x)
+    elif good == 0:
+        why = "; ".join(x for x in (reason, "no request met the targets") if x)
+    else:
+        per_good = total / good
+    return {"energy_j": total, "joules_per_request": total / requests if requests else nan,
+            "joules_per_good_request": per_good, "energy_reason": why}  # fmt: skip
+
+
+def goodput_columns(requests: pd.DataFrame, walls: list[float], slo: dict[str, float], seed: int,
+                    draws: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A server cell's goodput summary columns (docs/schema.md); NaN without targets. ``draws``: the
+    cell's bootstrap weights and walls (:func:`resample_weights`), else rounds then requests."""
     from sdbench.analysis.stats import interval
 
     targets = {f"slo_{k}": float(slo[k]) if slo.get(k) is not None else math.nan for k in TARGETS}
@@ -111,10 +195,11 @@ def goodput_columns(requests: pd.DataFrame, walls: list[float], slo: dict[str, f
         return {**targets, "slo_attainment": nan, "goodput_rps": nan, "goodput_rps_ci_low": nan,
                 "goodput_rps_ci_high": nan, "goodput_rps_min": nan, "goodput_rps_max": nan, "goodput_rps_boot": []}  # fmt: skip
     good = meets_targets(requests, slo)
-    rounds = requests["round"].to_numpy()
+    rounds = round_positions(requests, walls)
     per_round = [good[rounds == r].sum() / w for r, w in enumerate(walls)]
-    draws = goodput_draws(good, rounds, walls, seed)
-    low, high = interval(draws)
+    weights, wall = draws if draws is not None else resample_weights(rounds, walls, seed)
+    draws_ = weights @ good.astype(float) / wall
+    low, high = interval(draws_)
     return {
         **targets,
         "slo_attainment": float(good.mean()),
@@ -123,7 +208,7 @@ def goodput_columns(requests: pd.DataFrame, walls: list[float], slo: dict[str, f
         "goodput_rps_ci_high": high,
         "goodput_rps_min": float(min(per_round)),
         "goodput_rps_max": float(max(per_round)),
-        "goodput_rps_boot": [float(x) for x in draws],
+        "goodput_rps_boot": [float(x) for x in draws_],
     }
 
 
@@ -150,14 +235,22 @@ def draw_seed(cell: dict[str, Any], seed: int) -> int:
     return cell_seed({"seed": seed, "cell": cell})
 
 
+def timed_requests(requests: pd.DataFrame) -> pd.DataFrame:
+    """The requests of timed streamed rounds: a stream-off control round's (``stream`` False) is no
+    part of throughput, goodput or latency."""
+    return requests[requests["stream"].ne(False)] if "stream" in requests else requests
+
+
 def server_cell_requests(cells: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[dict[str, Any], pd.DataFrame]]:
-    """Each server cell's summary row with its timed requests, in the order the requests table holds
-    them (the bootstrap draws requests by position within a round: one order, one set of draws)."""
+    """Each server cell's summary row with its timed requests (:func:`timed_requests`), in the order
+    the requests table holds them (the bootstrap draws requests by position within a round: one
+    order, one set of draws)."""
     from sdbench.servermode import SERVER_CELL_KEYS
 
     keys = list(SERVER_CELL_KEYS)
     if len(cells) and "round_wall_s" not in cells:
         raise ValueError("server cell summaries lack round_wall_s: measured by an older serve-group, rerun it")
+    requests = timed_requests(requests)
     by_cell = dict(iter(requests.groupby(keys, sort=False))) if len(requests) else {}
     out = []
     for cell in cells.to_dict("records"):
@@ -168,16 +261,117 @@ def server_cell_requests(cells: pd.DataFrame, requests: pd.DataFrame) -> list[tu
     return out
 
 
-def add_goodput(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict[str, float]],
-                seed: int) -> pd.DataFrame:  # fmt: skip
-    """The server cells (one row each, ``round_wall_s`` per round) with their goodput columns under
-    their dataset's targets (``slos``: dataset -> targets, sdbench.servermode.slo_for)."""
+def _listed(value: Any) -> list[Any] | None:
+    """A list-valued summary column, None where the table has none (NaN in an older table)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return list(value)
+
+
+def _true(value: Any) -> bool:
+    return value is True or (isinstance(value, (bool, np.bool_)) and bool(value))
+
+
+def round_starts(cell: dict[str, Any]) -> list[int] | None:
+    """Each timed round's server start (``round_start``); None for a table from before repeated
+    starts (one start per arm)."""
+    starts = _listed(cell.get("round_start"))
+    if starts is None:
+        return None
+    walls = list(cell["round_wall_s"])
+    if len(starts) != len(walls):
+        raise ValueError(f"server cell {cell.get('method')} c{cell.get('concurrency')}: round_start has "
+                         f"{len(starts)} entries, round_wall_s {len(walls)}")  # fmt: skip
+    return [int(x) for x in starts]
+
+
+def interleaved_with(sd: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether an SD arm's starts alternate with no SD's in one job: both ``interleaved``, the same
+    ``job_id``, as many starts, and start s of each adjacent to start s of the other in the job's
+    sequence (no start of either arm between them): then start s of both saw the same period."""
+    if not (_true(sd.get("interleaved")) and _true(base.get("interleaved"))):
+        return False
+    job = sd.get("job_id")
+    if not isinstance(job, str) or not job or job != base.get("job_id"):
+        return False
+    a, b = _listed(sd.get("start_sequence")), _listed(base.get("start_sequence"))
+    if not a or not b or len(a) != len(b):
+        return False
+    blocks = [(min(x, y), max(x, y)) for x, y in zip(a, b)]
+    return all(x != y for x, y in zip(a, b)) and all(hi < nxt for (_, hi), (nxt, _) in zip(blocks, blocks[1:]))
+
+
+def pairings(cells: pd.DataFrame, seed: int) -> dict[tuple, tuple[str, int | None]]:
+    """Per server cell (by its keys): how its ratio to no SD is drawn (``paired``, ``unpaired``; ""
+    for a no-SD cell) and the seed of its start draws: one seed shared by a job's interleaved arms
+    at one concurrency (the joint draw), None for a cell's own (independent) draws."""
     from sdbench.servermode import SERVER_CELL_KEYS
 
-    rows = [goodput_columns(reqs, list(cell["round_wall_s"]), slos.get(cell["dataset"], {}),
-                            draw_seed({k: cell[k] for k in SERVER_CELL_KEYS}, seed))
-            for cell, reqs in server_cell_requests(cells, requests)]  # fmt: skip
-    return pd.concat([cells.reset_index(drop=True), pd.DataFrame(rows, index=range(len(cells)))], axis=1)
+    records = cells.to_dict("records")
+    key = lambda c: tuple(c[k] for k in SERVER_CELL_KEYS)  # noqa: E731
+    level = lambda c: (c["engine"], c["model"], c["dataset"], c["concurrency"])  # noqa: E731
+    base = {level(c): c for c in records if c["sd_method"] == "none"}
+    out: dict[tuple, tuple[str, int | None]] = {}
+    for c in records:
+        if c["sd_method"] == "none":
+            continue
+        b = base.get(level(c))
+        if b is not None and interleaved_with(c, b):
+            shared = draw_seed({"job_id": c["job_id"], **dict(zip(("engine", "model", "dataset", "concurrency"),
+                                                                  level(c)))}, seed)  # fmt: skip
+            out[key(c)] = (PAIRED, shared)
+            out[key(b)] = ("", shared)
+        else:
+            out[key(c)] = (UNPAIRED, None)
+    for c in records:
+        out.setdefault(key(c), ("", None))
+    return out
+
+
+def server_draws(cells: pd.DataFrame, requests: pd.DataFrame, seed: int, resample: str = STARTS,
+                 resamples: int = NUM_RESAMPLES) -> list[tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray, str]]:  # fmt: skip
+    """Each server cell with its timed requests, bootstrap weights and walls (:func:`resample_weights`:
+    its own seed for rounds and requests, :func:`pairings`' seed for starts) and its ``pairing``.
+    The server table (goodput, tokens/s) and the frontier draw from here: the same resamples."""
+    from sdbench.servermode import SERVER_CELL_KEYS
+
+    plan = pairings(cells, seed) if len(cells) else {}
+    out = []
+    for cell, reqs in server_cell_requests(cells, requests):
+        key = {k: cell[k] for k in SERVER_CELL_KEYS}
+        pairing, start_seed = plan[tuple(key.values())]
+        walls = list(cell["round_wall_s"])
+        where = f"server cell {key}"
+        weights, wall = resample_weights(round_positions(reqs, walls, where), walls, draw_seed(key, seed), resamples,
+                                         round_starts(cell), start_seed, resample)  # fmt: skip
+        out.append((cell, reqs, weights, wall, pairing))
+    return out
+
+
+def add_goodput(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict[str, float]],
+                seed: int, resample: str = STARTS) -> pd.DataFrame:  # fmt: skip
+    """The server cells (one row each, ``round_wall_s`` per round) with their goodput columns under
+    their dataset's targets (``slos``: dataset -> targets, sdbench.servermode.slo_for), tokens per
+    second's draws from the same resamples, ``starts``, ``pairing`` and joules per (good) request."""
+    from sdbench.analysis.stats import interval
+
+    rows = []
+    for cell, reqs, weights, wall, pairing in server_draws(cells, requests, seed, resample):
+        walls = list(cell["round_wall_s"])
+        slo = slos.get(cell["dataset"], {})
+        row = goodput_columns(reqs, walls, slo, 0, draws=(weights, wall))
+        tokens = weights @ reqs["num_output_tokens"].to_numpy(dtype=float) / wall
+        low, high = interval(tokens)
+        starts = round_starts(cell)
+        good = None if math.isnan(row["goodput_rps"]) else int(meets_targets(reqs, slo).sum())
+        rows.append({**row, "tokens_per_s_ci_low": low, "tokens_per_s_ci_high": high,
+                     "tokens_per_s_boot": [float(x) for x in tokens],
+                     "starts": len(set(starts)) if starts is not None else 1, "pairing": pairing, "resample": resample,
+                     **energy_columns(cell, len(reqs), good)})  # fmt: skip
+    extra = pd.DataFrame(rows, index=range(len(cells)))
+    base = cells.reset_index(drop=True).drop(columns=[c for c in extra if c in cells and c != "energy_reason"])
+    base = base.drop(columns=["energy_reason"], errors="ignore")
+    return pd.concat([base, extra], axis=1)
 
 
 def _ms(v: float) -> str:

@@ -48,8 +48,7 @@ from sdbench.analysis.goodput import (
     draw_seed,
     meets_targets,
     region,
-    resample_weights,
-    server_cell_requests,
+    server_draws,
 )
 from sdbench.analysis.stats import CONFIDENCE, NUM_RESAMPLES
 from sdbench.io import write_parquet, write_text
@@ -66,7 +65,7 @@ SLO_COLUMNS = ["slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms"]
 FRONTIER_COLUMNS: tuple[str, ...] = (
     *ARM, "concurrency", "point", *SLO_COLUMNS, "goodput_rps", "baseline_goodput_rps", "goodput_difference_rps",
     "goodput_difference_rps_ci_low", "goodput_difference_rps_ci_high", "slo_attainment", "baseline_slo_attainment",
-    "region", "flags",
+    "region", "pairing", "flags",
 )  # fmt: skip
 MAX_LOAD_COLUMNS: tuple[str, ...] = (
     *ARM, "target", "slo_scale", *SLO_COLUMNS, "concurrencies", "slo_attainments", "max_concurrency",
@@ -101,13 +100,12 @@ class Arm:
 
 def arms(cells: pd.DataFrame, requests: pd.DataFrame, seed: int, resamples: int = NUM_RESAMPLES) -> dict[tuple, Arm]:
     """Every server cell as an :class:`Arm`, keyed by the server cell keys; the resamples are the
-    server table's (the same seed per cell and order of requests)."""
+    server table's (:func:`sdbench.analysis.goodput.server_draws`: starts, rounds, requests; the
+    same seeds, start draws joint for interleaved arms)."""
     out = {}
-    for cell, reqs in server_cell_requests(cells, requests):
-        key = {k: cell[k] for k in SERVER_CELL_KEYS}
-        weights, wall = resample_weights(reqs["round"].to_numpy(), list(cell["round_wall_s"]), draw_seed(key, seed),
-                                         resamples)  # fmt: skip
-        out[tuple(key.values())] = Arm(cell, reqs.reset_index(drop=True), weights, wall)
+    for cell, reqs, weights, wall, pairing in server_draws(cells, requests, seed, resamples=resamples):
+        key = tuple(cell[k] for k in SERVER_CELL_KEYS)
+        out[key] = Arm({**cell, "pairing": pairing}, reqs.reset_index(drop=True), weights, wall)
     return out
 
 
@@ -154,7 +152,7 @@ def pair_frontier(sd: Arm, base: Arm, slo: dict[str, float], n: int = GRID_POINT
     (g_sd, d_sd), (g_base, d_base) = sd.goodput(goods[0]), base.goodput(goods[1])
     low, high = _difference_interval(d_sd, d_base)
     keys = {c: sd.cell.get(c) for c in ARM}
-    return frame.assign(**keys, concurrency=sd.cell["concurrency"], goodput_rps=g_sd, baseline_goodput_rps=g_base,
+    return frame.assign(**keys, concurrency=sd.cell["concurrency"], pairing=sd.cell.get("pairing", ""), goodput_rps=g_sd, baseline_goodput_rps=g_base,
                         goodput_difference_rps=g_sd - g_base, goodput_difference_rps_ci_low=low,
                         goodput_difference_rps_ci_high=high, slo_attainment=goods[0].mean(axis=0),
                         baseline_slo_attainment=goods[1].mean(axis=0),
@@ -312,7 +310,8 @@ def frontier_markdown(frontier: pd.DataFrame, loads: pd.DataFrame, labels: dict[
     out = ["# Goodput without a hand-picked target\n",
            "Over a grid of TTFT x TPOT targets spanning both arms' requests (log-spaced, "
            f"{grid} x {grid}), where SD's goodput (requests/s meeting both targets) is higher than no "
-           f"SD's at the same concurrency with 95% confidence (bootstrap over rounds and requests): `{SD_BETTER}` "
+           f"SD's at the same concurrency with 95% confidence (bootstrap over server starts, rounds and requests; `paired`: the arms' starts interleaved in one job "
+           "and drawn jointly, `unpaired`: drawn independently): `{SD_BETTER}` "
            f"(the difference's interval above 0), `{BASE_BETTER}` (below 0), `{UNDECIDED}` (contains 0), "
            f"`{NEITHER}` (no request of either arm meets the target: not reached on this hardware, not scored). "
            "Your targets (`server.slo`, E2E included) are one point on it. Then DistServe's goodput: each arm's "
@@ -329,9 +328,9 @@ def frontier_markdown(frontier: pd.DataFrame, loads: pd.DataFrame, labels: dict[
         if sub.empty:
             out.append("No SD arm with a no-SD arm at the same concurrency: no frontier.\n")
         else:
-            out.append("| method | conc. | " + " | ".join(f"{r} (share of grid)" for r in REGIONS)
+            out.append("| method | conc. | draws | " + " | ".join(f"{r} (share of grid)" for r in REGIONS)
                        + " | SD better at TPOT targets (ms), loosest TTFT | your targets |")  # fmt: skip
-            out.append("|" + "---|" * (len(REGIONS) + 4))
+            out.append("|" + "---|" * (len(REGIONS) + 5))
             for (method, c), panel in sub.groupby(["method", "concurrency"], sort=True):
                 grid = panel[panel["point"] == GRID]
                 shares = [f"{(grid['region'] == r).mean():.0%}" for r in REGIONS]
@@ -341,7 +340,9 @@ def frontier_markdown(frontier: pd.DataFrame, loads: pd.DataFrame, labels: dict[
                                                 f"{yours['baseline_goodput_rps'].iloc[0]:.3g} req/s)")  # fmt: skip
                 flag = f" (flagged: {panel['flags'].iloc[0]})" if panel["flags"].iloc[0] else ""
                 label = _label(labels, method, panel["sd_method"].iloc[0], panel["num_speculative_tokens"].iloc[0])
-                out.append(f"| {label}{flag} | {c} | " + " | ".join(shares) + f" | {sd_better_tpot(panel)} | {mark} |")
+                pairing = panel["pairing"].iloc[0] if "pairing" in panel else ""
+                out.append(f"| {label}{flag} | {c} | {pairing or '–'} | " + " | ".join(shares)
+                           + f" | {sd_better_tpot(panel)} | {mark} |")  # fmt: skip
             out.append("")
         lsub = loads[(loads["engine"] == engine) & (loads["model"] == model) & (loads["dataset"] == dataset)]
         if lsub.empty:

@@ -20,10 +20,15 @@ Per line (engine x model x dataset x method x kind of load) the verdict table ad
 
 and the recommendation names, per model x dataset x load, the method with the largest speedup
 among those that pay ("no SD" where none does). Server mode judges the speedup over the rounds'
-range (min..max of each arm: a range, not a 95% interval) with the same rule. A point carries
-the bounds it was judged on under their own names: ``speedup_ci_low``/``speedup_ci_high`` (95%
-interval, offline) or ``speedup_min``/``speedup_max`` (range over rounds, server mode), the
-other pair NaN; ``interval`` says which.
+range (min..max of each arm: a range, not a 95% interval) with the same rule where an arm ran one
+server start; where both arms ran several, on the 95% interval of the ratio of their tokens-per-second
+draws, a bootstrap over starts, rounds and requests (:mod:`sdbench.analysis.goodput`, the goodput
+ratio's draws). A point carries the bounds it was judged on under their own names:
+``speedup_ci_low``/``speedup_ci_high`` (95% interval: offline, or server mode over starts) or
+``speedup_min``/``speedup_max`` (range over rounds, server mode, the 95% pair then NaN); ``interval``
+says which. ``pairing`` says how a ratio's two arms were drawn: ``paired`` (offline: the no-SD calls
+timed in the same process; server mode: starts interleaved in one job and drawn jointly) or
+``unpaired`` (independent draws).
 
 Energy: each offline point carries its energy ratio (SD's joules per output token over no SD's,
 :mod:`sdbench.analysis.energy`) and ``energy``, the same rule on that ratio's 95% interval
@@ -72,7 +77,7 @@ LINE = ["engine", "model", "dataset", "method", "load_kind"]
 POINT_COLUMNS: tuple[str, ...] = (
     "engine", "model", "dataset", "method", "sd_method", "num_speculative_tokens", "load_kind", "load", "speedup",
     "speedup_ci_low", "speedup_ci_high", "speedup_min", "speedup_max", "interval", "mean_acceptance_length",
-    "preempted", "flags", "verdict",
+    "preempted", "flags", "verdict", "pairing",
     # Energy (offline; sdbench.analysis.energy) and goodput under the latency targets (server mode).
     "energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high", "energy_meter", "energy", "time_not_energy",
     "goodput_rps", "baseline_goodput_rps", "goodput_ratio", "goodput_ratio_ci_low", "goodput_ratio_ci_high",
@@ -83,6 +88,7 @@ LINE_RESULTS: tuple[str, ...] = ("largest_paying_load", "break_even_load", "brea
 COLUMNS: tuple[str, ...] = (*POINT_COLUMNS, *LINE_RESULTS)
 OFFLINE, SERVER = "batch size", "concurrency"
 BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
+STARTS_BOOTSTRAP = "95% bootstrap over server starts"  # a server point whose arms each ran several starts
 PLURAL = {OFFLINE: "batch sizes", SERVER: "concurrencies"}
 # A point's energy ratio (SD's joules per token over no SD's, sdbench.analysis.energy) and its meter.
 ENERGY_POINT_COLUMNS = ("energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high", "energy_meter")
@@ -147,6 +153,9 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         # Requests of the cell (or of its no-SD arm) waited for KV cache: the batch was not all running.
         "preempted": _column(sd, "preempted").fillna(False).astype(bool),
         "flags": point_flags(_column(sd, "preempted"), _column(sd, "contaminated"), _column(sd, "hardware_mismatch")),
+        # A no-SD run in the same process (endtoend's paired design) or not.
+        "pairing": sd["speedup_design"].map({"paired": "paired", "independent": "unpaired"}).fillna("")
+        if "speedup_design" in sd else "",
         **{c: sd[c] if c in sd else nan for c in ENERGY_POINT_COLUMNS},
     }))  # fmt: skip
     if server is not None and len(server):
@@ -196,7 +205,8 @@ def time_not_energy_lines(points: pd.DataFrame, labels: dict[str, str]) -> list[
 
 
 def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """The bounds each point is judged on: its 95% interval offline, its range over rounds in server mode."""
+    """The bounds each point is judged on: its 95% interval, or its range over rounds (a server point
+    with one start per arm)."""
     rounds = points["interval"] == ROUNDS
     return (points["speedup_min"].where(rounds, points["speedup_ci_low"]),
             points["speedup_max"].where(rounds, points["speedup_ci_high"]))  # fmt: skip
@@ -204,35 +214,50 @@ def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 def server_points(server: pd.DataFrame) -> pd.DataFrame:
     """SD over no SD at the same concurrency in server mode, with its range over rounds
-    (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min)."""
+    (``speedup_min``/``speedup_max``: SD's min over no SD's max, and max over min) and, where both
+    arms ran several server starts, the 95% interval of the ratio of their tokens-per-second draws
+    (starts, rounds, requests; joint start draws where ``pairing`` is ``paired``), judged on."""
+    from sdbench.analysis.stats import ratio_interval
+
     keys = ["engine", "model", "dataset", "concurrency"]
     server = server.copy()
     if "hardware" not in server:  # tables from before the column
         server = server.assign(hardware="")
     nan = float("nan")
     for column, default in (("goodput_rps", nan), ("goodput_rps_boot", None), ("slo_ttft_ms", nan),
-                            ("slo_tpot_ms", nan), ("slo_e2e_ms", nan)):  # fmt: skip
+                            ("slo_tpot_ms", nan), ("slo_e2e_ms", nan), ("tokens_per_s_boot", None), ("starts", 1),
+                            ("pairing", "unpaired")):  # fmt: skip
         if column not in server:
             server[column] = [default] * len(server)
     if "contaminated" not in server:
         server = server.assign(contaminated=False)
     base = server[server["sd_method"] == "none"][[*keys, "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max",
-                                                  "hardware", "goodput_rps", "goodput_rps_boot", "contaminated"]]  # fmt: skip
+                                                  "hardware", "goodput_rps", "goodput_rps_boot", "contaminated",
+                                                  "tokens_per_s_boot", "starts"]]  # fmt: skip
     base = base.rename(columns=lambda c: c if c in keys else f"base_{c}")
     sd = server[server["sd_method"] != "none"].merge(base, on=keys, how="inner")
     # Each method's server is a job of its own (sdbench.servermode): its arms may have run apart.
     mismatch = check_hardware(sd, "base_hardware", independent=pd.Series(True, index=sd.index), load="concurrency")
     contaminated = _column(sd, "contaminated").fillna(False).astype(bool) | _column(sd, "base_contaminated").fillna(
         False).astype(bool)  # fmt: skip
+    sized = lambda x: hasattr(x, "__len__") and len(x) > 0  # noqa: E731
+    # One start per arm: rounds of one process, blind to the spread between processes; the range stays judged.
+    several = (sd["starts"].fillna(1).astype(int) >= 2) & (sd["base_starts"].fillna(1).astype(int) >= 2)
+    several &= pd.Series([sized(a) and sized(b) for a, b in zip(sd["tokens_per_s_boot"], sd["base_tokens_per_s_boot"])],
+                         index=sd.index, dtype=bool)  # fmt: skip
+    bounds = [ratio_interval(a, b) if on else (nan, nan)
+              for a, b, on in zip(sd["tokens_per_s_boot"], sd["base_tokens_per_s_boot"], several)]  # fmt: skip
     return pd.DataFrame({
         "engine": sd["engine"], "model": sd["model"], "dataset": sd["dataset"], "method": sd["method"],
         "sd_method": sd["sd_method"], "num_speculative_tokens": sd.get("num_speculative_tokens"),
         "load_kind": SERVER, "load": sd["concurrency"].astype(int),
         "speedup": sd["tokens_per_s"] / sd["base_tokens_per_s"],
-        "speedup_ci_low": float("nan"), "speedup_ci_high": float("nan"),
+        "speedup_ci_low": [lo for lo, _ in bounds], "speedup_ci_high": [hi for _, hi in bounds],
         "speedup_min": sd["tokens_per_s_min"] / sd["base_tokens_per_s_max"],
         "speedup_max": sd["tokens_per_s_max"] / sd["base_tokens_per_s_min"],
-        "interval": ROUNDS, "mean_acceptance_length": sd["mean_acceptance_length"],
+        "interval": [STARTS_BOOTSTRAP if on else ROUNDS for on in several],
+        "pairing": sd["pairing"].fillna("unpaired").replace("", "unpaired"),
+        "mean_acceptance_length": sd["mean_acceptance_length"],
         "preempted": False,  # the server table does not count preemptions
         "flags": point_flags(pd.Series(False, index=sd.index), contaminated, mismatch),
         **goodput_points(sd),
@@ -309,8 +334,9 @@ def _goodput_cell(point: pd.Series) -> str:
         return "0 req/s, neither meets: not scored"
     if point["baseline_goodput_rps"] == 0:
         return f"{_fmt(point['goodput_rps'], '.3g')} req/s, none without SD: {point['goodput_verdict']}"
+    pairing = (point.get("pairing") or "") if point["goodput_verdict"] != NO_TARGETS else ""
     return (f"{_fmt(point['goodput_ratio'])} [{_fmt(point['goodput_ratio_ci_low'])}, "
-            f"{_fmt(point['goodput_ratio_ci_high'])}] {point['goodput_verdict']}")
+            f"{_fmt(point['goodput_ratio_ci_high'])}] {point['goodput_verdict']}" + (f", {pairing}" if pairing else ""))
 
 
 def lines_table(points: pd.DataFrame) -> pd.DataFrame:
@@ -399,10 +425,13 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
     mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", NO_INTERVAL: "n/a", FLAGGED: "flagged"}
     for (engine, model, dataset, kind), sub in points.groupby(["engine", "model", "dataset", "load_kind"], sort=True):
         loads = sorted(sub["load"].unique())
-        interval = sub["interval"].iloc[0]
+        interval = " or ".join(dict.fromkeys(sub["interval"]))
         out.append(f"## {model} / {dataset} ({engine}), by {kind}\n")
-        out.append(f"Speedup over no SD [{interval}] and verdict.\n")
-        head = ["method", *(f"{kind} {x}" for x in loads), "pays up to", "break-even at [interval]", "accepted length"]
+        out.append(f"Speedup over no SD [{interval}] and verdict; draws: `paired` (the no-SD arm ran in the same "
+                   "process, or its server starts interleaved with SD's in one job and drawn jointly) or `unpaired` "
+                   "(independent).\n")  # fmt: skip
+        head = ["method", *(f"{kind} {x}" for x in loads), "pays up to", "break-even at [interval]", "accepted length",
+                "draws"]  # fmt: skip
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for method, line in sub.groupby("method", sort=True):
@@ -420,7 +449,8 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
             upto = _fmt(info["largest_paying_load"], "g") if not math.isnan(info["largest_paying_load"]) else "never"
             lo, hi = info["break_even_low"], info["break_even_high"]
             out.append(f"| {labels.get(method, method)} | " + " | ".join(cells)
-                       + f" | {upto} | {info['break_even_load']} [{lo}, {hi}] | {_fmt(info['mean_acceptance_length'])} |")
+                       + f" | {upto} | {info['break_even_load']} [{lo}, {hi}] | {_fmt(info['mean_acceptance_length'])} "
+                       + f"| {', '.join(p for p in dict.fromkeys(line['pairing'].fillna('')) if p) or '–'} |")
         out.append("")
     out += goodput_sections(points, labels)
     return "\n".join(out) + "\n"
