@@ -58,6 +58,7 @@ from sdbench.doctorcore import (  # the result line and helpers doctorslurm shar
     set_resources,
     skipped,
 )
+from sdbench import doctormeters
 from sdbench.doctorcore import resource_map as _resource_map
 from sdbench.doctorcore import run_command as _run
 from sdbench.gpudriver import IMAGE_CUDA, driver_check, image_cuda  # noqa: F401 - the doctor's checks
@@ -971,6 +972,7 @@ def run_checks(site: Site) -> list[Result]:
     results += host_gpu_checks(site)
     results += cpu_kernel_checks(site)
     results += energy_meter_checks(site)
+    results += doctormeters.meter_checks(site)  # the CPU engines' meter (RAPL)
     results += apptainer_checks(site)
     results += hub_checks(site)
     results += slurm_checks(site)
