@@ -177,7 +177,7 @@ def test_the_verdict_says_where_the_targets_fall_and_names_targets_no_arm_meets(
     cells, reqs = flat_pair(2.0, 5.0)
     squares = {3.0: "| n-gram | 4 req/s, none without SD: SD better |",
                1.0: "| n-gram | 0 req/s, neither meets: not scored |",
-               6.0: "| n-gram | 1.00 [1.00, 1.00] undecided |"}  # fmt: skip
+               6.0: "| n-gram | 1.00 [1.00, 1.00] undecided, unpaired |"}  # fmt: skip
     for tpot, square in squares.items():
         server = add_goodput(cells, reqs, {"d": {"ttft_ms": 20, "tpot_ms": tpot}}, 42)
         text = goodput_sections(server_points(server).assign(load_kind="concurrency", load=2), LABELS)
