@@ -97,7 +97,7 @@ def test_the_server_verdict_judges_goodput_against_no_sd() -> None:
     assert "no targets" in goodput_markdown(bare)
     # Every SD request meets the targets in both rounds (walls 2 s): every draw is 8 / 4 s, the
     # interval the point; no latency percentiles in this table.
-    assert "| m | d | ngram-k3 | 2 | 100 / 2.5 / 420 | 2 [2, 2] | 100% | – / – / – | – / – / – | – / – / – |" \
+    assert "| m | d | ngram-k3 | 2 | 100 / 2.5 / 420 | 2 [2, 2] | 100% | – / – / – | – / – / – | – / – / – | – |" \
         in goodput_markdown(cells).splitlines()  # fmt: skip
 
 
@@ -200,13 +200,13 @@ def test_the_goodput_markdown_rows_cell_by_cell() -> None:
     keys = dict(model="m", dataset="d", concurrency=4)
     table = pd.DataFrame([
         dict(keys, method="ngram-k3", slo_ttft_ms=100.0, slo_tpot_ms=2.5, slo_e2e_ms=math.nan, goodput_rps=1.23456,
-             goodput_rps_ci_low=1.1, goodput_rps_ci_high=1.4, slo_attainment=0.75, **pct),
+             goodput_rps_ci_low=1.1, goodput_rps_ci_high=1.4, slo_attainment=0.75, joules_per_good_request=18.04, **pct),
         dict(keys, method="none", slo_ttft_ms=math.nan, slo_tpot_ms=math.nan, slo_e2e_ms=math.nan,
              goodput_rps=math.nan, goodput_rps_ci_low=math.nan, goodput_rps_ci_high=math.nan, slo_attainment=math.nan),
     ])  # fmt: skip
     rows = [line for line in goodput_markdown(table).splitlines() if line.startswith("| m |")]
     assert rows == [
         "| m | d | ngram-k3 | 4 | 100 / 2.5 / – | 1.23 [1.1, 1.4] | 75% | 12.3 / 98.8 / 150 | 2 / 2.5 / 3.25 "
-        "| 0.5 / 1234 / – |",
-        "| m | d | none | 4 | – / – / – | no targets | – | – / – / – | – / – / – | – / – / – |",
+        "| 0.5 / 1234 / – | 18 |",  # J per good request, three significant digits
+        "| m | d | none | 4 | – / – / – | no targets | – | – / – / – | – / – / – | – / – / – | – |",
     ]  # fmt: skip

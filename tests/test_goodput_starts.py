@@ -122,3 +122,15 @@ def test_joules_per_request_and_per_good_request() -> None:
     cell, reqs = arm("none", [100.0, 200.0])
     out = table(({**cell, "round_energy_j": [10.0] * 4, "energy_reason": ""}, reqs))
     assert (out.loc["none", "joules_per_request"], out.loc["none", "joules_per_good_request"]) == (5.0, 5.0)
+
+
+def test_the_server_table_shows_joules_per_request() -> None:
+    from sdbench.analysis.latency import latency_markdown
+
+    row = dict(engine="e", model="m", dataset="d", method="none", concurrency=2, tokens_per_s=100.0,
+               tokens_per_s_min=90.0, tokens_per_s_max=110.0, ttft_p50_ms=10.0, tpot_p50_ms=2.0, tpot_p95_ms=3.0,
+               tpot_p99_ms=4.0, e2e_p50_ms=200.0, e2e_p99_ms=300.0, mean_acceptance_length=math.nan,
+               cost_per_1m_tokens=1.0, cost_per_request=0.001, currency="USD")  # fmt: skip
+    text = latency_markdown(pd.DataFrame([{**row, "joules_per_request": 11.254}, {**row, "joules_per_request": math.nan}]))
+    rows = [line for line in text.splitlines() if line.startswith("| e |")]
+    assert rows[0].endswith("| 11.3 |") and rows[1].endswith("| – |")

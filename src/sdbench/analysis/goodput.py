@@ -379,17 +379,23 @@ def _ms(v: float) -> str:
     return "–" if v is None or math.isnan(v) else f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
+def _joules(v: float | None) -> str:
+    return "–" if v is None or v != v else f"{v:.3g}"
+
+
 def goodput_markdown(table: pd.DataFrame) -> str:
     """Per server cell: the targets, goodput [95% interval] and the share of requests meeting them,
     and the P50 / P90 / P99 of TTFT, TPOT and ITL."""
     lines = [
         "Under the latency targets (`server.slo`; definitions as `vllm bench serve --goodput`): goodput = requests "
         "meeting every target per second of the timed rounds [95% bootstrap interval over rounds and requests]; "
-        "ITL = the gaps between streamed chunks (with SD one chunk per step), TPOT = time per output token.",
+        "ITL = the gaps between streamed chunks (with SD one chunk per step), TPOT = time per output token. "
+        "J/good request: the timed rounds' metered energy over the requests meeting every target (– where not "
+        "metered or none met them: `energy_reason`).",
         "",
         "| model | dataset | method | conc. | targets TTFT / TPOT / E2E ms | goodput req/s [95%] | met "
-        "| TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 / p90 / p99 ms | TPOT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | J/good request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.to_dict("records"):
         targets = " / ".join(_ms(r[f"slo_{k}"]) for k in TARGETS)
@@ -400,5 +406,5 @@ def goodput_markdown(table: pd.DataFrame) -> str:
             met = f"{r['slo_attainment']:.0%}"
         pcts = [" / ".join(_ms(r.get(f"{m}_p{p}_ms", math.nan)) for p in (50, 90, 99)) for m in ("ttft", "tpot", "itl")]
         lines.append(f"| {r['model']} | {r['dataset']} | {r['method']} | {r['concurrency']} | {targets} | {good} | {met} "
-                     f"| {' | '.join(pcts)} |")  # fmt: skip
+                     f"| {' | '.join(pcts)} | {_joules(r.get('joules_per_good_request', math.nan))} |")  # fmt: skip
     return "\n".join(lines) + "\n"

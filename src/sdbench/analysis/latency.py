@@ -82,11 +82,12 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
         "OpenAI-compatible server. Throughput = output tokens / wall time of a round (median [min, max] "
         f"over rounds); TTFT, TPOT and E2E percentiles over every timed request. Cost in {currency}"
         + (f" ({source})." if source else ".")
-        + " (busy) marks a cell the quiet-machine guard flagged: other work ran beside it.",
+        + " (busy) marks a cell the quiet-machine guard flagged: other work ran beside it. J/request: the "
+        "timed rounds' metered energy over their requests (– where not metered: `energy_reason` says why).",
         "",
         "| engine | model | dataset | method | conc. | output tok/s [min, max] | TTFT p50 ms | TPOT p50 / p95 / p99 ms "
-        "| E2E p50 / p99 ms | acc. length | per 1M tokens | per request |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| E2E p50 / p99 ms | acc. length | per 1M tokens | per request | J/request |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.itertuples(index=False):
         acc = "–" if np.isnan(r.mean_acceptance_length) else f"{r.mean_acceptance_length:.2f}"
@@ -95,9 +96,14 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
             f"| {r.engine} | {r.model} | {r.dataset} | {r.method}{busy} | {r.concurrency} "
             f"| {r.tokens_per_s:.1f} [{r.tokens_per_s_min:.1f}, {r.tokens_per_s_max:.1f}] "
             f"| {r.ttft_p50_ms:.1f} | {r.tpot_p50_ms:.2f} / {r.tpot_p95_ms:.2f} / {r.tpot_p99_ms:.2f} "
-            f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} | {r.cost_per_request:.3g} |"
+            f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} | {r.cost_per_request:.3g} "
+            f"| {_joules(getattr(r, 'joules_per_request', np.nan))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _joules(v: float) -> str:
+    return "–" if v is None or v != v else f"{v:.3g}"
 
 
 def plot_latency_throughput(table: pd.DataFrame, out_png: str | Path) -> pd.DataFrame:
