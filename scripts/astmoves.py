@@ -1,11 +1,14 @@
 """Show that a split moved code unchanged: every top-level definition (function, class,
 assignment) of the old files at a git revision has an identical AST dump in the new files.
 
-    python scripts/astmoves.py REV OLD_PATH [OLD_PATH ...] -- NEW_PATH [NEW_PATH ...]
+    python scripts/astmoves.py [--rename OLD=NEW ...] REV OLD_PATH [OLD_PATH ...] -- NEW_PATH [NEW_PATH ...]
 
 Prints one Markdown table row per definition (name, old file, new file, identical / CHANGED /
-MISSING) and a totals line; exits 1 when any definition changed or went missing. Imports and
-the module docstring are not compared (a split rewrites both). Stdlib only.
+MISSING, or ``docstring`` when only docstrings differ) and a totals line; exits 1 when any
+definition changed beyond its docstrings or went missing. Imports and
+the module docstring are not compared (a split rewrites both). ``--rename _run=run_command``
+reads the name ``_run`` as ``run_command`` on both sides (one helper imported under two aliases);
+each one used is printed. Stdlib only.
 """
 
 from __future__ import annotations
@@ -16,10 +19,21 @@ import sys
 from pathlib import Path
 
 
-def definitions(source: str) -> dict[str, str]:
-    """Top-level name -> ``ast.dump`` of its definition (functions, classes, assignments)."""
+def definitions(source: str, renames: dict[str, str] | None = None, docstrings: bool = True) -> dict[str, str]:
+    """Top-level name -> ``ast.dump`` of its definition (functions, classes, assignments), with
+    every name in ``renames`` read as its new name; without docstrings when ``docstrings`` is False."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and renames and node.id in renames:
+            node.id = renames[node.id]
     out: dict[str, str] = {}
-    for node in ast.parse(source).body:
+    for node in tree.body:
+        if docstrings is False:
+            for inner in ast.walk(node):
+                body = getattr(inner, "body", None)
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body and \
+                        isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                    inner.body = body[1:] or [ast.Pass()]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out[node.name] = ast.dump(node)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -31,26 +45,40 @@ def definitions(source: str) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
+    renames: dict[str, str] = {}
+    while argv[:1] == ["--rename"] and len(argv) > 1:
+        old_name, _, new_name = argv[1].partition("=")
+        renames[old_name] = new_name
+        argv = argv[2:]
     if "--" not in argv or len(argv) < 4:
         print(__doc__, file=sys.stderr)
         return 2
     rev, rest = argv[0], argv[1:]
     cut = rest.index("--")
     old_paths, new_paths = rest[:cut], rest[cut + 1 :]
-    old: dict[str, tuple[str, str]] = {}
+    old: dict[str, tuple[str, str, str]] = {}
     for p in old_paths:
         text = subprocess.run(["git", "show", f"{rev}:{p}"], capture_output=True, text=True, check=True).stdout
-        old.update({name: (p, dump) for name, dump in definitions(text).items()})
-    new: dict[str, tuple[str, str]] = {}
+        bare = definitions(text, renames, docstrings=False)
+        for name, dump in definitions(text, renames).items():
+            if name in old:
+                print(f"note: {name} is defined in both {old[name][0]} and {p}; comparing the latter", file=sys.stderr)
+            old[name] = (p, dump, bare[name])
+    new: dict[str, tuple[str, str, str]] = {}
     for p in new_paths:
-        new.update({name: (p, dump) for name, dump in definitions(Path(p).read_text(encoding="utf-8")).items()})
-    counts = {"identical": 0, "CHANGED": 0, "MISSING": 0}
+        text = Path(p).read_text(encoding="utf-8")
+        bare = definitions(text, renames, docstrings=False)
+        new.update({name: (p, dump, bare[name]) for name, dump in definitions(text, renames).items()})
+    counts = {"identical": 0, "docstring": 0, "CHANGED": 0, "MISSING": 0}
     print("| definition | from | to | AST |\n|---|---|---|---|")
-    for name, (path, dump) in old.items():
-        where, now = new.get(name, ("-", None))
-        verdict = "MISSING" if now is None else "identical" if now == dump else "CHANGED"
+    for name, (path, dump, bare_old) in old.items():
+        where, now, bare_new = new.get(name, ("-", None, None))
+        verdict = ("MISSING" if now is None else "identical" if now == dump
+                   else "docstring" if bare_new == bare_old else "CHANGED")
         counts[verdict] += 1
         print(f"| `{name}` | {path} | {where} | {verdict} |")
+    for old_name, new_name in renames.items():
+        print(f"\nread as renamed: `{old_name}` -> `{new_name}`")
     print(f"\n{len(old)} definitions: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     return 1 if counts["CHANGED"] or counts["MISSING"] else 0
 

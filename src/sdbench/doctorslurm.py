@@ -1,5 +1,10 @@
-"""SLURM accounting limits for ``sdbench doctor`` (``executor: slurm``): what ``sacctmgr`` holds
-for the QOS and associations the jobs run under, against what the plan's jobs ask.
+"""``sdbench doctor``, SLURM (``executor: slurm``): ``sinfo``/``scontrol`` answer, the partitions the
+profile names exist, their MaxTime covers the longest runtime the plan asks (:mod:`sdbench.scheduling`,
+every retry included) and their GPUs (GRES) the ``gpu_model`` and tensor-parallel size of the engine
+jobs (:func:`slurm_checks`); then the accounting limits ``sacctmgr`` holds (:func:`site_checks`).
+
+The accounting limits are what ``sacctmgr`` holds for the QOS and associations the jobs run under,
+against what the plan's jobs ask.
 
 A job's QOS: its rule's ``qos`` resource (the slurm plugin's ``--qos``), the profile's ``slurm-qos``,
 else its association's default; the partition's QOS (``scontrol``'s ``QoS=``) applies on top. Its
@@ -14,12 +19,14 @@ accounting database), one ``skipped`` line.
 from __future__ import annotations
 
 import getpass
-from collections.abc import Callable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sdbench.doctorcore import (
+    OK,
     Result,
     failed,
     ok,
@@ -30,6 +37,8 @@ from sdbench.doctorcore import (
     set_resources,
     skipped,
 )
+from sdbench.doctorsite import Site
+from sdbench.gpudriver import first_line as _first_line
 
 ASSOC_FIELDS = ("Account", "Partition", "QOS", "DefaultQOS", "MaxWall", "MaxTRES", "MaxSubmit", "GrpTRESRunMins")
 QOS_FIELDS = ("Name", "MaxWall", "MaxTRES", "MaxSubmitPU", "GrpTRESRunMins")
@@ -53,7 +62,7 @@ class Job:
 
 
 def plan_jobs(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) -> list[Job]:
-    """Every engine job of the plan (as :func:`sdbench.doctor.job_asks` sizes them, one by one) and
+    """Every engine job of the plan (as :func:`job_asks` sizes them, one by one) and
     one entry per other rule the profile sizes."""
     from sdbench import scheduling
     from sdbench.workflow.plan import NETWORK_RULES
@@ -293,7 +302,222 @@ def accounting_checks(profile: Mapping[str, Any], profile_dir: Path | None, jobs
 
 def site_checks(config: Mapping[str, Any] | None, plan: Any, profile: Mapping[str, Any], profile_dir: Path | None,
                 partitions: Mapping[str, Mapping[str, str]]) -> list[Result]:  # fmt: skip
-    """:func:`accounting_checks` of a config's plan under a profile (``doctor.slurm_checks`` calls it)."""
+    """:func:`accounting_checks` of a config's plan under a profile (:func:`slurm_checks` calls it)."""
     if config is None:  # the config failed its own check: no plan to compare
         return []
     return accounting_checks(profile, profile_dir, plan_jobs(config, plan, profile), partitions)
+
+
+# --- partitions: exist, MaxTime, GPUs ------------------------------------------------------------
+
+
+# Engine rules: they run in the engine's image and ask for GPUs and the plan's runtime
+# (workflow/rules/{runs,acceptance,breakdown,server}.smk).
+ENGINE_RULES = ("run_engine", "trace_group", "breakdown_group", "serve_group")
+
+
+def slurm_partitions() -> dict[str, dict[str, str]] | str:
+    """``scontrol show partition -o`` as name -> fields, or why SLURM did not answer."""
+    out = run_command(["scontrol", "show", "partition", "-o"])
+    if out.returncode != 0:
+        return f"`scontrol show partition` exited {out.returncode}: {_first_line(out.stderr or out.stdout)}"
+    parts: dict[str, dict[str, str]] = {}
+    for line in out.stdout.splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if "PartitionName" in fields:
+            parts[fields["PartitionName"]] = fields
+    return parts
+
+
+def slurm_gres(partition: str) -> list[str] | str:
+    """GRES of the partition's node groups (``sinfo -h -p P -o %G``), or why sinfo failed."""
+    out = run_command(["sinfo", "-h", "-p", partition, "-o", "%G"])
+    if out.returncode != 0:
+        return f"`sinfo` exited {out.returncode}: {_first_line(out.stderr or out.stdout)}"
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def slurm_reachable() -> Result:
+    """``sinfo`` answers (a controller is reachable from here)."""
+    out = run_command(["sinfo", "-h", "-o", "%P"])
+    if out.returncode != 0:
+        return failed("slurm: sinfo answers", _first_line(out.stderr or out.stdout) or f"exit {out.returncode}",
+                      "run on a login node of the cluster (sinfo, sbatch on PATH; SLURM_CONF if the site needs it)")
+    return ok("slurm: sinfo answers")
+
+
+@dataclass(frozen=True)
+class JobAsk:
+    """What one rule's jobs ask of SLURM: partition, the longest runtime (minutes, first attempt
+    and last retry) and GPUs per job with their type."""
+
+    rule: str
+    partition: str
+    minutes: int
+    minutes_last: int
+    attempts: int
+    gpus: int = 0
+    gpu_model: str | None = None
+
+
+def job_asks(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) -> list[JobAsk]:
+    """Per engine rule with jobs (and per other rule the profile sizes, and every other job),
+    the partition and the longest runtime and most GPUs it asks, as the workflow computes them."""
+    from sdbench import scheduling
+
+    config = dict(config)
+    defaults = resource_map(profile.get("default-resources"))
+    per_rule = set_resources(profile)
+    attempts = int(profile.get("retries", 0)) + 1
+
+    def _runtime_of(rule: str, computed: Callable[[int], int] | None) -> tuple[int, int]:
+        fixed = per_rule.get(rule, {}).get("runtime")
+        if fixed is None and computed is None:
+            fixed = defaults.get("runtime")
+        if fixed is not None:
+            minutes = profile_minutes(fixed)
+            return minutes, minutes
+        assert computed is not None
+        return computed(1), computed(attempts)
+
+    engine_jobs: dict[str, list[tuple[Callable[[int], int], int]]] = {
+        "run_engine": [
+            (lambda a, cs=cs: scheduling.group_runtime_minutes(config, cs, a),
+             scheduling.cell_gpus(config, max(cs, key=lambda c: c.batch_size)))
+            for cs in plan.groups.values()
+        ],
+        "trace_group": [
+            (lambda a, cs=plan.trace_cells(g): scheduling.trace_runtime_minutes(config, cs, a),
+             scheduling.cell_gpus(config, plan.trace_cells(g)[0]))
+            for g in plan.trace_groups
+        ],
+        "breakdown_group": [
+            (lambda a, cs=cs: scheduling.breakdown_runtime_minutes(config, cs, a),
+             scheduling.cell_gpus(config, cs[0]))
+            for cs in plan.breakdown_groups.values()
+        ],
+        "serve_group": [
+            (lambda a, c=plan.server_cell(g): scheduling.server_runtime_minutes(config, c, a),
+             scheduling.cell_gpus(config, plan.server_cell(g)))
+            for g in plan.server_groups
+        ],
+    }
+    asks = []
+    for rule, jobs in engine_jobs.items():
+        if not jobs:
+            continue
+        res = {**defaults, **per_rule.get(rule, {})}
+        first, last = 0, 0
+        for runtime, _ in jobs:
+            a, b = _runtime_of(rule, runtime)
+            first, last = max(first, a), max(last, b)
+        gpus = max(g for _, g in jobs)
+        asks.append(JobAsk(rule, str(res.get("slurm_partition", "")), first, last, attempts, gpus,
+                           res.get("gpu_model") if gpus else None))
+    from sdbench.workflow.plan import NETWORK_RULES
+
+    for rule, res in sorted(per_rule.items()):
+        # Network rules are local rules: they run on the submitting host, never through sbatch.
+        if rule in ENGINE_RULES or rule in NETWORK_RULES or "runtime" not in res:
+            continue
+        minutes, _ = _runtime_of(rule, None)
+        asks.append(JobAsk(rule, str({**defaults, **res}.get("slurm_partition", "")), minutes, minutes, attempts))
+    if defaults.get("runtime") is not None:
+        minutes, _ = _runtime_of("*", None)
+        asks.append(JobAsk("every other job", str(defaults.get("slurm_partition", "")), minutes, minutes, attempts))
+    return asks
+
+
+def partition_exists(partition: str, partitions: Mapping[str, Any], rules: Sequence[str]) -> Result:
+    """A partition the profile names exists."""
+    check = f"slurm partition {partition or '<default>'} exists ({', '.join(rules)})"
+    if not partition:
+        return skipped(check, "the profile names no slurm_partition: jobs go to the cluster's default")
+    if partition not in partitions:
+        return failed(check, f"no such partition (the cluster has: {', '.join(sorted(partitions)) or 'none'})",
+                      "set slurm_partition in the profile's site block to one of them")
+    return ok(check)
+
+
+def partition_maxtime(partition: str, fields: Mapping[str, str], asks: Sequence[JobAsk]) -> Result:
+    """The partition's MaxTime covers the longest runtime its jobs ask, at every retry."""
+    longest = max(asks, key=lambda a: a.minutes_last)
+    limit = parse_slurm_minutes(fields.get("MaxTime", "UNLIMITED"))
+    check = (f"slurm partition {partition} MaxTime {fields.get('MaxTime', 'UNLIMITED')} >= "
+             f"{longest.minutes_last} min ({longest.rule}"
+             + (f", attempt {longest.attempts}" if longest.minutes_last != longest.minutes else "") + ")")
+    if limit is None or longest.minutes_last <= limit:
+        return ok(check)
+    first = max(asks, key=lambda a: a.minutes)
+    if first.minutes > limit:
+        why = f"{first.rule} jobs ask up to {first.minutes} min at their first attempt, MaxTime is {limit:.0f} min"
+    else:
+        why = (f"{longest.rule} jobs ask up to {longest.minutes} min, {longest.minutes_last} min at retry attempt "
+               f"{longest.attempts} (runtime grows with each attempt), MaxTime is {limit:.0f} min")
+    return failed(check, why,
+                  "use a partition with a longer MaxTime (slurm_partition), lower `retries`, or split the grid")
+
+
+_GPU_GRES = re.compile(r"gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
+
+
+def gres_gpus(gres: Iterable[str]) -> list[tuple[str | None, int]]:
+    """(type, count) of every ``gpu`` GRES of node groups (``gpu:h100:8(S:0-1)``, ``gpu:4``)."""
+    found = []
+    for entry in gres:
+        for item in re.split(r",(?![^(]*\))", entry):
+            match = _GPU_GRES.match(item.strip())
+            if match:
+                found.append((match.group(1), int(match.group(2))))
+    return found
+
+
+def partition_gpus(partition: str, gres: Sequence[str], gpus: int, gpu_model: str | None) -> Result:
+    """Some node of the partition has ``gpus`` GPUs of type ``gpu_model`` (any type when unset)."""
+    kind = f"{gpu_model}:" if gpu_model else ""
+    check = f"slurm partition {partition} GRES has gpu:{kind}{gpus} per node"
+    found = gres_gpus(gres)
+    fits = [(t, n) for t, n in found if n >= gpus and (gpu_model is None or (t or "").lower() == gpu_model.lower())]
+    if fits:
+        return ok(check)
+    have = ", ".join(f"gpu:{t + ':' if t else ''}{n}" for t, n in found) or "no gpu GRES"
+    why = f"its nodes have {have}; engine jobs ask {gpus} GPU(s)" + (f" of type {gpu_model}" if gpu_model else "")
+    return failed(check, why,
+                  "set gpu_model (or delete it for untyped GRES) and slurm_partition of the engine rules in the "
+                  "profile to a GPU partition that has them")
+
+
+def slurm_checks(site: Site) -> list[Result]:
+    """With ``executor: slurm``: SLURM answers; per partition: exists, MaxTime, GPUs."""
+    if site.profile.get("executor") != "slurm":
+        return [skipped("slurm", f"{site.profile_dir or 'no profile'} does not use executor: slurm")]
+    results = [slurm_reachable()]
+    if results[0].failed:
+        return results
+    partitions = slurm_partitions()
+    if isinstance(partitions, str):
+        return results + [failed("slurm: scontrol show partition", partitions, "check the SLURM client setup")]
+    if site.config is None:
+        return results
+    asks = job_asks(site.config, site.plan, site.profile)
+    by_partition: dict[str, list[JobAsk]] = {}
+    for ask in asks:
+        by_partition.setdefault(ask.partition, []).append(ask)
+    for partition, its in by_partition.items():
+        exists = partition_exists(partition, partitions, [a.rule for a in its])
+        results.append(exists)
+        if exists.status != OK:
+            continue
+        results.append(partition_maxtime(partition, partitions[partition], its))
+        gpu_asks = [a for a in its if a.gpus]
+        if gpu_asks:
+            gres = slurm_gres(partition)
+            if isinstance(gres, str):
+                results.append(failed(f"slurm partition {partition} GRES", gres, "check the SLURM client setup"))
+                continue
+            models = {a.gpu_model for a in gpu_asks}
+            for model in sorted(models, key=str):
+                need = max(a.gpus for a in gpu_asks if a.gpu_model == model)
+                results.append(partition_gpus(partition, gres, need, model))
+    # QOS and association limits (sacctmgr)
+    return results + site_checks(site.config, site.plan, site.profile, site.profile_dir, partitions)
