@@ -40,7 +40,7 @@ def test_paper_counts(paper: Plan) -> None:
     # less the 11 its expected KV residency trims (tests/test_kvcapacity.py PAPER_TRIMMED).
     assert len(paper.cells) == 775
     assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (46, 15, 4)
-    assert len(paper.server_groups) == 4
+    assert len(paper.server_groups) == 1  # server.interleave: every method an arm of one job
     assert paper.model_dir("llama3.1-8b") == "resources/hub/llama3.1-8b"
 
 
@@ -50,7 +50,7 @@ def test_a_few_exact_outputs(default: Plan, paper: Plan) -> None:
     assert "results/paper/fig04_acceptance_heatmap/vllm-cpu/tiny-target/code-edit.png" in out
     assert "results/paper/ext04_adaptive_policies/published.md" in out
     assert "results/traces/vllm-cpu/tiny-target/code-edit/offline_suffix.parquet" in out
-    assert len(out) == len(set(out)) == 162  # 99 + the 63 figures' drawn tables
+    assert len(out) == len(set(out)) == 163  # 100 + the 63 figures' drawn tables
     pngs = [p for p in out if p.endswith(".png")]
     assert [p for p in out if p.startswith("results/paper/") and p.endswith(".csv")] == [
         p.removesuffix(".png") + ".csv" for p in pngs
@@ -58,9 +58,9 @@ def test_a_few_exact_outputs(default: Plan, paper: Plan) -> None:
     assert "results/paper/ext15_simulator_at_forced.md" in out
     assert default.sim_cost_model() == P.FORCED_COST_MODEL and paper.sim_cost_model() == P.MEASURED_COST_MODEL
     assert "results/paper/fig03_runtime_breakdown.png" in paper.final_outputs()  # Fig. 3a
-    # 217 + 159 drawn tables: the breakdown adds Fig. 3a, ext05, and the simulator's figures and
+    # 218 + 159 drawn tables: the breakdown adds Fig. 3a, ext05, and the simulator's figures and
     # adaptive-policy report for the grid's Llama3.1-8B (priced by the breakdown's cost model).
-    assert len(paper.final_outputs()) == 376
+    assert len(paper.final_outputs()) == 377
 
 
 def test_every_index_item_has_a_scope_rule(default: Plan) -> None:

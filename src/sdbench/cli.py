@@ -238,6 +238,7 @@ COMMANDS: dict[str, Callable[[argparse._SubParsersAction], None]] = {
     "energy": analysis_cli.add_energy,
     "latency": analysis_cli.add_latency,
     "goodput-frontier": analysis_cli.add_goodput_frontier,
+    "mode-parity": analysis_cli.add_mode_parity,
     "proposal-length": analysis_cli.add_proposal_length,
     "random-inputs": analysis_cli.add_random_inputs,
     "temperature": analysis_cli.add_temperature,

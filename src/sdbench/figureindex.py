@@ -131,6 +131,8 @@ ITEMS: tuple[Item, ...] = (
     Item("ext17_goodput_frontier", "", "server mode: where SD's goodput is higher, over every TTFT x TPOT target; "
          "each arm's max load at 90% attainment", (".png", ".md"), "analysis.goodputfrontier.frontier_table",
          PRODUCTION),
+    Item("ext18_offline_vs_served", "", "offline vs served speedup at the same load, the stream-off control, and "
+         "the measured reason they differ", (".md",), "analysis.modeparity.modes_table", PRODUCTION),
     Item("ext12_speed_bench_categories", "", "acceptance length per SPEED-Bench category, per method, 95% intervals",
          (".png", ".md"), "analysis.categories.category_acceptance", PRODUCTION),
     Item("ext13_forced_acceptance", "", "speedup at forced accepted lengths per method x batch size; the ceiling",

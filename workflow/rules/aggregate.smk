@@ -77,6 +77,27 @@ rule ext00_verdict:
         "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
 
 
+# Offline vs served speedup at the same load, side by side, with the stream-off control and the
+# measured reason they differ (ext18; issue #50 item 4).
+rule ext18_offline_vs_served:
+    input:
+        unpack(lambda w: PLAN.verdict_inputs()),
+    output:
+        table=P.table("offline_vs_served"),
+        markdown=paper_report("ext18_offline_vs_served", ".md"),
+    log:
+        "logs/ext18_offline_vs_served.log",
+    resources:
+        mem_mb=analysis_mem_mb,
+        runtime=analysis_runtime,
+    params:
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.modeparity", "sdbench.analysis.verdict"),
+        labels=quoted(PLAN.method_labels()),
+    shell:
+        "sdbench mode-parity --cells {input.cells} --server {input.server} --labels {params.labels} "
+        "--output {output.table} --markdown {output.markdown} > {log} 2>&1"
+
+
 rule fig01_end_to_end:
     input:
         cells=P.GRID_CELLS_TABLE,

@@ -1,5 +1,5 @@
 """Commands of the analysis stage: ``sdbench aggregate``, ``plot-throughput``, ``memory``,
-``memory-table``, ``cost``, ``latency``, ``goodput-frontier``, ``proposal-length``, ``random-inputs``,
+``memory-table``, ``cost``, ``latency``, ``goodput-frontier``, ``mode-parity``, ``proposal-length``, ``random-inputs``,
 ``temperature``, ``category-acceptance``, ``bleu``, ``acceptance`` and ``breakdown``.
 
 Argument parsing only (argparse and the standard library); each command's implementation is
@@ -140,6 +140,17 @@ def add_goodput_frontier(subparsers: argparse._SubParsersAction) -> None:
                       table="one row per SD arm x concurrency x target with its region")  # fmt: skip
     c.add_argument("--max-load", required=True, help="output: each arm's highest load meeting each target (parquet)")
     c.set_defaults(func=lazy("sdbench.analysis.goodputfrontier", "_cmd_goodput_frontier"))
+
+
+def add_mode_parity(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``sdbench mode-parity``."""
+    c = subparsers.add_parser("mode-parity", help="offline vs served speedup at the same load, and why they differ")
+    c.add_argument("--cells", required=True, help="the grid's joined cells (grid_cells.parquet)")
+    c.add_argument("--server", required=True, help="the server table (server.parquet, sdbench latency)")
+    add_labels(c)
+    add_output_table(c, "one row per SD method x load measured both ways")
+    add_markdown(c, "the side-by-side table with the reason")
+    c.set_defaults(func=lazy("sdbench.analysis.modeparity", "_cmd_mode_parity"))
 
 
 def add_proposal_length(subparsers: argparse._SubParsersAction) -> None:
@@ -362,6 +373,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_energy,
         add_latency,
         add_goodput_frontier,
+        add_mode_parity,
         add_proposal_length,
         add_random_inputs,
         add_temperature,

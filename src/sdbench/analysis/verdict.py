@@ -416,8 +416,28 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFrame, labels: dict[str, str]) -> str:
-    """The verdict as Markdown: the advice in words, then one table per model x dataset x kind of load."""
+def modes_section(modes: pd.DataFrame | None, labels: dict[str, str]) -> list[str]:
+    """The page's paragraph on offline vs served speedups at the same load (:mod:`sdbench.analysis.modeparity`,
+    ext18): which of the two answers to believe, and why they differ, measured."""
+    from sdbench.analysis.modeparity import CLIENT, INTRO, LAYOUT, modes_rows
+
+    if modes is None or modes.empty:
+        return []
+    client, layout = (int((modes["reason"] == r).sum()) for r in (CLIENT, LAYOUT))
+    out = ["## Offline and served at the same load\n", INTRO + "\n"]
+    if client:
+        out.append(f"{client} point(s) differ by the client's streaming: there the served speedup is the client's, "
+                   "not the engine's, and the offline one is the engine's answer.\n")  # fmt: skip
+    if layout:
+        out.append(f"{layout} point(s) differ by the server's layout: both answers are measured, each for its own "
+                   "way of running the engine.\n")  # fmt: skip
+    return [*out, *modes_rows(modes, labels), ""]
+
+
+def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFrame, labels: dict[str, str],
+                     modes: pd.DataFrame | None = None) -> str:  # fmt: skip
+    """The verdict as Markdown: the advice in words, then one table per model x dataset x kind of load,
+    and, with ``modes`` (:func:`sdbench.analysis.modeparity.modes_table`), offline vs served."""
     out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n", "## Which method to use where\n"]
     out += [f"- {sentence}" for sentence in advice(recs)]
     out += ["", "## Where SD pays in time but not in energy\n", *time_not_energy_lines(points, labels), ""]
@@ -453,6 +473,7 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
                        + f"| {', '.join(p for p in dict.fromkeys(line['pairing'].fillna('')) if p) or '–'} |")
         out.append("")
     out += goodput_sections(points, labels)
+    out += modes_section(modes, labels)
     return "\n".join(out) + "\n"
 
 
@@ -527,7 +548,12 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
     recs = recommendations(points, labels)
     table = points.merge(lines[[*LINE, *LINE_RESULTS]], on=LINE, how="left")
     write_parquet(conform(table, COLUMNS, "verdict"), args.output)
-    write_text(verdict_markdown(points, lines, recs, labels), args.markdown)
+    modes = None
+    if server is not None and len(server):
+        from sdbench.analysis.modeparity import modes_table
+
+        modes = modes_table(cells, server)
+    write_text(verdict_markdown(points, lines, recs, labels, modes), args.markdown)
     plot_verdict(points, args.figure, labels)
     return 0
 

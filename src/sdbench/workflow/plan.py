@@ -809,6 +809,7 @@ class Plan:
             "ext10_temperature": one if self.config.get("temperature") else [],
             "ext11_latency_throughput": one if self.server_groups else [],
             "ext17_goodput_frontier": one if self.server_groups else [],
+            "ext18_offline_vs_served": one if self.server_groups else [],
             "ext12_speed_bench_categories": one if self.speed_bench_cells() else [],
             "ext13_forced_acceptance": one if self.forced else [],
             "ext14_sd_gap": one if self.forced else [],
