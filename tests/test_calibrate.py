@@ -201,6 +201,21 @@ def test_same_window_energy_gives_a_power_model_and_its_watts() -> None:
     assert result.implied_watts["above_limit"] == 0 and result.implied_watts["limit_w"] == 700.0
 
 
+def test_the_fastest_window_fits_a_shared_cpu_and_gives_no_power_model() -> None:
+    """``statistic='min'``: ``ms_min`` (the exact hinge here) is fitted, ``ms`` (disturbed by up to
+    3x) is not; its energy was not read with it, so no power model."""
+    exact = _hinge_table(noise=0.0)
+    disturbed = exact["ms"] * (1 + 2 * np.random.default_rng(1).random(len(exact)))
+    table = exact.assign(ms=disturbed, ms_min=exact["ms"], joules=0.3 * exact["ms"] / 1e3, same_window=True,
+                         energy_meter="nvml")  # fmt: skip
+    result = calfit.fit_calibration(table, "synthetic", source="synthetic", statistic="min")
+    assert result.time.chosen == "hinge" and result.time.largest < 1e-3
+    assert result.model.fit["statistic"] == "min"
+    assert result.power is None and "not from one window" in result.power_reason
+    median = calfit.fit_calibration(table, "synthetic", source="synthetic")
+    assert median.time.largest > 0.1 and median.power is not None
+
+
 def test_the_shared_h200_table_fits_within_the_issues_target(tmp_path: Path, capsys) -> None:
     if not H200.is_file():
         pytest.fail(f"shared data: {H200} is missing (read-only input beside the repository)", pytrace=False)

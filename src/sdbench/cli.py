@@ -165,6 +165,8 @@ def _add_doctor(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="config file (default: the profile's configfile, else config/config.yaml)")
     p.add_argument("--profile", metavar="PROFILE_DIR", help="Snakemake profile directory, e.g. profiles/slurm")
     p.add_argument("--offline", action="store_true", help="skip the checks that need the Hugging Face hub")
+    p.add_argument("--cost-model", help="a cost model to validate (name or YAML, e.g. sdbench calibrate fit's): its "
+                   "source, device and held-out error")  # fmt: skip
     p.set_defaults(func=lazy("sdbench.doctor", "_cmd_doctor"))
 
 

@@ -72,7 +72,8 @@ def _cmd_trace_group(args: argparse.Namespace) -> int:
         if totals:  # a rehearsal: the job's modelled seconds (sdbench.rehearsal.report)
             from sdbench import rehearsal
 
-            rehearsal.module("totals").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs))
+            rehearsal.module("totals").write_job_total(tmp, "trace", totals["startup_s"], totals["generate_s"], len(specs),
+                                                      spec=specs[0])
     return 0
 
 

@@ -390,7 +390,7 @@ def _rehearsal_total(cell_specs: list[dict[str, Any]], directory: Path, kind: st
 
     if rehearsal.is_rehearsal(cell_specs[0]):
         summaries = [pd.read_parquet(directory / spec_subdir(s) / "summary.parquet") for s in cell_specs]
-        rehearsal.module("totals").write_group_total(directory, summaries, kind)
+        rehearsal.module("totals").write_group_total(directory, summaries, kind, spec=cell_specs[0])
 
 
 def _measure_cells(

@@ -15,6 +15,13 @@ each coefficient by what it stands for, counted from the architecture configs
 
 ``overhead_per_step`` (scheduling, sampling, bookkeeping) is the engine's, not the model's, and is
 not scaled. Drafting: :data:`~sdbench.rehearsal.standins.DRAFTING`.
+
+A **calibrated** cost model (``rehearsal_cost_model: FILE.yaml`` in the config, e.g. ``sdbench
+calibrate fit``'s of the cell's model on the GPU to rehearse; it reaches the job's spec as
+``rehearsal.cost_model``) prices the steps instead, unscaled: it was measured on that model's shape.
+Its own drafter for the method's vLLM name prices drafting where it has one (an EAGLE-like method
+falls back to its ``eagle`` drafter, then to the scaled base head); its ``ngram`` fraction and
+``overhead_per_step`` are used as they are. :func:`priced_by` names the model that priced a job.
 """
 
 from __future__ import annotations
@@ -67,7 +74,9 @@ class Scale:
     kv: float
 
     def target(self, base: TargetCost) -> TargetCost:
-        return TargetCost(base.c_kv * self.kv, base.c_compute * self.compute, base.c_fixed * self.fixed)
+        """``base`` scaled (a hinge's slope above its knee like ``c_compute``; the knee kept)."""
+        return TargetCost(base.c_kv * self.kv, base.c_compute * self.compute, base.c_fixed * self.fixed,
+                          knee_tokens=base.knee_tokens, c_above_knee=base.c_above_knee * self.compute)  # fmt: skip
 
 
 def scale_for(spec: Any, tensor_parallel: int, vllm_version: str) -> Scale:
@@ -112,25 +121,47 @@ class StepCost:
         return self.num_speculative_tokens * self.draft_ratio * self.verify(kv, seqs)
 
 
+def calibrated_model(spec: dict[str, Any]) -> str | None:
+    """The calibrated cost model a job's spec names (``rehearsal.cost_model``), None for the scaled base."""
+    name = (spec.get("rehearsal") or {}).get("cost_model")
+    return str(name) if name else None
+
+
+def priced_by(spec: dict[str, Any]) -> dict[str, Any]:
+    """Which cost model priced a rehearsed job: its name, source, sha256 and whether it was scaled."""
+    calibrated = calibrated_model(spec)
+    model = load_cost_model(calibrated or standins.BASE_COST_MODEL)
+    return {"cost_model": model.name, "cost_model_source": calibrated or standins.BASE_COST_MODEL,
+            "cost_model_sha256": model.digest(), "cost_model_scaled": calibrated is None}  # fmt: skip
+
+
 def step_cost(spec: dict[str, Any], model_dir: str) -> StepCost:
-    """The step prices of a cell spec's engine (engine, model, method) on ``model_dir``'s model."""
-    base = load_cost_model(standins.BASE_COST_MODEL)
+    """The step prices of a cell spec's engine (engine, model, method) on ``model_dir``'s model:
+    the base scaled to it, or the spec's calibrated model as it is (module docstring)."""
+    calibrated = calibrated_model(spec)
+    base = load_cost_model(calibrated or standins.BASE_COST_MODEL)
     scale = scale_for(
         load_target_spec(model_dir), int(spec["model"].get("tensor_parallel_size", 1)), spec["engine"]["vllm_version"]
     )
     method = spec["method"]["method"]
-    eagle = base.drafter("eagle")
+    base_model = base if calibrated is None else load_cost_model(standins.BASE_COST_MODEL)
+    eagle = base_model.drafter("eagle")
     drafting = standins.DRAFTING.get(method) if method != "none" else None
     if method != "none" and drafting is None:
         raise ValueError(f"rehearsal: no drafting cost for method {method!r} (known: {', '.join(sorted(standins.DRAFTING))})")
+    # The head is as wide as its target and sharded like it: the target's weight-read factor.
+    head = DrafterCost("linear", c_kv=eagle.c_kv * scale.kv, c_spec=eagle.c_spec * scale.fixed,
+                       c_fixed=eagle.c_fixed * scale.fixed)  # fmt: skip
+    if calibrated is not None:  # measured on this model's shape: nothing scaled
+        scale = Scale(1.0, 1.0, 1.0)
+        own = base.drafters.get(method) or base.drafters.get("eagle")
+        head = own if own is not None and own.kind == "linear" else head
     return StepCost(
         target=scale.target(base.target),
         overhead=base.overhead_per_step * standins.VERSION_FACTOR.get(spec["engine"]["vllm_version"], 1.0),
         drafting=drafting,
-        ngram_fraction=base.drafter("ngram").fraction,
-        # The head is as wide as its target and sharded like it: the target's weight-read factor.
-        head=DrafterCost("linear", c_kv=eagle.c_kv * scale.kv, c_spec=eagle.c_spec * scale.fixed,
-                         c_fixed=eagle.c_fixed * scale.fixed),  # fmt: skip
+        ngram_fraction=(base.drafters.get("ngram") or base_model.drafter("ngram")).fraction,
+        head=head,
         draft_ratio=standins.DRAFT_MODEL_RATIO.get(load_target_spec(model_dir).repo_id, standins.DEFAULT_DRAFT_MODEL_RATIO),
         num_speculative_tokens=int(spec["method"].get("num_speculative_tokens", 0)),
     )

@@ -9,16 +9,23 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 JOB_FILE = "rehearsal.json"
 
 
-def write_job_total(directory: str | Path, kind: str, startup_s: float, generate_s: float, cells: int) -> None:
-    """Write a rehearsed job's modelled seconds into its output directory."""
+def write_job_total(directory: str | Path, kind: str, startup_s: float, generate_s: float, cells: int,
+                    spec: dict[str, Any] | None = None) -> None:  # fmt: skip
+    """Write a rehearsed job's modelled seconds into its output directory, and (given a job's
+    ``spec``) which cost model priced them (:func:`sdbench.rehearsal.costs.priced_by`)."""
     record = {"kind": kind, "measured": False, "cells": int(cells), "startup_s": float(startup_s),
               "generate_s": float(generate_s), "modelled_s": float(startup_s) + float(generate_s)}  # fmt: skip
+    if spec is not None:
+        from sdbench.rehearsal.costs import priced_by
+
+        record.update(priced_by(spec))
     (Path(directory) / JOB_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
@@ -38,8 +45,9 @@ def group_seconds(summaries: list[pd.DataFrame]) -> tuple[float, float] | None:
     return startup, float(rows["modelled_s"].sum())
 
 
-def write_group_total(directory: str | Path, summaries: list[pd.DataFrame], kind: str = "engine") -> None:
+def write_group_total(directory: str | Path, summaries: list[pd.DataFrame], kind: str = "engine",
+                      spec: dict[str, Any] | None = None) -> None:  # fmt: skip
     """:func:`write_job_total` of an engine group whose cells were rehearsed (nothing otherwise)."""
     seconds = group_seconds(summaries)
     if seconds is not None:
-        write_job_total(directory, kind, *seconds, len(summaries))
+        write_job_total(directory, kind, *seconds, len(summaries), spec=spec)

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 HOLDOUT_RULES: tuple[str, ...] = ("every-4th", "random")
+STATISTICS: tuple[str, ...] = ("median", "min")  # which window of a point's the fit reads
 
 
 @dataclass(frozen=True)
@@ -210,11 +211,23 @@ def fit_calibration(
     seed: int = 0,
     base: str = "llama3.1-8b-h100",
     board_limit_w: float | None = None,
+    statistic: str = "median",
 ) -> CalibrationFit:
-    """The cost model (and power model) of a calibration table (module docstring)."""
+    """The cost model (and power model) of a calibration table (module docstring).
+
+    ``statistic``: ``median`` fits each point's window of median time (``ms``); ``min`` its fastest
+    window (``ms_min``: on a shared CPU the least disturbed one), whose energy was not read with
+    it (its rows are then not same-window: no power model from them).
+    """
     from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost, load_cost_model
     from sdbench.simulator.powermodel import PowerModel, fit_power_model
 
+    if statistic not in STATISTICS:
+        raise ValueError(f"--statistic: {statistic!r} is not one of {', '.join(STATISTICS)}")
+    if statistic == "min":
+        if "ms_min" not in frame:
+            raise ValueError(f"{source}: --statistic min needs the column ms_min (a calibrate table)")
+        frame = frame.assign(ms=frame["ms_min"], same_window=False)
     frame = _normalised(frame)
     target = frame[frame["component"] == "target"].reset_index(drop=True)
     if target.empty:
@@ -223,7 +236,8 @@ def fit_calibration(
     hold = holdout_mask(target, holdout, seed)
     seconds = target["ms"].to_numpy(float) / 1e3
     tfit = fit_series(target, seconds, hold, "step time")
-    lines = [f"{source}: {len(target)} target rows; held out: {rule} ({int(hold.sum())} rows)"]
+    lines = [f"{source}: {len(target)} target rows ({statistic} window per point); held out: {rule} "
+             f"({int(hold.sum())} rows)"]  # fmt: skip
     lines += _describe(tfit, "s")
 
     # Energy: a power model only where time and energy came from one window; else joules alone.
@@ -304,7 +318,10 @@ def fit_calibration(
     fit: dict[str, Any] = {
         "method": "calibrate fit: least squares of the relative error, coefficients >= 0, knee on a log grid",
         "table": str(source),
+        # where the table was timed (a calibration's device column; a shared table's: not recorded)
+        "device": ", ".join(sorted(set(target["device"].astype(str)))) if "device" in target else "not recorded",
         "holdout": rule,
+        "statistic": statistic,
         "time": _fit_record(tfit),
         "not_calibrated": not_calibrated,
         "base": base_model.name,
@@ -366,7 +383,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
     frame = read_calibration_table(args.table)
     result = fit_calibration(frame, args.name, source=str(args.table), holdout=args.holdout, seed=args.seed,
-                             base=args.base, board_limit_w=args.board_limit_w)  # fmt: skip
+                             base=args.base, board_limit_w=args.board_limit_w, statistic=args.statistic)  # fmt: skip
     save_cost_model(result.model, args.output)
     print("\n".join(result.lines))
     wrote = [str(args.output)]

@@ -1,5 +1,5 @@
 """Commands of the simulator stage: ``sdbench simulate``, ``sdbench costmodel`` (and its power
-model, ``costmodel power``), ``sdbench validate-simulator``, ``sdbench calibrate`` (and ``calibrate fit``).
+model, ``costmodel power``), ``sdbench validate-simulator``, ``sdbench calibrate`` (and ``calibrate fit``, ``calibrate check``).
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
@@ -262,7 +262,7 @@ def add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     cal.add_argument("--output", metavar="TABLE", help="the calibration table (.parquet, or .csv)")
     add_figure(cal, "ms per step against batched tokens, a line per context length", required=False)
     cal.set_defaults(func=lazy("sdbench.simulator.calibrate", "_cmd_calibrate"))
-    actions = cal.add_subparsers(dest="calibrate_action", required=False, metavar="{fit}")
+    actions = cal.add_subparsers(dest="calibrate_action", required=False, metavar="{fit,check}")
     fit = actions.add_parser("fit", help="a cost model (line or hinge, with a KV term) from a calibration table")
     fit.add_argument("--table", required=True, help="calibration table (.parquet/.csv), or any CSV with B, q, L, ms "
                      "(and joules)")  # fmt: skip
@@ -274,12 +274,24 @@ def add_calibrate(subparsers: argparse._SubParsersAction) -> None:
                      help="rows held out to choose the shape: every 4th in (L, B, q) order, or a seeded random "
                      "25%% (default every-4th)")  # fmt: skip
     add_seed(fit, 0, "the random hold-out")
+    fit.add_argument("--statistic", choices=("median", "min"), default="median",
+                     help="each point's window of median time (default), or its fastest window (ms_min: on a "
+                     "shared CPU the least disturbed; no power model from it)")  # fmt: skip
     fit.add_argument("--base", default=DEFAULT_COST_MODEL,
                      help="cost model whose drafters and per-step overhead are kept where the table has none "
                      "(default: llama3.1-8b-h100)")  # fmt: skip
     fit.add_argument("--board-limit-w", type=float, help="the board's power limit, to check implied watts against "
                      "(default: the table's power_limit_w)")  # fmt: skip
     fit.set_defaults(func=lazy("sdbench.simulator.calibratefit", "_cmd_fit"))
+    chk = actions.add_parser("check", help="a cost model against a run's breakdown step times and measured speedups")
+    chk.add_argument("--cost-model", required=True, help="cost model name or YAML path (a calibration's fit)")
+    chk.add_argument("--results", default="results", help="the run's results/ directory (default: results)")
+    chk.add_argument("--config", default="config/config.yaml", help="the run's config (default: config/config.yaml)")
+    chk.add_argument("--output", metavar="TABLE.parquet", help="simulated vs measured per cell, priced by the model")
+    chk.add_argument("--steps-output", metavar="TABLE.parquet", help="predicted vs measured step times per "
+                     "breakdown cell")  # fmt: skip
+    add_markdown(chk, "the check's summary", required=False)
+    chk.set_defaults(func=lazy("sdbench.simulator.calibratecheck", "_cmd_check"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -289,7 +289,13 @@ class Plan:
         specs, and what Snakemake reruns, do not change), else ``engine_mode`` and the traces."""
         if not self.rehearsal:
             return spec
-        return {**spec, "engine_mode": "rehearsal", "rehearsal": {"published_traces": self.rehearsal_traces()}}
+        rehearsal: dict[str, Any] = {"published_traces": self.rehearsal_traces()}
+        if self.config.get("rehearsal_cost_model"):  # a calibrated model prices the steps (sdbench.rehearsal.costs)
+            from sdbench.simulator.costmodel import load_cost_model
+
+            name = str(self.config["rehearsal_cost_model"])  # its digest in the spec: a changed file reruns the job
+            rehearsal.update(cost_model=name, cost_model_sha256=load_cost_model(name).digest())
+        return {**spec, "engine_mode": "rehearsal", "rehearsal": rehearsal}
 
     def dataset_copy(self, dataset: str) -> str:
         """The local copy of a hub dataset's repository files (``download_dataset``)."""
