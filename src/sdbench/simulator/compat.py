@@ -73,8 +73,11 @@ def compat_random_energy(
 ) -> np.ndarray:
     """Per-request joules of the steps :func:`compat_random_steps` prices: each step's seconds
     times the power of the tokens it batches (the batch plus the matched copies' drafts)."""
+    from sdbench.simulator.powermodel import step_watts
+
     req, step, batched = _random_steps(traj, arrays, cm, fidelity, batch_size, rng_state, match_probability)
-    return np.bincount(req, power.watts(batched) * step, minlength=arrays.num_requests)
+    kv = batch_size * (arrays.prompt_len[traj.req] + traj.gen)[traj.rng].astype(float)  # as _random_steps' verify
+    return np.bincount(req, step_watts(power, cm.target, batched, kv) * step, minlength=arrays.num_requests)
 
 
 def _random_steps(

@@ -105,11 +105,24 @@ def energy_ratio(power: PowerModel, time_sd_s: Any, time_base_s: Any, batch: Any
     return time_ratio * power.watts(batch * (k + 1)) / power.watts(batch)
 
 
-def step_energy_j(power: PowerModel, cost: Any, kv_tokens: Any, batched_tokens: Any) -> Any:
+def step_watts(power: Any, target: Any, batched_tokens: Any, kv_tokens: Any) -> Any:
+    """The power (W) at which the simulator prices a step's seconds: ``P(batched)`` of a
+    :class:`PowerModel`; a step energy model's (:mod:`sdbench.simulator.stepenergy`) joules of the
+    target pass over its seconds under ``target`` (the cost model's ``TargetCost``), so that the
+    target pass costs exactly the model's joules and drafting and overhead cost their seconds at
+    that pass's power. Elementwise."""
+    if isinstance(power, PowerModel):
+        return power.watts(batched_tokens)
+    seconds = target.time(np.asarray(kv_tokens, dtype=float), np.asarray(batched_tokens, dtype=float))
+    return power.joules(batched_tokens, kv_tokens) / seconds
+
+
+def step_energy_j(power: Any, cost: Any, kv_tokens: Any, batched_tokens: Any) -> Any:
     """Joules of one target step under a time cost model (sdbench.simulator.costmodel.CostModel):
-    ``P(batched) * (target time + overhead per step)``."""
+    ``watts * (target time + overhead per step)`` (:func:`step_watts`: a step energy model's own
+    joules for the target pass, its power for the overhead)."""
     seconds = cost.target.time(kv_tokens, batched_tokens) + cost.overhead_per_step
-    return power.watts(batched_tokens) * seconds
+    return step_watts(power, cost.target, batched_tokens, kv_tokens) * seconds
 
 
 def cell_power_points(cells: pd.DataFrame) -> pd.DataFrame:
@@ -149,12 +162,16 @@ def cells_power_model(cells: pd.DataFrame, source: str = "cells") -> tuple[Power
                       f"fitted to {n} metered cell(s){meter} of {source}"), ""  # fmt: skip
 
 
-def save_power_model(model: PowerModel | None, path: str | os.PathLike[str], reason: str = "") -> None:
-    """Write ``model`` as JSON (its parameters and ``source``), or with no model its ``reason``."""
+def save_power_model(model: Any, path: str | os.PathLike[str], reason: str = "") -> None:
+    """Write ``model`` as JSON (its parameters and ``source``; a step energy model with ``kind:
+    step_energy``), or with no model its ``reason``."""
     from sdbench import provenance
     from sdbench.io import write_text
+    from sdbench.simulator.stepenergy import StepEnergyModel
 
-    if model is None:
+    if isinstance(model, StepEnergyModel):
+        data = {**model.to_dict(), "source": model.source, "reason": "", "form_text": model.describe()}
+    elif model is None:
         data: dict[str, Any] = dict.fromkeys(_PARAMETERS)
         data.update(source="", reason=reason or NO_CELL_ENERGY)
     else:
@@ -164,8 +181,10 @@ def save_power_model(model: PowerModel | None, path: str | os.PathLike[str], rea
     write_text(json.dumps(data, indent=2) + "\n", path)
 
 
-def load_power_model(path: str | os.PathLike[str]) -> tuple[PowerModel | None, str]:
-    """A power model file: ``(model, "")``, or ``(None, reason)`` for a file written without one."""
+def load_power_model(path: str | os.PathLike[str]) -> tuple[Any, str]:
+    """A power model file: ``(model, "")``, or ``(None, reason)`` for a file written without one.
+    ``kind: step_energy`` holds a :class:`sdbench.simulator.stepenergy.StepEnergyModel`; a file
+    without ``kind`` the older :class:`PowerModel` (still loaded as it was written)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -175,6 +194,14 @@ def load_power_model(path: str | os.PathLike[str]) -> tuple[PowerModel | None, s
     from sdbench import provenance
 
     provenance.observe(None, str(path), measured=data.get("measured") is not False)  # fitted to rehearsal cells
+    kind = data.get("kind")
+    if kind is not None:
+        from sdbench.simulator import stepenergy
+
+        if kind != stepenergy.KIND:
+            raise ValueError(f"{path}: power model: kind {kind!r} is not known (step_energy, or none: the older "
+                             "watts-against-tokens model)")  # fmt: skip
+        return stepenergy.from_dict(data, str(path)), ""
     if data.get("p_idle_w") is None:
         reason = data.get("reason") or ""
         if not reason:

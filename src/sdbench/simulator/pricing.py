@@ -17,7 +17,8 @@ import numpy as np
 from sdbench.simulator.compat import compat_random_energy, compat_random_steps
 from sdbench.simulator.costmodel import CostModel
 from sdbench.simulator.policytypes import DRAFT, NGRAM, NONE, Fidelity, TraceArrays, Trajectories
-from sdbench.simulator.powermodel import PowerModel
+from sdbench.simulator.powermodel import PowerModel, step_watts
+from sdbench.simulator.stepenergy import StepEnergyModel
 from sdbench.simulator.tracesets import NGRAM_METHOD
 
 
@@ -157,7 +158,7 @@ def replicated_energy(
     fidelity: Fidelity,
     draft_method: str,
     batch_sizes: Sequence[int],
-    power: PowerModel,
+    power: PowerModel | StepEnergyModel,
     rng_state: tuple | None = None,
     match_probability: float | None = None,
 ) -> np.ndarray:
@@ -165,11 +166,21 @@ def replicated_energy(
 
     The steps :func:`replicated_latency` prices, each its seconds there (``A + C * batch``)
     times ``P(batched tokens)``: the prefill batches ``batch * prompt`` tokens, a decode step
-    ``batch * (k + 1)`` (each copy verifies its ``k`` drafts and one more token).
+    ``batch * (k + 1)`` (each copy verifies its ``k`` drafts and one more token). With a step
+    energy model the power depends on the step's KV tokens too (:func:`step_watts`): priced step by step.
     """
     n = arrays.num_requests
     lin = np.ones(traj.num_steps, bool) if traj.rng is None else ~traj.rng
     a, c = _step_coefficients(traj, arrays, proposer, cm, fidelity, draft_method)
+    if not isinstance(power, PowerModel):
+        out = _replicated_step_energy(traj, arrays, proposer, cm, fidelity, draft_method, batch_sizes, power, a, c, lin)
+        if traj.rng is not None and traj.rng.any():
+            if rng_state is None or match_probability is None:
+                raise ValueError("the random n-gram match model needs the sampling RNG state and a match probability")
+            for j, bs in enumerate(batch_sizes):
+                out[:, j] += compat_random_energy(traj, arrays, cm, fidelity, int(bs), rng_state, match_probability,
+                                                  power)  # fmt: skip
+        return out
     width = int(traj.k.max()) + 1 if traj.num_steps else 1
     # A and C summed per request and k: a step's power depends on the batch only through k.
     cell = traj.req[lin].astype(np.int64) * width + traj.k[lin]
@@ -195,6 +206,28 @@ def replicated_energy(
     return out
 
 
+def _replicated_step_energy(
+    traj: Trajectories, arrays: TraceArrays, proposer: str | None, cm: CostModel, fidelity: Fidelity,
+    draft_method: str, batch_sizes: Sequence[int], power: StepEnergyModel, a: np.ndarray, c: np.ndarray,
+    lin: np.ndarray,
+) -> np.ndarray:  # fmt: skip
+    """:func:`replicated_energy` of the linearly priced steps under a step energy model: each step's
+    seconds (``A + C * batch`` plus its hinge) at the power of its batched and KV tokens."""
+    n = arrays.num_requests
+    kv = (arrays.prompt_len[traj.req] + traj.gen).astype(float)[lin]
+    tokens = 1.0 + traj.k[lin].astype(float)
+    w = _verify_weights(traj, proposer, cm, fidelity, draft_method)[lin]
+    prompt = arrays.prompt_len.astype(float)
+    out = np.empty((n, len(batch_sizes)))
+    for j, bs in enumerate(batch_sizes):
+        b = float(bs)
+        seconds = a[lin] + c[lin] * b + w * cm.target.hinge(b * tokens)
+        steps = np.bincount(traj.req[lin], seconds * step_watts(power, cm.target, b * tokens, b * kv), minlength=n)
+        prefill_s = cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b + cm.target.hinge(b * prompt)
+        out[:, j] = prefill_s * step_watts(power, cm.target, b * prompt, 0.0) + steps
+    return out
+
+
 def continuous_makespan(
     traj: Trajectories, arrays: TraceArrays, cm: CostModel, draft_method: str, batch_size: int
 ) -> float:
@@ -213,14 +246,14 @@ def continuous_energy(
 ) -> float:
     """Joules to serve all requests as :func:`continuous_makespan` does: each engine step's
     seconds times the power of the tokens it batches (prefills and ``k + 1`` per decoding request)."""
-    seconds, batched = _continuous_steps(traj, arrays, cm, draft_method, batch_size)
-    return float((power.watts(batched) * seconds).sum())
+    seconds, batched, kv = _continuous_steps(traj, arrays, cm, draft_method, batch_size)
+    return float((step_watts(power, cm.target, batched, kv) * seconds).sum())
 
 
 def _continuous_steps(
     traj: Trajectories, arrays: TraceArrays, cm: CostModel, draft_method: str, batch_size: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(seconds, batched tokens) of each engine step of :func:`continuous_makespan`."""
+    """(seconds, batched tokens, KV tokens) of each engine step of :func:`continuous_makespan`."""
     n = arrays.num_requests
     steps = np.bincount(traj.req, minlength=n)
     start = np.empty(n, np.int64)
@@ -252,4 +285,4 @@ def _continuous_steps(
         same = np.concatenate([[False], traj.req[1:] == traj.req[:-1]])
         sw = same & (traj.drafter != NONE) & (prev != NONE) & (traj.drafter != prev)
         total += cm.switching_overhead * (np.bincount(when[sw], minlength=horizon) > 0)
-    return total, batched
+    return total, batched, kv_t
