@@ -340,6 +340,8 @@ def server_draws(cells: pd.DataFrame, requests: pd.DataFrame, seed: int, resampl
     for cell, reqs in server_cell_requests(cells, requests):
         key = {k: cell[k] for k in SERVER_CELL_KEYS}
         pairing, start_seed = plan[tuple(key.values())]
+        if resample == ROUNDS_ONLY and pairing:  # no start is drawn: every draw is the cell's own
+            pairing = UNPAIRED
         walls = list(cell["round_wall_s"])
         where = f"server cell {key}"
         weights, wall = resample_weights(round_positions(reqs, walls, where), walls, draw_seed(key, seed), resamples,

@@ -3,7 +3,7 @@
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
 ``bench aggregate-inputs`` (:mod:`sdbench.bench.aggregateinputs`),
-``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench timeline``
+``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench modes`` (:mod:`sdbench.bench.modes`), ``bench timeline``
 (:mod:`sdbench.bench.timeline`), ``bench job-usage`` (:mod:`sdbench.bench.jobusage`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
 :mod:`sdbench.analysis.runcompare`). Argument parsing only (argparse and the
 standard library); each benchmark's implementation is imported when it runs (:mod:`sdbench.lazy`).
@@ -188,6 +188,33 @@ def add_compare_runs(bench: argparse._SubParsersAction) -> None:
     compare_options(p)
 
 
+def add_modes(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench modes``."""
+    p = bench.add_parser("modes", help="served speedup with a stream-off control over interleaved server starts; "
+                         "offline vs served and interval widths")  # fmt: skip
+    add_config(p, "the entries")
+    p.add_argument("--engine", default="vllm-cpu", help="engine key (default vllm-cpu)")
+    p.add_argument("--model", default="tiny-target", help="model key (default tiny-target)")
+    p.add_argument("--dataset", default="code-edit", help="dataset key of --prompts (default code-edit)")
+    p.add_argument("--methods", nargs="+", default=["ngram-k3", "eagle3-k3"], help="SD method keys (no SD is added)")
+    p.add_argument("--model-dir", required=True, help="target model directory (HF format)")
+    p.add_argument("--drafters", default=None, help="JSON: method key -> drafter directory")
+    add_prompts(p)
+    p.add_argument("--num-prompts", type=int, default=8, help="first N prompts of the table (default 8)")
+    p.add_argument("--max-tokens", type=int, default=None, help="output budget (default: the dataset's)")
+    p.add_argument("--loads", nargs="+", type=int, default=[1, 8], help="requests in flight (default 1 8)")
+    p.add_argument("--starts", type=int, default=3, help="server starts per method, interleaved (default 3)")
+    p.add_argument("--rounds", type=int, default=2, help="timed streamed rounds per start and load (default 2)")
+    p.add_argument("--requests-per-level", type=int, default=16, help="requests per round (default 16)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed requests per start and load (default 2)")
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for /health")
+    p.add_argument("--output-dir", required=True, help="output: <method>/<dataset>/c<load>/ as serve-group's")
+    p.add_argument("--offline-cells", default=None, help="a run's grid_cells.parquet: the offline side")
+    p.add_argument("--output", default=None, help="output: the offline vs served table (parquet)")
+    p.add_argument("--markdown", default=None, help="output: widths and the offline vs served table (Markdown)")
+    p.set_defaults(func=lazy("sdbench.bench.modes", "_cmd_bench_modes"))
+
+
 def add_serve_parity(bench: argparse._SubParsersAction) -> None:
     """Add ``bench serve-parity``."""
     p = bench.add_parser(
@@ -213,7 +240,7 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
-    for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_engine_sharing, add_timeline,
+    for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_modes, add_engine_sharing, add_timeline,
                 add_job_usage, add_compare_runs, add_aggregate_inputs):
         add(bench)
 
