@@ -186,3 +186,18 @@ def test_a_hinged_cost_models_seconds_price_the_draft_at_the_steps_power() -> No
         row = simulate_prepared(HAND, ["fixed-1"], [1], cm, EXACT, batching=batching, power=HANDMODEL).iloc[0]
         assert 3 / row["sd_tokens_per_j"] == pytest.approx(1.2 + 1.23 * 15 / 13, rel=1e-9), batching
         assert 3 / row["baseline_tokens_per_j"] == pytest.approx(1.2 + 1.13 + 1.14, rel=1e-9), batching
+
+
+def test_the_command_fits_a_model_file_and_reports_before_and_after(tmp_path: Path, capsys) -> None:
+    from sdbench.simulator.stepenergy import main
+
+    t = table(StepEnergyModel(2.6, 0.016, 3e-5)).assign(ms=lambda d: d["joules"] / 0.75)  # 750 W: over the limit
+    t.to_csv(tmp_path / "t.csv", index=False)
+    assert main(["fit", str(tmp_path / "t.csv"), "--output", str(tmp_path / "m.json")]) == 0
+    model, _ = load_power_model(tmp_path / "m.json")
+    assert isinstance(model, StepEnergyModel) and model.e_token == pytest.approx(0.016, rel=1e-6)
+    assert main(["report", str(tmp_path / "t.csv")]) == 0
+    text = capsys.readouterr().out
+    assert "| t.csv | every 4th | after (line) | joules | 13 | 0.0% | 0.0% |" in text
+    assert "750-750 W, 54 of 54 rows above the 700 W board limit (for those rows the energy window's steps must " \
+           "have run at least 7% slower" in text  # fmt: skip

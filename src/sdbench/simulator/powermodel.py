@@ -31,6 +31,11 @@ under the cost model (exactly the time bound's step, drafting and overhead inclu
 holds the fitted parameters and a ``source``; where no cell measured energy it holds no
 parameters and a ``reason`` instead (``sdbench costmodel power``, :func:`cells_power_model`), and
 the simulator's energy columns are NaN with that reason in its ``power_model`` column, never 0.
+
+Fitted on ``joules / ms``, this model is only a power where time and energy came from one window; the
+shared H100/H200 tables' did not (up to 749 W on a 700 W board). :mod:`sdbench.simulator.stepenergy`
+fits a step's energy from ``B``, ``q`` and ``L`` on joules alone; its file (``kind: step_energy``)
+loads here too, and the simulator prices it through :func:`step_watts`.
 """
 
 from __future__ import annotations
