@@ -127,8 +127,9 @@ def reprice(config: dict[str, Any], results: Path, model: CostModel,
     files = plan.sim_cell_files()
     for i, path in enumerate(files, 1):
         engine, mname, dataset, proposer, traced = _sim_key(path)
-        want = {simulated_policy(m) for m in config["methods"].values()}
-        policies = sorted({pol for prop, pol in (w for w in want if w) if prop == proposer})
+        # the rule's policies that a cell's method reads (validation: fixed-K of its proposer)
+        want = {w[1] for w in map(simulated_policy, config["methods"].values()) if w and w[0] == proposer}
+        policies = [pol for pol in plan.sim_cell_policies(proposer) if pol in want]
         inputs = plan.sim_trace_inputs(engine, mname, dataset)
         drafter = plan.sim_drafter(traced) if traced else plan.sim_preferred_drafter(engine, mname, dataset)
         stacked = at(P.SIM_STACKED.format(engine=engine, model=mname, dataset=dataset))
@@ -172,6 +173,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if absent:
         raise FileNotFoundError(f"breakdown step table(s) missing: {', '.join(absent[:3])}"
                                 + (f" and {len(absent) - 3} more" if len(absent) > 3 else ""))  # fmt: skip
+    if not paths:
+        raise ValueError(f"{args.config}: its plan has no breakdown cells (no step times to check against)")
     steps = pd.concat([read_parquet(p, what="breakdown steps") for p in paths], ignore_index=True)
     per_step, cells = step_errors(model, steps)
     lines.append(f"step times: {len(per_step)} steps in {len(cells)} breakdown cells ({len(paths)} tables)")
