@@ -285,7 +285,9 @@ def test_a_rehearsed_server_level_times_requests_from_the_modelled_steps(traces:
     from sdbench.rehearsal.serve import RehearsalClient
 
     prompts = gsm8k(traces, 1, max_tokens=8)
-    client = RehearsalClient(start_rehearsal_engine(spec(traces, "eagle"), llama, None, {"gsm8k": prompts}), "/dev/null")
+    engine = start_rehearsal_engine(spec(traces, "eagle"), llama, None, {"gsm8k": prompts})
+    assert engine.meter.reason == "rehearsal: nothing ran to meter"  # its cells' energy_reason
+    client = RehearsalClient(engine, "/dev/null")
     ids = prompts.at[0, "prompt_token_ids"]
     results, wall = client.run_level(client.base_url, [("0", ids)], 8, 1, 2)
     prefill = C_COMPUTE * RECORD0_PROMPT + C_FIXED + OVERHEAD

@@ -53,6 +53,7 @@ RAPL_FIX = ("root-only since CVE-2020-8694; to meter, make it readable: "
             "`sudo chmod o+r /sys/class/powercap/intel-rapl:*/energy_uj /sys/class/powercap/intel-rapl:*:*/energy_uj` "
             "(until reboot) or a udev rule, see docs/measurement.md, Energy")
 MIXED_METERS = "mixed meters across trials"
+REHEARSAL_NOT_METERED = "rehearsal: nothing ran to meter"  # a rehearsed cell's energy_reason
 # The per-call column a cell's energy is bootstrapped on (sdbench.engine.resampling, column=...).
 JOULES_PER_TOKEN = "joules_per_token"
 # Summary columns of a paired cell's energy (set by paired_energy_columns; NaN when not paired).

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sdbench.engine.energy import Meter, NoMeter, engine_meter
+from sdbench.engine.energy import REHEARSAL_NOT_METERED, Meter, NoMeter, engine_meter
 from sdbench.engine.hardware import job_env
 from sdbench.engine.versions import apply_env, engine_env, quirks_for, speculative_config
 
@@ -168,7 +168,7 @@ def start_rehearsal_engine(
     llm = llm_module.RehearsalLLM(spec, model_dir, drafter_dir, workload, kwargs["max_num_seqs"], steps_dir=steps_dir,
                                   trace_dir=trace_dir)  # fmt: skip
     return RehearsalEngine(llm, kwargs, llm.memory["startup_s"], layout=engine_layout(spec["engine"]),
-                           clock=llm.clock, measured=False)  # fmt: skip
+                           clock=llm.clock, measured=False, meter=NoMeter(REHEARSAL_NOT_METERED))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- touchpoints
