@@ -155,3 +155,36 @@ def test_a_rehearsal_config_names_its_cost_model_in_every_engine_spec(calibrated
     assert spec["rehearsal"]["cost_model_sha256"] == HINGED.digest()  # a changed file: a changed spec, a rerun
     measured = Plan(validate_config({**raw, "rehearsal_cost_model": calibrated}, source="t"))
     assert measured.with_mode({"cell": {}}) == {"cell": {}}
+
+
+def test_the_check_reads_every_breakdown_table_of_the_plan_and_says_what_it_could_not_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Synthetic steps where the plan puts them (the default config's breakdown): every target pass
+    measured 10% slower than the model prices it; no joined cells yet, so no speedup check."""
+    from sdbench.cli import main
+    from sdbench.config import load_config
+    from sdbench.workflow.plan import Plan
+
+    repo = Path(__file__).parents[1]
+    model = tmp_path / "model.yaml"
+    save_cost_model(MODEL, model)
+    for path in Plan(load_config(repo / "config" / "config.yaml")).breakdown_steps():
+        method = Path(path).parts[-3]
+        sd = {"none": "none", "ngram-k3": "ngram", "draft-k3": "draft_model"}.get(method, method.split("-")[0])
+        batch = int(Path(path).parts[-2].removeprefix("bs"))
+        steps = pd.DataFrame({"engine": "e", "model": "m", "dataset": "d", "method": method, "batch_size": batch,
+                              "sd_method": sd, "num_batched_tokens": [1, 4], "num_kv_tokens": 10,
+                              "num_proposed_tokens": 0, "verify_s": [1.1e-3 * 1.1, 1.4e-3 * 1.1],
+                              "step_s": 5e-3})  # fmt: skip
+        (tmp_path / path).parent.mkdir(parents=True)
+        steps.to_parquet(tmp_path / path)
+    argv = ["calibrate", "check", "--cost-model", str(model), "--results", str(tmp_path / "results"),
+            "--config", str(repo / "config" / "config.yaml"), "--steps-output", str(tmp_path / "steps.parquet")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "step times: 20 steps in 10 breakdown cells (10 tables)" in out
+    assert f"per step: median |error| {1 - 1 / 1.1:.1%}, largest {1 - 1 / 1.1:.1%} (under), n=20" in out
+    assert "not priced (no such drafter in the model): draft_model, eagle, eagle3" in out
+    assert "speedups: not checked:" in out and "cells.parquet does not exist" in out
+    assert len(pd.read_parquet(tmp_path / "steps.parquet")) == 10
