@@ -11,18 +11,19 @@ from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-from sdbench import scheduling, schedulinganalysis
+from sdbench import scheduling
 from sdbench.analysis.memory import refuse_kv_shortfalls
 from sdbench.codedigest import code_digest, use_cache
 from sdbench.engine.scope import measurement_digest
 from sdbench.config import validate_config
 from sdbench.containers import image_identity, refuse_stale_images
 from sdbench.figureindex import BY_NAME as PAPER_ITEMS
-from sdbench.grid import Cell, EngineGroup, TraceGroup, TraceTarget
+from sdbench.grid import EngineGroup, TraceTarget
 from sdbench.lifeline import export_workflow_env
 from sdbench.models.hub import download_env, withhold_download_env
 from sdbench.servermode import ServerGroup
 from sdbench.workflow import paths as P
+from sdbench.workflow.adapters import AnalysisJobs, EngineJobs
 from sdbench.workflow.plan import FIRST, Plan, quoted, spec_file
 
 # Every job loads this workflow (a SLURM job twice): the rules' code digests are parsed once per
@@ -161,103 +162,27 @@ def spec_ref(spec):
     return spec_file(spec)
 
 
-# --- wildcards -> plan keys ---------------------------------------------------------------
-def _cell(w):
-    return Cell(w.engine, w.model, w.dataset, w.method, int(w.batch_size))
-
-
-def _group(w):
-    return EngineGroup(w.engine, w.model, w.method, w.share)
-
-
-def _trace_group(w):
-    return TraceGroup(w.engine, w.model, w.method)
+# --- wildcards -> plan keys (sdbench.workflow.adapters) ----------------------------------
+ENGINE = EngineJobs(PLAN, Path(workflow.basedir) / "containers")
+_cell, _group, _trace_group = ENGINE.cell, ENGINE.group, ENGINE.trace_group
+_engine_cell = ENGINE.engine_cell
 
 
 def _server_group(w):
     return ServerGroup(w.engine, w.model, w.method)
 
 
-def _engine_cell(w):
-    """The cell that sizes an engine job: a group's largest (run and breakdown groups), or a
-    trace group's first (its traces differ only by prompts, all at the trace batch size).
-    """
-    if "share" in w.keys():
-        groups = (
-            PLAN.breakdown_groups if _group(w) in PLAN.breakdown_groups else PLAN.groups
-        )
-        return max(groups[_group(w)], key=lambda c: c.batch_size)
-    return PLAN.trace_cells(_trace_group(w))[0]
-
-
 # --- engine jobs (run, trace, breakdown and server groups) --------------------------------
-def target_dir(w):
-    return PLAN.model_dir(w.model)
-
-
-def drafter_arg(w, input):
-    return (
-        f"--drafter-dir {shlex.quote(input.drafter)}"
-        if "drafter" in input.keys()
-        else ""
-    )
-
-
-def cell_container(w):
-    return config["engines"][w.engine].get("container")
-
-
-def cell_image(w):
-    """Identity of the engine's image (a param: a new image reruns exactly its cells)."""
-    return image_identity(cell_container(w), Path(workflow.basedir) / "containers")
-
-
-def cell_gpus(w):
-    """GPUs for a cell = the target's tensor-parallel size (0 on CPU engines)."""
-    return scheduling.cell_gpus(config, _engine_cell(w))
-
-
-def group_mem_mb(w):
-    return scheduling.job_mem_mb(config, "run", PLAN.groups[_group(w)])
-
-
-def group_inputs(w):
-    return PLAN.engine_job_inputs(PLAN.groups[_group(w)], w.method, w.model)
-
-
-def group_spec(w):
-    return spec_ref(PLAN.group_spec(_group(w)))
-
-
-def group_runtime(w, attempt):
-    return scheduling.group_runtime_minutes(config, PLAN.groups[_group(w)], attempt)
-
-
-def trace_group_inputs(w):
-    return PLAN.engine_job_inputs(PLAN.trace_cells(_trace_group(w)), w.method, w.model)
-
-
-def trace_group_runtime(w, attempt):
-    cells_ = PLAN.trace_cells(_trace_group(w))
-    return scheduling.trace_runtime_minutes(config, cells_, attempt)
-
-
-def trace_group_mem_mb(w):
-    return scheduling.job_mem_mb(config, "trace", PLAN.trace_cells(_trace_group(w)))
-
-
-def breakdown_group_inputs(w):
-    cells_ = PLAN.breakdown_groups[_group(w)]
-    return PLAN.engine_job_inputs(cells_, w.method, w.model)
-
-
-def breakdown_group_runtime(w, attempt):
-    cells_ = PLAN.breakdown_groups[_group(w)]
-    return scheduling.breakdown_runtime_minutes(config, cells_, attempt)
-
-
-def breakdown_group_mem_mb(w):
-    return scheduling.job_mem_mb(config, "breakdown", PLAN.breakdown_groups[_group(w)])
+target_dir, drafter_arg = ENGINE.target_dir, ENGINE.drafter_arg
+cell_container, cell_image, cell_gpus = ENGINE.container, ENGINE.image, ENGINE.gpus
+group_inputs, group_spec = ENGINE.group_inputs, ENGINE.group_spec
+group_mem_mb, group_runtime = ENGINE.group_mem_mb, ENGINE.group_runtime
+trace_group_inputs = ENGINE.trace_group_inputs
+trace_group_mem_mb = ENGINE.trace_group_mem_mb
+trace_group_runtime = ENGINE.trace_group_runtime
+breakdown_group_inputs = ENGINE.breakdown_group_inputs
+breakdown_group_mem_mb = ENGINE.breakdown_group_mem_mb
+breakdown_group_runtime = ENGINE.breakdown_group_runtime
 
 
 def server_runtime(w, attempt):
@@ -273,49 +198,12 @@ def server_prompts_arg(w, input):
     return quoted({d: input[f"prompts_{d}"] for d in PLAN.server["datasets"]})
 
 
-# --- analysis jobs: memory and time from what their inputs hold (sdbench.schedulinganalysis)
-def _reads(input):
-    return schedulinganalysis.total_reads(config, list(input), num_cells=len(CELLS))
-
-
-def analysis_mem_mb(w, input):
-    return schedulinganalysis.analysis_mem_mb(_reads(input))
-
-
-def parsed_mem_mb(w, input):
-    """A job that turns its token ids into Python ints (the offline tracers: a SPEED-Bench 32k
-    prompt table peaked at 3,320 MB on 2,900 asked at Arrow's size in the SLURM rehearsal).
-    """
-    return schedulinganalysis.analysis_mem_mb(schedulinganalysis.parsed(_reads(input)))
-
-
-def prompt_table_mem_mb(w, input):
-    """prepare_dataset builds its prompt table in memory (1,536 x 32K token ids peaked at 1,266 MB
-    in the SLURM rehearsal): what it reads and the table it writes."""
-    return schedulinganalysis.analysis_mem_mb(
-        _reads([*input, P.PROMPTS.format(model=w.model, dataset=w.dataset)])
-    )
-
-
-def streamed_mem_mb(w, input):
-    """An analysis that reads its inputs file by file (aggregate): its largest file, not their sum."""
-    return schedulinganalysis.streamed_mem_mb(config, list(input), len(CELLS))
-
-
-def analysis_runtime(w, input, attempt):
-    return schedulinganalysis.analysis_runtime_minutes(config, _reads(input), attempt)
-
-
-def simulation_runtime(policies, batch_sizes):
-    """A simulation's runtime: one pass over its inputs per policy and batch size."""
-
-    def runtime(w, input, attempt):
-        passes = max(1, len(policies(w))) * max(1, len(batch_sizes(w)))
-        return schedulinganalysis.analysis_runtime_minutes(
-            config, _reads(input), attempt, passes
-        )
-
-    return runtime
+# --- analysis jobs: memory and time from what their inputs hold (sdbench.workflow.adapters)
+ANALYSIS = AnalysisJobs(config, len(CELLS))
+analysis_mem_mb, parsed_mem_mb = ANALYSIS.mem_mb, ANALYSIS.parsed_mem_mb
+prompt_table_mem_mb = ANALYSIS.prompt_table_mem_mb
+streamed_mem_mb = ANALYSIS.streamed_mem_mb
+analysis_runtime, simulation_runtime = ANALYSIS.runtime, ANALYSIS.simulation_runtime
 
 
 # --- traces and acceptance items ----------------------------------------------------------
