@@ -70,7 +70,7 @@ def test_every_engine_job_of_a_cuda_image_waits_for_its_gate() -> None:
         image = Path(paper.config["engines"][group.engine]["container"]).stem
         assert paper.engine_job_inputs(cells_, group.method, group.model)["gate"] == P.IMAGE_GATE.format(image=image)
     for sgroup in paper.server_groups:
-        assert "gate" in paper.server_inputs(sgroup.engine, sgroup.model, sgroup.method)
+        assert "gate" in paper.server_inputs(sgroup)
     assert paper.image_container("sdbench-vllm-0.26.0") == "containers/sif/sdbench-vllm-0.26.0.sif"
     default = Plan(load_config(REPO / "config" / "config.yaml"))  # CPU engines: nothing to gate
     assert all("gate" not in default.engine_job_inputs(c, g.method, g.model) for g, c in default.groups.items())

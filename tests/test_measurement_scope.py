@@ -35,8 +35,9 @@ SCOPE = sorted(f"sdbench{'.' + m if m else ''}" for m in (
 def test_the_scope_is_the_named_modules() -> None:
     assert scope.measurement_modules() == SCOPE
     server = set(scope.measurement_modules(server=True)) - set(SCOPE)
+    # servermode: which rounds each server start measures (start_rounds, start_order).
     assert server == {"sdbench.engine.servegroup", "sdbench.engine.server", "sdbench.engine.loadgen",
-                      "sdbench.engine.latencysummary"}  # fmt: skip
+                      "sdbench.engine.latencysummary", "sdbench.servermode"}  # fmt: skip
     rehearsal = scope.measurement_modules(rehearsal=True)
     assert "sdbench.rehearsal.steps" in rehearsal and "sdbench.rehearsal.steps" not in SCOPE
 

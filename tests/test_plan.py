@@ -40,7 +40,7 @@ def test_paper_counts(paper: Plan) -> None:
     # less the 11 its expected KV residency trims (tests/test_kvcapacity.py PAPER_TRIMMED).
     assert len(paper.cells) == 775
     assert (len(paper.groups), len(paper.trace_groups), len(paper.breakdown_groups)) == (46, 15, 4)
-    assert len(paper.server_groups) == 4
+    assert len(paper.server_groups) == 1  # server.interleave: every method an arm of one job
     assert paper.model_dir("llama3.1-8b") == "resources/hub/llama3.1-8b"
 
 

@@ -30,7 +30,7 @@ from sdbench.engine.loadgen import parse_sd_counters
 from sdbench.engine.server import ServerError, ServerProcess, server_argv
 from sdbench.engine.servegroup import summarise_level
 from sdbench.engine.counters import SDCounters
-from sdbench.servermode import ServerGroup, resolve_server_group, server_groups
+from sdbench.servermode import ServerGroup, arm_spec, resolve_server_group, server_groups
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -139,10 +139,14 @@ def _config() -> dict:
 def test_server_groups_and_their_specs() -> None:
     config = validate_config(_config())
     groups = server_groups(config)
-    assert groups == [ServerGroup("vllm-cpu", "tiny-target", "ngram-k3"), ServerGroup("vllm-cpu", "tiny-target", "none")]
+    if config["server"].get("interleave"):  # one job, every method an arm
+        assert groups == [ServerGroup("vllm-cpu", "tiny-target", ("none", "ngram-k3"), True)]
+    else:
+        assert groups == [ServerGroup("vllm-cpu", "tiny-target", ("ngram-k3",)), ServerGroup("vllm-cpu", "tiny-target", ("none",))]
     spec = resolve_server_group(config, groups[0])
     assert spec["server"]["concurrency"] == [1, 2] and spec["datasets"] == {"code-edit": {"max_tokens": 32, "num_prompts": 2}}
-    assert spec["drafter"] is None and spec["method"]["method"] == "ngram"
+    arm = arm_spec(spec, "ngram-k3")
+    assert arm["drafter"] is None and arm["method"]["method"] == "ngram" and arm["group"]["method"] == "ngram-k3"
     # Editing the server section changes every group's spec (a param: reruns them), a grid-only
     # setting does not.
     other = validate_config({**_config(), "run": {**_config()["run"], "repeats": 5}})
@@ -266,6 +270,19 @@ def test_server_mode_measures_every_cell_and_stops_its_servers(served: Path) -> 
     assert table.loc[table["method"] == "none", "num_drafts"].eq(0).all()
     requests = pd.read_parquet(served / "results/server/vllm-cpu/tiny-target/ngram-k3/code-edit/c2/requests.parquet")
     assert len(requests) == 8 and (requests["num_output_tokens"] > 0).all()
+    # Two starts per arm, interleaved (none, n-gram, none, n-gram), one timed round each.
+    assert requests.groupby("round")["start"].unique().map(list).to_dict() == {0: [0], 1: [1]}
+    assert (table["starts"] == 2).all() and table["interleaved"].all() and table["job_id"].nunique() == 1
+    assert {m: list(s) for m, s in zip(table["method"], table["start_sequence"])} == {"none": [0, 2], "ngram-k3": [1, 3]}
+    assert all(list(r) == [0, 1] for r in table["round_start"]) and table["energy_meter"].notna().all()
+    # The stream-off control at concurrency 1: a round per start after the timed ones, not in the figures.
+    control = pd.read_parquet(served / "results/server/vllm-cpu/tiny-target/ngram-k3/code-edit/c1/requests.parquet")
+    off = control[~control["stream"]]
+    assert sorted(off["round"].unique()) == [2, 3] and len(off) == 8 and off["ttft_s"].isna().all()
+    assert (off["num_output_tokens"] > 0).all() and (off["latency_s"] > 0).all()
+    at_1 = table[table["concurrency"] == 1]
+    assert (at_1["stream_off_tokens_per_s"] > 0).all() and at_1["stream_off_round_wall_s"].map(len).eq(2).all()
+    assert table.loc[table["concurrency"] == 2, "stream_off_tokens_per_s"].isna().all()
     assert (requests["ttft_s"] <= requests["latency_s"]).all()
     # One gap per chunk after the first; with SD fewer chunks than tokens (a step's tokens in one chunk).
     assert (requests["chunk_gaps_s"].map(len) == requests["num_chunks"] - 1).all()
@@ -278,9 +295,9 @@ def test_server_mode_measures_every_cell_and_stops_its_servers(served: Path) -> 
     assert re.search(r"\| vllm-cpu \| tiny-target \| code-edit \| ngram-k3( \(busy\))? \| 2 \|", md), md
     assert "| tiny-target | code-edit | ngram-k3 | 2 | 2000 / 50 / 10000 |" in md, md
     assert (served / "results/paper/ext11_latency_throughput.png").stat().st_size > 0
-    for method in ("none", "ngram-k3"):  # the server's own log is kept beside the job's
-        server_log = (served / f"logs/serve_group/vllm-cpu/tiny-target/{method}.server.log").read_text()
-        assert "Application startup complete" in server_log, server_log[-2000:]
+    # Every server's own log is kept beside the job's: one log for the interleaved job's 4 starts.
+    server_log = (served / "logs/serve_group/vllm-cpu/tiny-target/interleaved.server.log").read_text()
+    assert server_log.count("Application startup complete") == 4, server_log[-2000:]
     assert _server_processes(str(served)) == [], "a vLLM server outlived its job"
     again = _snakemake(served, "-n", "results/paper/ext11_latency_throughput.md")
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -291,11 +308,11 @@ def test_a_server_crash_fails_its_cell_with_the_log_and_leaves_no_process(served
     """kill -9 of the vLLM server while its cells run: the job fails with the server's log in
     its error, writes nothing, and no server or engine-core process is left."""
     config = validate_config(_config())
-    config["server"].update(requests_per_level=40, rounds=3)  # long enough to be killed mid-cell
+    config["server"].update(requests_per_level=40, rounds=3, starts=1, interleave=False)  # killed mid-cell
     import json
     import shlex
 
-    spec = resolve_server_group(config, ServerGroup("vllm-cpu", "tiny-target", "ngram-k3"))
+    spec = resolve_server_group(config, ServerGroup("vllm-cpu", "tiny-target", ("ngram-k3",)))
     out, server_log, job_log = tmp_path / "group", tmp_path / "server.log", tmp_path / "job.log"
     prompts = {"code-edit": str(served / "results/prompts/tiny-target/code-edit.parquet")}
     cmd = (f"exec {BIN / 'sdbench'} serve-group --spec {shlex.quote(json.dumps(spec))} "

@@ -119,7 +119,7 @@ def test_the_slice_draws_every_item_of_the_paper_grid_on_few_cells() -> None:
     # Every item of the index but the forced-acceptance ones (ext13-ext15: no synthetic rejection
     # sampling in the paper's engines).
     assert len(items(paper)) == 29
-    assert (len(piece.cells), len(piece.groups), len(piece.server_groups)) == (13, 6, 2)
+    assert (len(piece.cells), len(piece.groups), len(piece.server_groups)) == (13, 6, 1)  # 2 arms interleaved
     # Cells of the paper's size: its request counts and the longest prompts at batch size 64.
     assert {c.dataset for c in piece.cells} >= {"sharegpt", "sharegpt-random", "speed-bench-throughput-32k"}
     assert max(c.batch_size for c in piece.cells) == 64

@@ -419,22 +419,32 @@ def _trace_job(config: dict[str, Any], cells_: list[Cell]) -> JobEstimate:
 
 
 def _server_job(config: dict[str, Any], cell: Cell) -> JobEstimate:
-    """A server group (sdbench.servermode) whose largest cell is ``cell``: one server start (its
-    ``startup_timeout_s`` if longer than the device's usual start), then per dataset and concurrency
-    level c, ``warmup_requests + rounds x requests_per_level`` requests, c in flight, each its own
-    call decoding the dataset's expected output."""
+    """A server job (sdbench.servermode) whose largest cell is ``cell``: per arm (``cell``'s method,
+    or with ``server.interleave`` every method of the section) ``starts`` server starts (the job's
+    first its ``startup_timeout_s`` if longer than the device's usual start), then per dataset and
+    concurrency level c, ``warmup_requests`` per start + ``rounds x requests_per_level`` requests (and a
+    ``stream_control`` level one round more per start), c in flight, each its own call decoding the
+    dataset's expected output."""
+    from sdbench.servermode import server_settings
+
     section = config["server"]
-    requests = int(section.get("warmup_requests", 2)) + int(section.get("rounds", 2)) * int(
-        section.get("requests_per_level", 16)
-    )
+    rounds, starts, interleave, control = server_settings(section)
+    arms = list(section["methods"]) if interleave else [cell.method]
+    per_round = int(section.get("requests_per_level", 16))
     work = Work()
-    for name in section["datasets"]:
-        for level in section["concurrency"]:
-            served = _generate(config, cell.engine, cell.model, cell.method, sequences=requests, running=int(level),
-                               prompt=prompt_tokens(config, name), output=output_tokens(config, name))  # fmt: skip
-            work += replace(served, call_s=requests * _costs(config, cell.engine).call_s)  # a call per request
-    startup = max(_costs(config, cell.engine).startup_min * 60, float(section.get("startup_timeout_s", 0)))
-    return JobEstimate("server", 1, startup, 0.0, work.prefill_s, work.decode_s, work.call_s, 1.0)
+    for method in arms:
+        for name in section["datasets"]:
+            for level in section["concurrency"]:
+                requests = starts * int(section.get("warmup_requests", 2)) + (
+                    rounds + starts * (int(level) in control)) * per_round  # fmt: skip
+                served = _generate(config, cell.engine, cell.model, method, sequences=requests, running=int(level),
+                                   prompt=prompt_tokens(config, name), output=output_tokens(config, name))  # fmt: skip
+                work += replace(served, call_s=requests * _costs(config, cell.engine).call_s)  # a call per request
+    usual = _costs(config, cell.engine).startup_min * 60
+    servers = starts * len(arms)
+    # The first start may take its whole timeout (cold caches); the others start as the device usually does.
+    startup = max(usual, float(section.get("startup_timeout_s", 0))) + (servers - 1) * usual
+    return JobEstimate("server", servers, startup, 0.0, work.prefill_s, work.decode_s, work.call_s, 1.0)
 
 
 def estimate_breakdown(config: dict[str, Any], kind: str, cells_: list[Cell]) -> JobEstimate:
@@ -583,7 +593,8 @@ def job_mem_mb(config: dict[str, Any], kind: str, cells_: list[Cell]) -> int:
         )
         held = sum(per_level * len(section["concurrency"]) * (ROW_BYTES + output_tokens(config, d) * PY_TOKEN_BYTES)
                    for d in section["datasets"])  # fmt: skip
-        return _mem_mb(held, base)
+        arms = len(section["methods"]) if section.get("interleave") else 1  # an interleaved job holds every arm's
+        return _mem_mb(arms * held, base)
     raise ValueError(f"job_mem_mb: kind {kind!r} is not run, breakdown, trace or server")
 
 

@@ -21,7 +21,6 @@ from sdbench.figureindex import BY_NAME as PAPER_ITEMS
 from sdbench.grid import EngineGroup, TraceTarget
 from sdbench.lifeline import export_workflow_env
 from sdbench.models.hub import download_env, withhold_download_env
-from sdbench.servermode import ServerGroup
 from sdbench.workflow import paths as P
 from sdbench.workflow.adapters import AnalysisJobs, EngineJobs
 from sdbench.workflow.plan import FIRST, Plan, quoted, spec_file
@@ -169,7 +168,7 @@ _engine_cell = ENGINE.engine_cell
 
 
 def _server_group(w):
-    return ServerGroup(w.engine, w.model, w.method)
+    return PLAN.server_group_of(dict(w.items()))
 
 
 # --- engine jobs (run, trace, breakdown and server groups) --------------------------------
@@ -191,11 +190,22 @@ def server_runtime(w, attempt):
 
 
 def server_mem_mb(w):
-    return scheduling.job_mem_mb(config, "server", [PLAN.server_cell(_server_group(w))])
+    return max(scheduling.job_mem_mb(config, "server", [c]) for c in PLAN.server_cells(_server_group(w)))
 
 
 def server_prompts_arg(w, input):
     return quoted({d: input[f"prompts_{d}"] for d in PLAN.server["datasets"]})
+
+
+def server_drafters_arg(w, input):
+    """``--drafters`` {method: drafter dir} of the job's arms that have one (none: no argument)."""
+    found = {k.removeprefix("drafter_"): input[k] for k in input.keys() if k.startswith("drafter_")}
+    return f"--drafters {quoted(found)}" if found else ""
+
+
+def server_output_args(w, output):
+    """``--output-dir``: the job's arms' directories, in its methods' order (as its spec's)."""
+    return " ".join(shlex.quote(d) for d in output)
 
 
 # --- analysis jobs: memory and time from what their inputs hold (sdbench.workflow.adapters)

@@ -1,18 +1,20 @@
-# Server mode (config `server`; sdbench.servermode): per engine x model x method one job
-# starts vLLM's OpenAI-compatible server and measures every dataset x concurrency on it.
+# Server mode (config `server`; sdbench.servermode): per engine x model x method one job starts
+# vLLM's OpenAI-compatible server `starts` times and measures every dataset x concurrency on each;
+# with `interleave` one job per engine x model alternates every method's starts and writes each
+# arm's directory (the outputs come from the plan: the grid is data).
 
 
 rule serve_group:
     input:
-        unpack(lambda w: PLAN.server_inputs(w.engine, w.model, w.method)),
+        unpack(lambda w: PLAN.server_inputs(_server_group(w))),
         model=target_dir,
     output:
-        directory(P.SERVER_GROUP_DIR),
+        [directory(p) for p in PLAN.server_output_patterns()],
     log:
-        main="logs/serve_group/{engine}/{model}/{method}.log",
-        server="logs/serve_group/{engine}/{model}/{method}.server.log",
+        main=PLAN.server_log_pattern(".log"),
+        server=PLAN.server_log_pattern(".server.log"),
     benchmark:
-        "benchmarks/serve_group/{engine}/{model}/{method}.tsv"
+        PLAN.server_log_pattern(".tsv", root="benchmarks")
     priority: FIRST  # the verdict reads server mode
     container:
         cell_container
@@ -28,10 +30,11 @@ rule serve_group:
         image=cell_image,
         spec=lambda w: spec_ref(PLAN.server_group_spec(_server_group(w))),
         prompts=server_prompts_arg,
-        drafter=drafter_arg,
+        drafters=server_drafters_arg,
+        outputs=server_output_args,
     shell:
         "sdbench serve-group --spec @{params.spec} --prompts {params.prompts} "
-        "--model-dir {input.model} {params.drafter} --threads {threads} --output-dir {output} "
+        "--model-dir {input.model} {params.drafters} --threads {threads} --output-dir {params.outputs} "
         "--server-log {log.server} > {log.main} 2>&1"
 
 

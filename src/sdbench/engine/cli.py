@@ -117,7 +117,9 @@ def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
     # --prompts here: a JSON map of prompt tables, one per dataset (elsewhere one table: cliargs.add_prompts)
     s.add_argument("--prompts", required=True, help='JSON: {dataset: prompt table path}')
     add_model_dirs(s)
-    add_output_dir(s, "the group's <dataset>/c<N>/*.parquet per cell")
+    s.add_argument("--drafters", default=None, help='JSON: {method: drafter directory} of the arms that have one')
+    s.add_argument("--output-dir", nargs="+", required=True,
+                   help="one directory per arm, in the spec's order: <dataset>/c<N>/*.parquet per cell")
     s.add_argument("--server-log", required=True, help="where the server's own output goes (kept on failure)")
     _add_quiet_guard(s)
     _add_threads(s)

@@ -148,7 +148,8 @@ def config_touchpoints(configs: Iterable[str | Path]) -> list[tp.Touchpoint]:
     llm_keys: dict[str, dict[str, str]] = {}
     for path in configs:
         config = load_config(str(path))
-        pairs = {(c.engine, c.method) for c in [*cells(config), *breakdown_cells(config), *server_groups(config)]}
+        pairs = {(c.engine, c.method) for c in [*cells(config), *breakdown_cells(config)]}
+        pairs |= {(g.engine, m) for g in server_groups(config) for m in g.methods}  # every arm of a server job
         for engine_name, method_name in sorted(pairs):
             version = config["engines"][engine_name]["vllm_version"]
             for key in config["engines"][engine_name].get("llm_kwargs", {}):

@@ -38,13 +38,14 @@ def estimates_table(config: dict[str, Any], root: str | Path = ".") -> pd.DataFr
     for tgroup in sorted(plan.trace_groups):
         jobs.append(("trace_group", "/".join(tgroup.as_dict().values()), P.TRACE_GROUP_DIR.format(**tgroup.as_dict()),
                      scheduling.trace_runtime_minutes(config, plan.trace_cells(tgroup), 1)))  # fmt: skip
-    for sgroup in sorted(plan.server_groups):
-        jobs.append(("serve_group", "/".join(sgroup.as_dict().values()), P.SERVER_GROUP_DIR.format(**sgroup.as_dict()),
+    for sgroup in sorted(plan.server_groups):  # an interleaved job writes one directory per arm
+        jobs.append(("serve_group", "/".join(sgroup.as_dict().values()), " ".join(plan.server_arm_dirs(sgroup)),
                      scheduling.server_runtime_minutes(config, plan.server_cell(sgroup), 1)))  # fmt: skip
     rows = []
-    for rule, name, directory, requested in jobs:
-        path = Path(root) / directory / JOB_FILE
-        record = json.loads(path.read_text()) if path.is_file() else {}
+    for rule, name, directories, requested in jobs:
+        paths = [Path(root) / d / JOB_FILE for d in directories.split(" ")]
+        found = [json.loads(path.read_text()) for path in paths if path.is_file()]
+        record = {k: sum(r[k] for r in found) for k in ("modelled_s", "startup_s", "cells")} if found else {}
         modelled = record.get("modelled_s", math.nan) / 60
         rows.append({"rule": rule, "job": name, "requested_min": float(requested), "modelled_min": modelled,
                      "requested_over_modelled": float(requested) / modelled if modelled and modelled == modelled else math.nan,

@@ -44,8 +44,9 @@ class RehearsalClient:
 
     def run_level(self, base_url: str, prompts: list[tuple[Any, ...]], max_tokens: int, concurrency: int,
                   num_requests: int, ignore_eos: bool = False, timeout_s: float = 600.0, round_: int = 0,
-                  model: str = "") -> tuple[list[RequestResult], float]:  # fmt: skip
-        """``num_requests`` requests, ``concurrency`` at a time (as :func:`sdbench.engine.loadgen.run_level`)."""
+                  model: str = "", stream: bool = True) -> tuple[list[RequestResult], float]:  # fmt: skip
+        """``num_requests`` requests, ``concurrency`` at a time (as :func:`sdbench.engine.loadgen.run_level`;
+        ``stream`` False, the stream-off control: the same steps, TTFT, TPOT and chunk gaps NaN/empty)."""
         if concurrency < 1 or num_requests < 1 or not prompts:
             raise ValueError(f"concurrency {concurrency}, num_requests {num_requests}, {len(prompts)} prompts: need >= 1 each")
         if round_ == -1 or (round_ == 0 and self._last_round != -1):  # a new level (warm-up first, if any)
@@ -89,6 +90,8 @@ class RehearsalClient:
             # steps' gaps are taken as equal (a stand-in for vLLM's itl: their mean is exact).
             steps = len(plan.decode)
             gaps = [(plan.finish_s - plan.first_token_s) / steps] * steps if steps else []
+            if not stream:  # one answer at the end, as loadgen's plain completion
+                ttft, tpot, steps, gaps = math.nan, math.nan, 0, []
             out.append(RequestResult(round_, i, rid, len(ids), n, plan.arrival - t0, ttft, latency, tpot,
                                      1 + steps, gaps))  # fmt: skip
         return out, result.seconds

@@ -51,7 +51,14 @@ from sdbench.grid import (
     trace_groups,
     trace_targets,
 )
-from sdbench.servermode import ServerGroup, resolve_server_group, server_groups, server_slos
+from sdbench.servermode import (
+    INTERLEAVED,
+    ServerGroup,
+    resolve_server_group,
+    server_groups,
+    server_groups_interleaved,
+    server_slos,
+)
 from sdbench.simulator import choices as simulator_choices
 from sdbench.workflow import paths as P
 
@@ -167,7 +174,7 @@ class Plan:
         every attempt of such a job would be GPU-hours with no number at the end."""
         unsplit = [(f"trace group {g.engine}/{g.model}/{g.method}",
                     scheduling.trace_estimate_minutes(self.config, self.trace_cells(g))) for g in self.trace_groups]
-        unsplit += [(f"server group {g.engine}/{g.model}/{g.method}",
+        unsplit += [(f"server group {g.engine}/{g.model}/{g.label}",
                      scheduling.server_estimate_minutes(self.config, self.server_cell(g))) for g in self.server_groups]
         found = schedulingsite.unfinishable(limits, splits, unsplit)
         if found:
@@ -197,7 +204,8 @@ class Plan:
         split) whose estimate is over the site's budget: its job asks for the whole limit."""
         if minutes > limits.budget:
             self.site_notes.append(
-                f"site: {kind} group {group.engine}/{group.model}/{group.method} (estimated {minutes:,} min "
+                f"site: {kind} group {group.engine}/{group.model}/{getattr(group, 'label', None) or group.method} "
+                f"(estimated {minutes:,} min "
                 f"> {limits.budget:,}) is not split: its job asks for the limit, {limits.max_runtime:,} min"
             )
     def model_dir(self, key: str) -> str:
@@ -645,21 +653,53 @@ class Plan:
 
     # ------------------------------------------------------------------ server mode
     def server_cell(self, group: ServerGroup) -> Cell:
-        """The group's largest cell (sizes the job like an engine cell at that batch size)."""
-        return Cell(group.engine, group.model, self.server["datasets"][0], group.method, max(self.server["concurrency"]))
+        """The group's largest cell, of its first arm (sizes the job like an engine cell at that batch
+        size; an interleaved job's estimate adds its other arms, sdbench.scheduling)."""
+        return Cell(group.engine, group.model, self.server["datasets"][0], group.methods[0],
+                    max(self.server["concurrency"]))  # fmt: skip
 
-    def server_inputs(self, engine: str, model: str, method: str) -> dict[str, str]:
-        """Prompt tables of the server section's datasets, the method's drafter, the image's gate."""
-        inputs = {f"prompts_{d}": self.prompt_table(model, d) for d in self.server["datasets"]}
-        drafter = self.drafter_dir(method, model)
-        return {**inputs, **({"drafter": drafter} if drafter else {}), **self.rehearsal_inputs(),
-                **self.gate_input(engine)}  # fmt: skip
+    def server_cells(self, group: ServerGroup) -> list[Cell]:
+        """:meth:`server_cell` of each arm: an interleaved job's memory is its largest arm's."""
+        cell = self.server_cell(group)
+        return [Cell(cell.engine, cell.model, cell.dataset, m, cell.batch_size) for m in group.methods]
+
+    def server_group_of(self, wildcards: dict[str, str]) -> ServerGroup:
+        """The server job of a serve_group rule's wildcards."""
+        for group in self.server_groups:
+            if group.as_dict() == {k: wildcards.get(k) for k in group.as_dict()}:
+                return group
+        raise KeyError(f"no server job has wildcards {dict(wildcards)}")
+
+    def server_output_patterns(self) -> list[str]:
+        """The serve_group rule's outputs: the arm's directory (``{method}`` a wildcard), or with
+        ``server.interleave`` every arm's (one job per engine x model writes them all)."""
+        if not server_groups_interleaved(self.config):
+            return [P.SERVER_GROUP_DIR]
+        return [P.SERVER_GROUP_DIR.replace("{method}", m) for m in self.server["methods"]]
+
+    def server_log_pattern(self, suffix: str, root: str = "logs") -> str:
+        """A serve_group log's pattern: named by the method, or ``interleaved`` (servermode.INTERLEAVED)."""
+        name = INTERLEAVED if server_groups_interleaved(self.config) else "{method}"
+        return f"{root}/serve_group/{{engine}}/{{model}}/{name}{suffix}"
+
+    def server_inputs(self, group: ServerGroup) -> dict[str, str]:
+        """Prompt tables of the server section's datasets, each arm's drafter (``drafter_<method>``),
+        the image's gate."""
+        inputs = {f"prompts_{d}": self.prompt_table(group.model, d) for d in self.server["datasets"]}
+        drafters = {f"drafter_{m}": self.drafter_dir(m, group.model) for m in group.methods}
+        return {**inputs, **{k: v for k, v in drafters.items() if v}, **self.rehearsal_inputs(),
+                **self.gate_input(group.engine)}  # fmt: skip
 
     def server_group_spec(self, group: ServerGroup) -> dict[str, Any]:
         return self.with_mode(resolve_server_group(self.config, group))
 
+    def server_arm_dirs(self, group: ServerGroup) -> list[str]:
+        """The job's output directories, one per arm, in its methods' order."""
+        return [P.SERVER_GROUP_DIR.format(**group.arm_keys(m)) for m in group.methods]
+
     def server_group_dirs(self) -> list[str]:
-        return [P.SERVER_GROUP_DIR.format(**g.as_dict()) for g in self.server_groups]
+        """Every arm's directory of every server job (what the analyses read)."""
+        return [d for g in self.server_groups for d in self.server_arm_dirs(g)]
 
     def server_slos(self) -> dict[str, dict[str, float]]:
         """Dataset -> the latency targets its server cells' goodput is judged on (``server.slo``)."""
