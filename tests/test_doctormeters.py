@@ -26,7 +26,8 @@ def tree(root: Path, domains: dict[str, str]) -> Path:
 
 def site(*devices: str) -> SimpleNamespace:
     engines = {f"e{i}": {"device": d} for i, d in enumerate(devices)}
-    return SimpleNamespace(config={"engines": engines}, plan=SimpleNamespace(cells=[SimpleNamespace(engine=e) for e in engines]))
+    cells = [SimpleNamespace(engine=e) for e in engines]
+    return SimpleNamespace(config={"engines": engines}, plan=SimpleNamespace(cells=cells))
 
 
 def test_the_rapl_check_says_what_reads_what_does_not_and_how_to_open_it(

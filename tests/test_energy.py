@@ -239,7 +239,8 @@ def test_rapl_dram_is_metered_beside_the_package_and_kept_apart(tmp_path: Path) 
     assert (meter.kind, meter.reason, meter.dram_j) == ("rapl", "", 0.0)
     bench.spend(1.0, 8.0)  # DRAM: 2 J, from 9 J across its 10 J wrap
     assert (meter.read(), meter.dram_j) == (pytest.approx(8.0, rel=1e-12), pytest.approx(2.0, rel=1e-12))
-    assert (meter.read(), meter.dram_j) == (pytest.approx(8.0, rel=1e-12), pytest.approx(2.0, rel=1e-12))  # unmoved: 0 J
+    # Unmoved counters add 0 J (not a wrap).
+    assert (meter.read(), meter.dram_j) == (pytest.approx(8.0, rel=1e-12), pytest.approx(2.0, rel=1e-12))
     # Through the timed calls into the calls and the cell: energy_j is the total, energy_dram_j its DRAM part.
     roots: list[Path] = []
 
@@ -274,7 +275,8 @@ def test_every_meter_that_does_not_measure_says_why_and_the_cells_carry_it(
     monkeypatch.setattr(energy, "nvml_module", lambda: None)
     assert meter_for({"device": "cuda"}).reason.startswith("no NVML (pynvml not importable")
     absent = meter_for({"device": "cpu"}, rapl_root=tmp_path / "absent")
-    assert absent.reason == f"no RAPL: {tmp_path / 'absent'} does not exist (no powercap driver: a VM, or a kernel without intel_rapl)"  # fmt: skip
+    assert absent.reason == (f"no RAPL: {tmp_path / 'absent'} does not exist (no powercap driver: a VM, or a kernel "
+                             "without intel_rapl)")  # fmt: skip
     (tmp_path / "empty").mkdir()
     assert meter_for({"device": "cpu"}, rapl_root=tmp_path / "empty").reason.startswith("no RAPL: no package domain")
     # Root-only energy_uj (CVE-2020-8694): this test runs as root, so the read itself is refused.
@@ -314,6 +316,7 @@ def test_every_meter_that_does_not_measure_says_why_and_the_cells_carry_it(
     text = energy_markdown(energy_table(table))
     assert f"- {why}: 4 cell(s) (e/m/d: ngram-k3 bs1, ngram-k3 bs2, none bs1, none bs2)" in text
     measured = energycells.joined(energycells.measure(nvml_meter))
-    assert set(measured["energy_reason"]) == {""} and "Not measured, and why" not in energy_markdown(energy_table(measured))
+    assert set(measured["energy_reason"]) == {""}
+    assert "Not measured, and why" not in energy_markdown(energy_table(measured))
     old = table.drop(columns="energy_reason")  # a cells table from before the column
     assert set(energy_table(old)["energy_reason"]) == {NOT_RECORDED}

@@ -46,7 +46,9 @@ HANDMODEL = StepEnergyModel(1.0, 0.1, 0.01, source="by hand")
         (2, 0.0, 1.4 + 1.26 + 1.28, 1.4 + 1.46),
     ],
 )
-def test_the_simulator_prices_each_step_at_the_models_joules(batch: int, draft_s: float, base_j: float, sd_j: float) -> None:
+def test_the_simulator_prices_each_step_at_the_models_joules(
+    batch: int, draft_s: float, base_j: float, sd_j: float
+) -> None:
     for batching in ("replicated", "continuous") if batch == 1 else ("replicated",):
         row = simulate_prepared(HAND, ["fixed-1"], [batch], _hand_cost(draft_s), EXACT, batching=batching,
                                 power=HANDMODEL).iloc[0]  # fmt: skip
@@ -58,8 +60,9 @@ def test_the_simulator_prices_each_step_at_the_models_joules(batch: int, draft_s
 @pytest.mark.parametrize("proposer, policy, mode, batching", [("eagle", "fixed-3", "exact", "replicated"),
                                                              ("eagle", "fixed-3", "exact", "continuous"),
                                                              ("ngram", "fixed-3", "compat", "replicated")])  # fmt: skip
-def test_energy_proportional_to_the_cost_models_time_is_a_flat_power(published_traces_dir: Path, proposer: str,
-                                                                       policy: str, mode: str, batching: str) -> None:  # fmt: skip
+def test_energy_proportional_to_the_cost_models_time_is_a_flat_power(
+    published_traces_dir: Path, proposer: str, policy: str, mode: str, batching: str
+) -> None:
     """E = 300 W x the target's time (no knee in this cost model): every step, drafting, overhead and
     the random n-gram model's steps included, costs what a flat 300 W power model makes it cost."""
     assert CM.target.c_above_knee == 0
@@ -109,7 +112,8 @@ def test_the_held_out_errors_compare_the_old_watts_and_the_new_joules() -> None:
     t = table(truth)
     t = t.assign(ms=5.0 + 0.01 * t["B"] * t["q"] + 2e-4 * t["B"] * t["L"])
     out = heldout_errors(t).set_index(["rule", "model"])
-    assert out.loc[("every 4th", "after"), "heldout_rows"] == 13 and out.loc[("context out", "after"), "heldout_rows"] == 6
+    assert out.loc[("every 4th", "after"), "heldout_rows"] == 13
+    assert out.loc[("context out", "after"), "heldout_rows"] == 6
     assert out.loc[("every 4th", "after"), "largest"] < 1e-9 and out.loc[("context out", "after"), "largest"] < 1e-9
     assert out.loc[("context out", "before"), "median"] > 0.01
     assert set(out["quantity"]) == {"watts = joules / ms", "joules"}
@@ -144,7 +148,8 @@ def test_the_model_file_round_trips_and_old_files_still_load(tmp_path: Path) -> 
 
 def test_on_the_shared_tables_the_fit_follows_the_measured_joules() -> None:
     """Energy alone from the shared H100/H200 tables: the model's joules of the smallest and largest
-    steps within 8% of what the table measured (the line is 5% high at one token on the H200) (2.517 / 23.589 J on the H200, 2.773 / 23.550 J on the H100)."""
+    steps within 8% of what the table measured (2.517 / 23.589 J on the H200, 2.773 / 23.550 J on the
+    H100; the H200's line is 5% high at one token)."""
     for gpu, small, large in (("h200", 2.517, 23.58854), ("h100", 2.77343, 23.5504)):
         path = SHARED / "data" / f"{gpu}-step-cost-energy.csv"
         if not path.is_file():

@@ -29,7 +29,8 @@ BOOT = "joules_per_token_boot"
 # energy.parquet (docs/schema.md).
 COLUMNS: tuple[str, ...] = (
     *SORT, "sd_method", "num_speculative_tokens", "tokens_per_s", "tokens_per_s_ci_low", "tokens_per_s_ci_high",
-    "energy_meter", "energy_reason", "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low", f"{JOULES_PER_TOKEN}_ci_high",
+    "energy_meter", "energy_reason", "mean_power_w", JOULES_PER_TOKEN, f"{JOULES_PER_TOKEN}_ci_low",
+    f"{JOULES_PER_TOKEN}_ci_high",
     "speedup", "speedup_ci_low", "speedup_ci_high", *RATIO,
 )  # fmt: skip
 

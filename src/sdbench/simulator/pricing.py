@@ -223,7 +223,8 @@ def _replicated_step_energy(
         b = float(bs)
         seconds = a[lin] + c[lin] * b + w * cm.target.hinge(b * tokens)
         steps = np.bincount(traj.req[lin], seconds * step_watts(power, cm.target, b * tokens, b * kv), minlength=n)
-        prefill_s = cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b + cm.target.hinge(b * prompt)
+        prefill_s = (cm.target.c_fixed + cm.overhead_per_step + cm.target.c_compute * prompt * b
+                     + cm.target.hinge(b * prompt))  # fmt: skip
         out[:, j] = prefill_s * step_watts(power, cm.target, b * prompt, 0.0) + steps
     return out
 

@@ -188,7 +188,8 @@ def fit_step_energy(table: pd.DataFrame, source: str = "") -> StepEnergyModel:
         err = relative_errors(model, rows[hold])
         scored.append((float(np.median(err)), float(err.max()), model.form))
     if not scored or not hold.any():
-        raise ValueError(f"{source or 'table'}: {len(rows)} metered row(s), too few to fit and hold out a step energy model")
+        raise ValueError(f"{source or 'table'}: {len(rows)} metered row(s), too few to fit and hold out "
+                         "a step energy model")
     line = next((s for s in scored if s[2] == "line"), None)
     best = min(scored, key=lambda s: s[0])
     if line is not None and line[0] <= best[0] + TIE:
