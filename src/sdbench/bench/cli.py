@@ -212,6 +212,7 @@ def add_modes(bench: argparse._SubParsersAction) -> None:
     p.add_argument("--offline-cells", default=None, help="a run's grid_cells.parquet: the offline side")
     p.add_argument("--output", default=None, help="output: the offline vs served table (parquet)")
     p.add_argument("--markdown", default=None, help="output: widths and the offline vs served table (Markdown)")
+    p.add_argument("--analyse-only", action="store_true", help="no server: report on --output-dir's measurement")
     p.set_defaults(func=lazy("sdbench.bench.modes", "_cmd_bench_modes"))
 
 

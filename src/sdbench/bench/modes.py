@@ -104,6 +104,12 @@ def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - sta
 
     config = load_config(args.config)
     methods = list(dict.fromkeys(["none", *args.methods]))
+    if args.analyse_only:  # a finished measurement's directories: the report alone
+        from sdbench.analysis.latency import read_server_cells, read_server_requests
+
+        groups = [Path(args.output_dir) / m for m in methods]
+        report(read_server_cells(groups), read_server_requests(groups), args, config)
+        return 0
     for key, section in ((args.engine, "engines"), (args.model, "models"), *((m, "methods") for m in methods)):
         if key not in config[section]:
             raise ValueError(f"{section}.{key}: not in {args.config} (defined: {', '.join(sorted(config[section]))})")
