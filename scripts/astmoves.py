@@ -3,7 +3,8 @@ assignment) of the old files at a git revision has an identical AST dump in the 
 
     python scripts/astmoves.py [--rename OLD=NEW ...] REV OLD_PATH [OLD_PATH ...] -- NEW_PATH [NEW_PATH ...]
 
-Prints one Markdown table row per definition (name, old file, new file, identical / CHANGED /
+Methods count one by one (``Class.method``; one moved to another class, a mixin, is found by its
+name when that name is unique). Prints one Markdown table row per definition (name, old file, new file, identical / CHANGED /
 MISSING, or ``docstring`` when only docstrings differ) and a totals line; exits 1 when any
 definition changed beyond its docstrings or went missing. Imports and
 the module docstring are not compared (a split rewrites both). ``--rename _run=run_command``
@@ -36,6 +37,10 @@ def definitions(source: str, renames: dict[str, str] | None = None, docstrings: 
                     inner.body = body[1:] or [ast.Pass()]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             out[node.name] = ast.dump(node)
+        if isinstance(node, ast.ClassDef):  # each method too, as Class.method (a class may be split)
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    out[f"{node.name}.{item.name}"] = ast.dump(item)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -73,6 +78,11 @@ def main(argv: list[str]) -> int:
     print("| definition | from | to | AST |\n|---|---|---|---|")
     for name, (path, dump, bare_old) in old.items():
         where, now, bare_new = new.get(name, ("-", None, None))
+        if now is None and "." in name:  # a method moved to another class (a mixin): by its name
+            same = [k for k in new if "." in k and k.split(".", 1)[1] == name.split(".", 1)[1]]
+            if len(same) == 1:
+                where, now, bare_new = new[same[0]]
+                where = f"{where} ({same[0].split('.')[0]})"
         verdict = ("MISSING" if now is None else "identical" if now == dump
                    else "docstring" if bare_new == bare_old else "CHANGED")
         counts[verdict] += 1

@@ -30,12 +30,10 @@ from typing import Any
 
 from sdbench import scheduling, schedulingsite, sweeps
 from sdbench.config import ConfigError
-from sdbench.figureindex import BY_NAME, ITEMS, paper_path, published_scope
+from sdbench.figureindex import BY_NAME, ITEMS, paper_path
 from sdbench.grid import (
     Cell,
     EngineGroup,
-    TraceGroup,
-    TraceTarget,
     baseline_cells,
     baseline_method,
     breakdown_cells,
@@ -47,7 +45,6 @@ from sdbench.grid import (
     resolve_breakdown_cell,
     resolve_cell,
     tokenizer_model,
-    trace_group_of,
     trace_groups,
     trace_targets,
 )
@@ -59,11 +56,10 @@ from sdbench.servermode import (
     server_groups_interleaved,
     server_slos,
 )
-from sdbench.simulator import choices as simulator_choices
 from sdbench.workflow import paths as P
+from sdbench.workflow.plansim import SimulatorPlan
+from sdbench.workflow.plantraces import OFFLINE_SUFFIX_METHOD, TracePlan
 
-# Method label of the offline suffix rows (distinct from an in-engine `suffix` trace).
-OFFLINE_SUFFIX_METHOD = "suffix (offline)"
 # The rules that reach the network (hub models, tokenizers and drafters; hub dataset repositories;
 # the paper's published traces): local rules, run by the workflow process on the submitting host
 # (compute nodes of a cluster may have no internet). Every other rule is a job of its own.
@@ -71,7 +67,6 @@ NETWORK_RULES = ("download_model", "download_dataset", "fetch_published_traces")
 # Snakemake priority of the jobs the verdict and Fig. 1 wait for; every other job has 0, so among
 # jobs ready at once these run first (Plan.engine_priority).
 FIRST = 10
-SIM_PROPOSERS = ("ngram", "eagle", "combined")
 
 
 def quoted(value: Any) -> str:
@@ -96,7 +91,7 @@ def spec_file(spec: Any, root: str | os.PathLike[str] = ".") -> str:
     return path
 
 
-class Plan:
+class Plan(TracePlan, SimulatorPlan):
     """What the DAG of one validated config consists of (see the module docstring)."""
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -545,101 +540,6 @@ class Plan:
         args = f"--engine {engines[0]}" if len(engines) == 1 else ""
         return args + (f" --model {models[0]}" if len(models) == 1 else "")
 
-    # ------------------------------------------------------------------ traces
-    def trace_cells(self, group: TraceGroup) -> list[Cell]:
-        """A trace group's traces as cells at the trace batch size."""
-        bs = self.trace_settings["max_num_seqs"]
-        return [Cell(t.engine, t.model, t.dataset, t.method, bs) for t in self.trace_groups[group]]
-
-    def trace_group_spec(self, group: TraceGroup) -> dict[str, Any]:
-        cells_ = self.trace_cells(group)
-        return self._job_spec([resolve_cell(self.config, c, pairing=False) for c in cells_], cells_)
-
-    def trace_group_dir(self, target: TraceTarget) -> str:
-        return P.TRACE_GROUP_DIR.format(**trace_group_of(target).as_dict())
-
-    def baseline_requests(self, engine: str, model: str, dataset: str) -> str:
-        """No-SD greedy outputs (smallest batch size) of an engine x model x dataset."""
-        return self.cell_file(self.baseline_cells[(engine, model, dataset)], "requests")
-
-    def baseline_outputs(self, engine: str, model: str, dataset: str) -> dict[str, str]:
-        """:meth:`baseline_requests` and the prompt table its ``request_id`` values name (the
-        requests table holds no prompt ids; a temperature variant's prompts are its base's)."""
-        cell = self.baseline_cells[(engine, model, dataset)]
-        return {"requests": self.baseline_requests(engine, model, dataset),
-                "prompts": self.prompt_tables([cell])[cell.dataset]}  # fmt: skip
-
-    def offline_ngram_files(self) -> list[str]:
-        if "ngram" not in self.offline_tracers:
-            return []
-        return [P.OFFLINE_NGRAM.format(engine=e, model=m, dataset=d) for (e, m, d) in sorted(self.baseline_cells)]
-
-    def offline_suffix_files(self) -> list[str]:
-        if "suffix" not in self.offline_tracers:
-            return []
-        return [P.OFFLINE_SUFFIX.format(engine=e, model=m, dataset=d) for (e, m, d) in sorted(self.baseline_cells)]
-
-    def _offline_suffix_keys(self, targets: list[TraceTarget]) -> list[tuple[str, str, str]]:
-        """(engine, model, dataset) of traced targets whose offline suffix trace joins their items."""
-        if "suffix" not in self.offline_tracers:
-            return []
-        keys = {(t.engine, t.model, t.dataset) for t in targets}
-        return sorted(k for k in keys if k in self.baseline_cells)
-
-    def suffix_trace_args(self) -> str:
-        """Options of ``sdbench trace suffix``: traces.suffix settings and the method label."""
-        settings = self.trace_settings.get("suffix", {})
-        args = [f"--method {shlex.quote(OFFLINE_SUFFIX_METHOD)}"]
-        args += [f"--{key.replace('_', '-')} {settings[key]}" for key in sorted(settings)]
-        return " ".join(args)
-
-    def acceptance_scopes(self) -> list[str]:
-        """Per-dataset scopes of Fig. 4/5: <engine>/<model>/<dataset> of the grid's traces, and
-        published/<dataset> (sdbench.figureindex)."""
-        grid = sorted({f"{t.engine}/{t.model}/{t.dataset}" for t in self.traces})
-        return grid + [f"published/{d}" for d in self.published.get("datasets", [])]
-
-    def difference_scopes(self) -> list[str]:
-        """Scopes of Fig. 10: traces of both n-gram and EAGLE (every published dataset)."""
-        kinds: dict[str, set[str]] = {}
-        for t in self.traces:
-            kinds.setdefault(f"{t.engine}/{t.model}/{t.dataset}", set()).add(self.config["methods"][t.method]["method"])
-        return [s for s in self.acceptance_scopes() if kinds.get(s, {"ngram", "eagle"}) >= {"ngram", "eagle"}]
-
-    def _scope_traces(self, key: str) -> tuple[list[TraceTarget], list[str]]:
-        """(trace targets, published datasets) behind a {source} or {scope} of the index."""
-        if key == "grid":
-            return self.traces, []
-        rest = published_scope(key)
-        if rest is not None:
-            return [], [rest] if rest else self.published.get("datasets", [])
-        engine, model, dataset = key.split("/")
-        return [t for t in self.traces if (t.engine, t.model, t.dataset) == (engine, model, dataset)], []
-
-    def acceptance_traces(self, key: str) -> list[str]:
-        """Trace tables behind an acceptance item (offline suffix traces after the in-engine ones,
-        in the order of :meth:`acceptance_labels`)."""
-        targets, published = self._scope_traces(key)
-        suffix = [P.OFFLINE_SUFFIX.format(engine=e, model=m, dataset=d) for (e, m, d) in self._offline_suffix_keys(targets)]
-        return (
-            [P.ENGINE_TRACE.format(**asdict(t)) for t in targets]
-            + suffix
-            + [P.PUBLISHED_TRACE.format(published=d) for d in published]
-        )
-
-    def acceptance_labels(self, key: str) -> list[str]:
-        """Names of the grid's traces <engine>/<model>/<dataset>: the tables key on them, so two
-        engines or models on one dataset stay apart (published files name themselves)."""
-        targets, _ = self._scope_traces(key)
-        names = [f"{t.engine}/{t.model}/{t.dataset}" for t in targets]
-        return names + [f"{e}/{m}/{d}" for (e, m, d) in self._offline_suffix_keys(targets)]
-
-    def published_trace_files(self) -> list[str]:
-        return [P.PUBLISHED_TRACE.format(published=d) for d in self.published.get("datasets", [])]
-
-    def published_jsonl(self) -> list[str]:
-        return [P.PUBLISHED_JSONL.format(published=d) for d in self.published.get("datasets", [])]
-
     # ------------------------------------------------------------------ breakdown
     def breakdown_group_spec(self, group: EngineGroup) -> dict[str, Any]:
         cells_ = self.breakdown_groups[group]
@@ -704,111 +604,6 @@ class Plan:
     def server_slos(self) -> dict[str, dict[str, float]]:
         """Dataset -> the latency targets its server cells' goodput is judged on (``server.slo``)."""
         return server_slos(self.config)
-
-    # ------------------------------------------------------------------ BLEU and simulator
-    def bleu_targets(self) -> list[tuple[str, str, str]]:
-        """Engine x model x dataset where the grid runs both BLEU-compared methods."""
-        if not self.bleu:
-            return []
-        have = {(c.engine, c.model, c.dataset, c.method) for c in self.cells}
-        return [k for k in sorted(self.baseline_cells)
-                if (*k, self.bleu["ngram"]) in have and (*k, self.bleu["versus"]) in have]  # fmt: skip
-
-    def bleu_calls(self, engine: str, model: str, dataset: str, name: str = "calls") -> list[str]:
-        """One table (``calls`` or ``baseline_calls``) of each cell Fig. 8 measured reads, in one order."""
-        methods = {self.baseline, self.bleu["ngram"], self.bleu["versus"]}
-        return [self.cell_file(c, name) for c in self.cells
-                if (c.engine, c.model, c.dataset) == (engine, model, dataset) and c.method in methods]  # fmt: skip
-
-    def validation_targets(self) -> dict[tuple[str, str, str], dict[str, Any]]:
-        return simulator_choices.validation_targets(self.config, self.traces)
-
-    def priced_targets(self) -> dict[tuple[str, str, str], dict[str, Any]]:
-        """The validation targets the fitted cost model prices: those of the engine x model whose
-        breakdown steps fitted it (one pair, config check); another model's steps cost otherwise."""
-        priced = {(c.engine, c.model) for c in self.breakdown}
-        return {k: v for k, v in self.validation_targets().items() if k[:2] in priced}
-
-    def sim_policies(self, proposer: str, mode: str) -> list[str]:
-        return simulator_choices.published_policies(self.config, proposer, mode)
-
-    def sim_trace_inputs(self, engine: str, model: str, dataset: str) -> dict[str, Any]:
-        target = self.validation_targets()[(engine, model, dataset)]
-        cell = {"engine": engine, "model": model, "dataset": dataset}
-        return {
-            "traces": [P.ENGINE_TRACE.format(**cell, method=m) for m in sorted([target["ngram"], *target["drafters"]])],
-            "requests": P.ENGINE_REQUESTS.format(**cell, method=target["ngram"]),
-        }
-
-    def sim_figure_inputs(self, scope: str) -> list[str]:
-        """Simulation results behind Fig. 9/11 of a scope: published/<mode> or E/M/D."""
-        mode = published_scope(scope)
-        if mode is not None:
-            return [P.SIM_PUBLISHED.format(mode=mode, proposer=p) for p in SIM_PROPOSERS]
-        engine, model, dataset = scope.split("/")
-        return [P.SIM_CELL.format(engine=engine, model=model, dataset=dataset, proposer=p) for p in SIM_PROPOSERS]
-
-    def sim_preferred_drafter(self, engine: str, model: str, dataset: str) -> str:
-        """The vLLM method of the drafter the learned proposer replays on this dataset."""
-        return self.config["methods"][self.validation_targets()[(engine, model, dataset)]["drafter"]]["method"]
-
-    def sim_drafter(self, method: str) -> str:
-        """The vLLM method of a traced drafter (what its trace rows are named)."""
-        return self.config["methods"][method]["method"]
-
-    def sim_cell_policies(self, proposer: str) -> list[str]:
-        return simulator_choices.cell_policies(self.config, proposer)
-
-    def sim_cell_batch_sizes(self, engine: str, model: str, dataset: str) -> list[int]:
-        return sorted({c.batch_size for c in self.cells if (c.engine, c.model, c.dataset) == (engine, model, dataset)})
-
-    def sim_cell_files(self) -> list[str]:
-        """Simulations validated against the measured cells: n-gram, and every traced drafter
-        that the fitted cost model prices (its method ran in breakdown mode)."""
-        priced = {self.config["methods"][m]["method"] for m in self.config.get("breakdown", {}).get("methods", [])}
-        files = []
-        for (e, m, d), target in self.priced_targets().items():
-            files.append(P.SIM_CELL.format(engine=e, model=m, dataset=d, proposer="ngram"))
-            files += [P.SIM_DRAFTER.format(engine=e, model=m, dataset=d, method=x) for x in target["drafters"]
-                      if self.config["methods"][x]["method"] in priced]  # fmt: skip
-        return files
-
-    def adaptive_cell_targets(self) -> dict[tuple[str, str], list[str]]:
-        """Engine x model -> datasets with both in-engine traces (adaptive policies on the grid),
-        of the engine x model the fitted cost model prices."""
-        out: dict[tuple[str, str], list[str]] = {}
-        for e, m, d in self.priced_targets():
-            out.setdefault((e, m), []).append(d)
-        return out
-
-    def adaptive_inputs(self, scope: str) -> dict[str, Any]:
-        """Traces of the adaptive-policy report of a scope: ``published``, or <engine>/<model>
-        (this run's traces of every validated dataset, their requests, the fitted cost model)."""
-        if published_scope(scope) is not None:
-            return {"traces": self.published_jsonl()}
-        engine, model = scope.split("/")
-        targets = self.validation_targets()
-        datasets = self.adaptive_cell_targets()[(engine, model)]
-        return {
-            "traces": [P.SIM_STACKED.format(engine=engine, model=model, dataset=d) for d in datasets],
-            "requests": [P.ENGINE_REQUESTS.format(engine=engine, model=model, dataset=d,
-                                                  method=targets[(engine, model, d)]["ngram"]) for d in datasets],
-            "cost_model": self.sim_cost_model(),
-        }  # fmt: skip
-
-    def adaptive_options(self, scope: str) -> tuple[list[int], list[str]] | None:
-        """(batch sizes, policies) of the adaptive report on the grid; for the published traces None
-        (the command's defaults), or with one published dataset ([] batch sizes: the defaults) the
-        policies without those that train on another dataset."""
-        if published_scope(scope) is not None:
-            if len(self.published.get("datasets") or []) >= 2:
-                return None
-            from sdbench.simulator.reports import ADAPTIVE_SPECS
-
-            return [], [s for s in ADAPTIVE_SPECS if s not in simulator_choices.CROSS_DATASET_POLICIES]
-        key = tuple(scope.split("/"))
-        sizes = sorted({c.batch_size for c in self.cells if (c.engine, c.model) == key})
-        return sizes, simulator_choices.adaptive_policies(self.config, len(self.adaptive_cell_targets()[key]))
 
     # ------------------------------------------------------------------ the figure index
     def item_scopes(self, name: str) -> list[dict[str, str]]:
