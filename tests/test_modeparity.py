@@ -27,15 +27,17 @@ def tables() -> tuple[pd.DataFrame, pd.DataFrame]:
     no SD 162 tok/s (stream off 280), EAGLE-3 270 (stream off 290), n-gram 310 (stream off 300)."""
     cells = pd.DataFrame([
         dict(engine="e", model="m", dataset="d", method="none", sd_method="none", batch_size=1, speedup=math.nan,
-             speedup_ci_low=math.nan, speedup_ci_high=math.nan, tokens_per_s=279.0, baseline_tokens_per_s=279.0),
+             speedup_ci_low=math.nan, speedup_ci_high=math.nan, tokens_per_s=279.0, baseline_tokens_per_s=279.0,
+             mean_acceptance_length=1.0),
         dict(engine="e", model="m", dataset="d", method="eagle3-k3", sd_method="eagle3", batch_size=1, speedup=1.04,
              speedup_ci_low=0.98, speedup_ci_high=1.10, tokens_per_s=290.0, baseline_tokens_per_s=279.0,
-             speedup_design="paired"),
+             speedup_design="paired", mean_acceptance_length=2.6),
         dict(engine="e", model="m", dataset="d", method="ngram-k3", sd_method="ngram", batch_size=1, speedup=1.6,
              speedup_ci_low=1.5, speedup_ci_high=1.7, tokens_per_s=450.0, baseline_tokens_per_s=279.0,
-             speedup_design="paired"),
+             speedup_design="paired", mean_acceptance_length=2.0),
         dict(engine="e", model="m", dataset="d", method="ngram-k3", sd_method="ngram", batch_size=4, speedup=1.3,
-             speedup_ci_low=1.2, speedup_ci_high=1.4, tokens_per_s=450.0, baseline_tokens_per_s=279.0),
+             speedup_ci_low=1.2, speedup_ci_high=1.4, tokens_per_s=450.0, baseline_tokens_per_s=279.0,
+             mean_acceptance_length=2.0),
     ])  # fmt: skip
     server = pd.DataFrame([
         dict(engine="e", model="m", dataset="d", method=m, sd_method=sd, concurrency=1, num_speculative_tokens=3,
@@ -77,3 +79,42 @@ def test_the_verdict_page_carries_the_comparison_and_says_whose_speedup_it_is() 
     assert "1 point(s) differ by the server's layout" in text
     assert "| m / d (e) | EAGLE-3 | 1 | 1.04 [0.98, 1.10] |" in text
     assert modes_section(None, {}) == []
+
+
+def test_the_verdict_page_carries_the_frontier_and_max_load_beside_the_squares() -> None:
+    """ext17's picture and tables on the verdict page, under the page's own heading (not ext17's title)."""
+    from test_goodput_frontier import LABELS, flat_pair
+
+    from sdbench.analysis.goodputfrontier import arms, frontier_table, max_load_table
+    from sdbench.analysis.verdict import frontier_section
+
+    cells, reqs = flat_pair(2.0, 5.0)
+    found = arms(cells, reqs, seed=7)
+    slos = {"d": {"ttft_ms": 10, "tpot_ms": 3}}
+    lines = frontier_section(frontier_table(found, cells, slos, n=6), max_load_table(found, slos), LABELS)
+    text = "\n".join(lines)
+    assert lines[0].startswith("## Goodput without a hand-picked target (`ext17_goodput_frontier`)")
+    assert "](ext17_goodput_frontier.png)" in lines[1]
+    assert "### m / d (e)" in text and "# Goodput without a hand-picked target\n" not in text
+    assert "| n-gram | 2 | unpaired |" in text  # the frontier's row, with its draws
+    assert "drawn independently): `SD better` (the difference's interval above 0)" in text
+    assert "Highest concurrency with ≥90% of requests meeting the target [95%]" in text  # the max-load table
+    assert frontier_section(None, None, {}) == []
+
+
+def test_the_verdict_markdown_puts_squares_frontier_and_modes_on_one_page() -> None:
+    from test_goodput_frontier import flat_pair
+
+    import sdbench.analysis.verdict as vd
+    from sdbench.analysis.goodputfrontier import arms, frontier_table, max_load_table
+
+    cells, server = tables()
+    points = vd.points_table(cells, server)
+    fcells, freqs = flat_pair(2.0, 5.0)
+    found = arms(fcells, freqs, seed=7)
+    frontier, loads = frontier_table(found, fcells, {}, n=6), max_load_table(found, {})
+    text = vd.verdict_markdown(points, vd.lines_table(points), vd.recommendations(points, {}), {},
+                               modes_table(cells, server), frontier, loads)  # fmt: skip
+    heads = [line for line in text.splitlines() if line.startswith("## ")]
+    assert "## Goodput without a hand-picked target (`ext17_goodput_frontier`)" in heads
+    assert "## Offline and served at the same load" in heads

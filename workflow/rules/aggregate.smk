@@ -54,7 +54,10 @@ rule aggregate:
 # The paper's question per model x method x dataset: does SD pay, up to which load (ext00).
 rule ext00_verdict:
     input:
-        unpack(lambda w: PLAN.verdict_inputs()),
+        # Server mode: the frontier and max-load table (ext17) beside the goodput squares.
+        unpack(lambda w: {**PLAN.verdict_inputs(), **({"frontier": P.table("goodput_frontier"),
+                                                      "max_load": P.table("goodput_max_load")}
+                                                     if PLAN.server_groups else {})}),
     output:
         table=P.table("verdict"),
         markdown=paper_report("ext00_verdict", ".md"),
@@ -67,13 +70,17 @@ rule ext00_verdict:
         mem_mb=analysis_mem_mb,
         runtime=analysis_runtime,
     params:
-        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.verdict"),
+        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.verdict", "sdbench.analysis.goodputfrontier",
+                         "sdbench.analysis.modeparity"),
         labels=quoted(PLAN.method_labels()),
         server=lambda wildcards, input: (
             f"--server {input.server}" if "server" in input.keys() else ""
         ),
+        frontier=lambda wildcards, input: (
+            f"--frontier {input.frontier} --max-load {input.max_load}" if "frontier" in input.keys() else ""
+        ),
     shell:
-        "sdbench verdict --cells {input.cells} {params.server} --labels {params.labels} "
+        "sdbench verdict --cells {input.cells} {params.server} {params.frontier} --labels {params.labels} "
         "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
 
 

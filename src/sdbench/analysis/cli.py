@@ -59,6 +59,8 @@ def add_verdict(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("verdict", help="does SD pay, per model x method x dataset and load (ext00)")
     add_cells(p)
     p.add_argument("--server", default=None, help="results/tables/server.parquet (server mode), if any")
+    p.add_argument("--frontier", default=None, help="goodput_frontier.parquet (ext17): shown beside the goodput squares")
+    p.add_argument("--max-load", default=None, help="goodput_max_load.parquet (ext17): shown beside the goodput squares")
     add_labels(p)
     add_table_outputs(
         p,

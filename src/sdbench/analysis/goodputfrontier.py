@@ -311,7 +311,7 @@ def frontier_markdown(frontier: pd.DataFrame, loads: pd.DataFrame, labels: dict[
            "Over a grid of TTFT x TPOT targets spanning both arms' requests (log-spaced, "
            f"{grid} x {grid}), where SD's goodput (requests/s meeting both targets) is higher than no "
            f"SD's at the same concurrency with 95% confidence (bootstrap over server starts, rounds and requests; `paired`: the arms' starts interleaved in one job "
-           "and drawn jointly, `unpaired`: drawn independently): `{SD_BETTER}` "
+           f"and drawn jointly, `unpaired`: drawn independently): `{SD_BETTER}` "
            f"(the difference's interval above 0), `{BASE_BETTER}` (below 0), `{UNDECIDED}` (contains 0), "
            f"`{NEITHER}` (no request of either arm meets the target: not reached on this hardware, not scored). "
            "Your targets (`server.slo`, E2E included) are one point on it. Then DistServe's goodput: each arm's "

@@ -434,10 +434,28 @@ def modes_section(modes: pd.DataFrame | None, labels: dict[str, str]) -> list[st
     return [*out, *modes_rows(modes, labels), ""]
 
 
+def frontier_section(frontier: pd.DataFrame | None, loads: pd.DataFrame | None, labels: dict[str, str]) -> list[str]:
+    """The server verdict without a hand-picked target beside the goodput squares: ext17's frontier (the
+    picture, and its regions in numbers) and max-load table with intervals
+    (:func:`sdbench.analysis.goodputfrontier.frontier_markdown`)."""
+    from sdbench.analysis.goodputfrontier import frontier_markdown
+
+    if frontier is None or loads is None or (frontier.empty and loads.empty):
+        return []
+    text = frontier_markdown(frontier, loads, labels).split("\n", 1)[1]  # its own title left out
+    text = text.replace("\n## ", "\n### ")
+    return ["## Goodput without a hand-picked target (`ext17_goodput_frontier`)\n",
+            "![goodput frontier: where SD's goodput is higher, per TTFT x TPOT target](ext17_goodput_frontier.png)\n",
+            text.strip() + "\n"]  # fmt: skip
+
+
 def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFrame, labels: dict[str, str],
-                     modes: pd.DataFrame | None = None) -> str:  # fmt: skip
+                     modes: pd.DataFrame | None = None, frontier: pd.DataFrame | None = None,
+                     max_loads: pd.DataFrame | None = None) -> str:  # fmt: skip
     """The verdict as Markdown: the advice in words, then one table per model x dataset x kind of load,
-    and, with ``modes`` (:func:`sdbench.analysis.modeparity.modes_table`), offline vs served."""
+    the goodput squares at the user's targets beside the frontier and max-load table (``frontier``,
+    ``max_loads``: ext17's tables), and, with ``modes`` (:func:`sdbench.analysis.modeparity.modes_table`),
+    offline vs served."""
     out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n", "## Which method to use where\n"]
     out += [f"- {sentence}" for sentence in advice(recs)]
     out += ["", "## Where SD pays in time but not in energy\n", *time_not_energy_lines(points, labels), ""]
@@ -473,6 +491,7 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
                        + f"| {', '.join(p for p in dict.fromkeys(line['pairing'].fillna('')) if p) or '–'} |")
         out.append("")
     out += goodput_sections(points, labels)
+    out += frontier_section(frontier, max_loads, labels)
     out += modes_section(modes, labels)
     return "\n".join(out) + "\n"
 
@@ -553,7 +572,9 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
         from sdbench.analysis.modeparity import modes_table
 
         modes = modes_table(cells, server)
-    write_text(verdict_markdown(points, lines, recs, labels, modes), args.markdown)
+    frontier = read_parquet(args.frontier, what="goodput frontier") if getattr(args, "frontier", None) else None
+    loads = read_parquet(args.max_load, what="goodput max-load table") if getattr(args, "max_load", None) else None
+    write_text(verdict_markdown(points, lines, recs, labels, modes, frontier, loads), args.markdown)
     plot_verdict(points, args.figure, labels)
     return 0
 
