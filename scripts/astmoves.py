@@ -3,6 +3,8 @@ assignment) of the old files at a git revision has an identical AST dump in the 
 
     python scripts/astmoves.py [--rename OLD=NEW ...] REV OLD_PATH [OLD_PATH ...] -- NEW_PATH [NEW_PATH ...]
 
+A new path may be ``REV:PATH`` (the file at a commit) to check a split already committed.
+
 Methods count one by one (``Class.method``; one moved to another class, a mixin, is found by its
 name when that name is unique). Prints one Markdown table row per definition (name, old file, new file, identical / CHANGED /
 MISSING, or ``docstring`` when only docstrings differ) and a totals line; exits 1 when any
@@ -49,6 +51,13 @@ def definitions(source: str, renames: dict[str, str] | None = None, docstrings: 
     return out
 
 
+def _read(path: str) -> str:
+    """A file of the working tree, or ``REV:PATH`` of a commit."""
+    if ":" in path:
+        return subprocess.run(["git", "show", path], capture_output=True, text=True, check=True).stdout
+    return Path(path).read_text(encoding="utf-8")
+
+
 def main(argv: list[str]) -> int:
     renames: dict[str, str] = {}
     while argv[:1] == ["--rename"] and len(argv) > 1:
@@ -63,7 +72,7 @@ def main(argv: list[str]) -> int:
     old_paths, new_paths = rest[:cut], rest[cut + 1 :]
     old: dict[str, tuple[str, str, str]] = {}
     for p in old_paths:
-        text = subprocess.run(["git", "show", f"{rev}:{p}"], capture_output=True, text=True, check=True).stdout
+        text = _read(f"{rev}:{p}")
         bare = definitions(text, renames, docstrings=False)
         for name, dump in definitions(text, renames).items():
             if name in old:
@@ -71,7 +80,7 @@ def main(argv: list[str]) -> int:
             old[name] = (p, dump, bare[name])
     new: dict[str, tuple[str, str, str]] = {}
     for p in new_paths:
-        text = Path(p).read_text(encoding="utf-8")
+        text = _read(p)
         bare = definitions(text, renames, docstrings=False)
         new.update({name: (p, dump, bare[name]) for name, dump in definitions(text, renames).items()})
     counts = {"identical": 0, "docstring": 0, "CHANGED": 0, "MISSING": 0}
