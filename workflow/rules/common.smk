@@ -190,7 +190,10 @@ def server_runtime(w, attempt):
 
 
 def server_mem_mb(w):
-    return max(scheduling.job_mem_mb(config, "server", [c]) for c in PLAN.server_cells(_server_group(w)))
+    return max(
+        scheduling.job_mem_mb(config, "server", [c])
+        for c in PLAN.server_cells(_server_group(w))
+    )
 
 
 def server_prompts_arg(w, input):
@@ -199,7 +202,11 @@ def server_prompts_arg(w, input):
 
 def server_drafters_arg(w, input):
     """``--drafters`` {method: drafter dir} of the job's arms that have one (none: no argument)."""
-    found = {k.removeprefix("drafter_"): input[k] for k in input.keys() if k.startswith("drafter_")}
+    found = {
+        k.removeprefix("drafter_"): input[k]
+        for k in input.keys()
+        if k.startswith("drafter_")
+    }
     return f"--drafters {quoted(found)}" if found else ""
 
 
