@@ -1,6 +1,6 @@
 """The doctor's energy-meter checks for the engines it can meter that are not GPUs: RAPL for CPU engines.
 
-``sdbench doctor`` checks NVML's counter for a grid with CUDA engines (``doctor.gpu_meter_check``);
+``sdbench doctor`` checks NVML's counter for a grid with CUDA engines (``doctorgpu.gpu_meter_check``);
 this module adds the CPU side: for a grid with CPU engines (``vllm-cpu``), is Linux powercap RAPL
 there and readable (:func:`rapl_check`)? It reads what the run's meter reads
 (:func:`sdbench.engine.energy.rapl_meter`), so the doctor's line and a cell's ``energy_reason``
@@ -46,7 +46,7 @@ def rapl_check(root: Path | None = None) -> Result:
 
 
 def grid_uses(site: Any, device: str) -> bool:
-    """Whether the site's grid has a cell on an engine of ``device`` (as ``doctor.grid_uses``)."""
+    """Whether the site's grid has a cell on an engine of ``device`` (as ``doctorsite.grid_uses``)."""
     config = getattr(site, "config", None)
     return config is not None and any(config["engines"][c.engine].get("device") == device
                                       for c in site.plan.cells)  # fmt: skip
