@@ -13,6 +13,7 @@ import pytest
 from sdbench.analysis import forced
 from sdbench.simulator import forcedcheck
 from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost
+from sdbench.simulator.lstsq import nonnegative_lstsq
 
 METHODS = {
     "none": {"method": "none"},
@@ -170,5 +171,5 @@ def test_a_drafter_the_step_timing_fit_lacks_is_not_priced_before_the_refit() ->
 def test_nonnegative_least_squares_drops_a_negative_coefficient() -> None:
     x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
     y = np.array([3.0, 2.0, 1.0])  # the unconstrained slope is -1
-    coef = forcedcheck._nonnegative_lstsq(x, y)
+    coef = nonnegative_lstsq(x, y)
     assert coef[1] == 0.0 and coef[0] == pytest.approx(2.0)

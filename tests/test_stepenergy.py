@@ -24,9 +24,9 @@ from sdbench.simulator.stepenergy import (
     every_4th,
     fit_form,
     fit_step_energy,
-    heldout_errors,
     implied_watts,
 )
+from sdbench.simulator.stepenergyreport import heldout_errors
 from sdbench.simulator.tracesets import load_traces
 from tests.conftest import SHARED
 from tests.test_simulator_energy import CM, HAND, _hand_cost
@@ -194,7 +194,7 @@ def test_a_hinged_cost_models_seconds_price_the_draft_at_the_steps_power() -> No
 
 
 def test_the_command_fits_a_model_file_and_reports_before_and_after(tmp_path: Path, capsys) -> None:
-    from sdbench.simulator.stepenergy import main
+    from sdbench.simulator.stepenergyreport import main
 
     t = table(StepEnergyModel(2.6, 0.016, 3e-5)).assign(ms=lambda d: d["joules"] / 0.75)  # 750 W: over the limit
     t.to_csv(tmp_path / "t.csv", index=False)

@@ -77,10 +77,10 @@ def _design(n: np.ndarray, kv: np.ndarray, knee: float | None) -> np.ndarray:
 
 def _relative_nnls(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
     """Coefficients >= 0 minimising the squared *relative* error (rows weighted 1/y), and that sum."""
-    from sdbench.simulator.forcedcheck import _nonnegative_lstsq
+    from sdbench.simulator.lstsq import nonnegative_lstsq
 
     w = 1.0 / y
-    coef = _nonnegative_lstsq(x * w[:, None], y * w)
+    coef = nonnegative_lstsq(x * w[:, None], y * w)
     return coef, float(np.sum(((x @ coef - y) * w) ** 2))
 
 

@@ -33,6 +33,7 @@ import pandas as pd
 from sdbench.columns import conform
 from sdbench.io import write_parquet, write_text
 from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost, load_cost_model, save_cost_model
+from sdbench.simulator.lstsq import nonnegative_lstsq
 from sdbench.simulator.policytypes import DRAFT, EXACT, NGRAM, TraceArrays, Trajectories
 from sdbench.simulator.pricing import baseline_trajectories, replicated_latency
 
@@ -107,20 +108,6 @@ def predict(cm: CostModel, forced: pd.DataFrame, prompts: dict[tuple[str, str], 
 
 
 # ----------------------------------------------------------------------------- refit
-def _nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares with every coefficient >= 0: drop the most negative one and refit until none is."""
-    free = np.ones(x.shape[1], bool)
-    coef = np.zeros(x.shape[1])
-    while free.any():
-        sol, *_ = np.linalg.lstsq(x[:, free], y, rcond=None)
-        if (sol >= 0).all():
-            coef[free] = sol
-            break
-        idx = np.flatnonzero(free)[int(np.argmin(sol))]
-        free[idx] = False
-    return coef
-
-
 def _parameters(cm: CostModel, methods: list[str]) -> list[tuple[str, str]]:
     return [("target", "c_compute"), ("target", "fixed")] + [(m, p) for m in methods for p in ("c_fixed", "c_spec")]
 
@@ -162,7 +149,7 @@ def refit(cm: CostModel, forced: pd.DataFrame, prompts: dict[tuple[str, str], np
                 continue
             rows.append(np.array(feats[arm]) / measured[arm])  # relative errors: every cell weighs alike
             targets.append((measured[arm] - kv_part) / measured[arm])
-    coef = _nonnegative_lstsq(np.array(rows), np.array(targets))
+    coef = nonnegative_lstsq(np.array(rows), np.array(targets))
     fitted = _with(cm, methods, dict(zip(params, map(float, coef))), kv=True)
     residual = np.array(rows) @ coef - np.array(targets)
     fit = {
