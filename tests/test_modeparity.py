@@ -12,14 +12,25 @@ from sdbench.analysis.modeparity import AGREE, CLIENT, LAYOUT, NO_CONTROL, modes
 
 
 def test_the_reason_is_read_off_the_offline_interval() -> None:
-    # Offline [0.95, 1.10]: served 1.05 inside agrees; served 1.67 outside with stream off at 1.02
-    # inside is the client's streaming; stream off at 1.5 outside too is the server's layout.
-    assert reason(0.95, 1.10, 1.05, math.nan) == AGREE
-    assert reason(0.95, 1.10, 1.67, 1.02) == CLIENT
-    assert reason(0.95, 1.10, 1.67, 1.50) == LAYOUT
-    assert reason(0.95, 1.10, 0.80, 0.90) == LAYOUT  # below the interval, control below too
-    assert reason(0.95, 1.10, 1.67, math.nan) == NO_CONTROL
-    assert reason(0.95, 1.10, 1.10, 2.0) == AGREE  # a bound belongs to the interval
+    # Offline 1.02 [0.95, 1.10]; served bounds [x - 0.1, x + 0.1] unless given. Served 1.05 inside
+    # agrees; served 1.67 outside with stream off at 1.02 inside is the client's streaming; stream off
+    # at 1.5 outside too is the server's layout.
+    nan = math.nan
+
+    def why(served: float, stream_off: float, low: float | None = None, high: float | None = None) -> str:
+        return reason(1.02, 0.95, 1.10, served, served - 0.1 if low is None else low,
+                      served + 0.1 if high is None else high, stream_off)  # fmt: skip
+
+    assert why(1.05, nan) == AGREE
+    assert why(1.67, 1.02) == CLIENT
+    assert why(1.67, 1.50) == LAYOUT
+    assert why(0.80, 0.90) == LAYOUT  # below the interval, control below too
+    assert why(1.67, nan) == NO_CONTROL
+    assert why(1.10, 2.0, low=1.08, high=1.3) == AGREE  # a bound belongs to the interval
+    # A served point outside the offline interval whose own bounds hold the offline speedup: no
+    # difference the measurement can tell, nothing to explain.
+    assert why(1.67, 1.50, low=1.0, high=2.4) == AGREE
+    assert why(1.67, 1.50, low=1.03, high=2.4) == LAYOUT
 
 
 def tables() -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -15,7 +15,8 @@ gives
   same servers with streaming off (plain completions, :func:`sdbench.engine.loadgen.run_level`
   ``stream=False``; ``stream_off_tokens_per_s`` of the server table);
 - ``reason``, from those numbers, never from a guess (:func:`reason`):
-  ``agree`` (the served speedup lies inside the offline interval: nothing to explain),
+  ``agree`` (the served speedup lies inside the offline interval, or the served interval holds the
+  offline speedup: no difference the measurement can tell, nothing to explain),
   ``client streaming`` (it does not, but the stream-off speedup does: turning streaming off removes
   the difference, so it is the client's per-chunk work, not the engine's),
   ``server layout`` (the stream-off speedup is outside the offline interval too: the server's own
@@ -47,10 +48,11 @@ COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 
 
-def reason(offline_low: float, offline_high: float, served: float, stream_off: float) -> str:
+def reason(offline: float, offline_low: float, offline_high: float, served: float, served_low: float,
+           served_high: float, stream_off: float) -> str:  # fmt: skip
     """Why the served speedup differs from the offline one at the same load (:data:`REASONS`)."""
     inside = lambda x: offline_low <= x <= offline_high  # noqa: E731
-    if inside(served):
+    if inside(served) or served_low <= offline <= served_high:
         return AGREE
     if stream_off is None or math.isnan(stream_off):
         return NO_CONTROL
@@ -103,7 +105,9 @@ def modes_table(cells: pd.DataFrame, server: pd.DataFrame) -> pd.DataFrame:
             "pairing": p["pairing"], "served_tokens_per_s": float(sd_row["tokens_per_s"]),
             "served_baseline_tokens_per_s": float(base_row["tokens_per_s"]), "stream_off_speedup": stream_off,
             "stream_off_tokens_per_s": sd_off, "stream_off_baseline_tokens_per_s": base_off,
-            "reason": reason(float(o["speedup_ci_low"]), float(o["speedup_ci_high"]), float(p["speedup"]), stream_off),
+            "reason": reason(float(o["speedup"]), float(o["speedup_ci_low"]), float(o["speedup_ci_high"]),
+                             float(p["speedup"]), float(p["served_speedup_low"]), float(p["served_speedup_high"]),
+                             stream_off),
             "flags": ", ".join(f for f in (_offline_flags(o), p["flags"]) if f),
         })  # fmt: skip
     out = pd.DataFrame(rows, columns=list(COLUMNS))
@@ -143,7 +147,8 @@ INTRO = (
     "At the same load (batch size b offline, b requests in flight served) SD's speedup over no SD, both ways: "
     "offline with its 95% interval, served with the verdict's bounds (95% bootstrap over server starts, or the "
     "range over rounds with one start per arm), and the stream-off control (the same servers answering plain, "
-    "non-streamed completions). Reason, measured: `agree` (served inside the offline interval), `client "
+    "non-streamed completions). Reason, measured: `agree` (served inside the offline interval, or the served "
+    "bounds hold the offline speedup: no difference to explain), `client "
     "streaming` (outside, but the stream-off speedup is inside: the difference is the client's per-chunk "
     "streaming work, not the engine's), `server layout` (the stream-off speedup is outside too: the server's "
     "process layout changes the answer), `no control` (no stream-off rounds measured)."
