@@ -30,7 +30,7 @@ def test_default_counts(default: Plan) -> None:
     # One group per method for its forced points (4, not one per method and length: 12) and one per
     # method for its temperature points (3): the grid's groups never wait for a sweep.
     assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (21, 5, 5)
-    assert len(default.server_groups) == 3 and default.baseline == "none"
+    assert len(default.server_groups) == 1 and default.baseline == "none"  # 3 arms interleaved in one job
     assert default.built_models == ["tiny-draft", "tiny-target"]
     assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-medusa", "tiny-target-mtp"]
 
