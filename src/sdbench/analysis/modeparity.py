@@ -99,7 +99,7 @@ def modes_table(cells: pd.DataFrame, server: pd.DataFrame) -> pd.DataFrame:
             "offline_speedup_ci_low": float(o["speedup_ci_low"]), "offline_speedup_ci_high": float(o["speedup_ci_high"]),
             "offline_pairing": {"paired": "paired", "independent": "unpaired"}.get(design, ""),
             "offline_tokens_per_s": float(o.get("tokens_per_s", nan)),
-            "offline_baseline_tokens_per_s": float(o.get("baseline_tokens_per_s", nan)),
+            "offline_baseline_tokens_per_s": _offline_baseline(o),
             "served_speedup": float(p["speedup"]), "served_speedup_low": float(p["served_speedup_low"]),
             "served_speedup_high": float(p["served_speedup_high"]), "served_interval": p["interval"],
             "pairing": p["pairing"], "served_tokens_per_s": float(sd_row["tokens_per_s"]),
@@ -112,6 +112,14 @@ def modes_table(cells: pd.DataFrame, server: pd.DataFrame) -> pd.DataFrame:
         })  # fmt: skip
     out = pd.DataFrame(rows, columns=list(COLUMNS))
     return out.sort_values([*KEYS, "load"], kind="stable").reset_index(drop=True)
+
+
+def _offline_baseline(cell: dict[str, Any]) -> float:
+    """No SD's offline tokens/s beside this SD cell: its paired no-SD calls' (SD's over the paired
+    speedup: timed in the same process, at the same time), else the no-SD cell's."""
+    if cell.get("speedup_design") == "paired" and cell.get("speedup"):
+        return float(cell["tokens_per_s"]) / float(cell["speedup"])
+    return float(cell.get("baseline_tokens_per_s", math.nan))
 
 
 def _offline_flags(cell: dict[str, Any]) -> str:
