@@ -118,7 +118,8 @@ def _offline_baseline(cell: dict[str, Any]) -> float:
     """No SD's offline tokens/s beside this SD cell: its paired no-SD calls' (SD's over the paired
     speedup: timed in the same process, at the same time), else the no-SD cell's."""
     if cell.get("speedup_design") == "paired" and cell.get("speedup"):
-        return float(cell["tokens_per_s"]) / float(cell["speedup"])
+        paired = cell.get("paired_baseline_tokens_per_s")
+        return float(paired) if paired is not None and paired == paired else float(cell["tokens_per_s"]) / float(cell["speedup"])
     return float(cell.get("baseline_tokens_per_s", math.nan))
 
 
