@@ -100,6 +100,7 @@ def run_checks(site: Site) -> list[Result]:
     results += apptainer_checks(site)
     results += hub_checks(site)
     results += slurm_checks(site)
+    results += __import__("sdbench.doctorcostmodel").doctorcostmodel.cost_model_checks(site)  # --cost-model
     return results
 
 
@@ -113,6 +114,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     configfile = profile.get("configfile")
     config_path = Path(args.config or (configfile if isinstance(configfile, str) else None) or DEFAULT_CONFIG)
     site = Site(root=root, config_path=config_path, profile_dir=profile_dir, profile=profile, offline=args.offline)
+    site.cost_model = getattr(args, "cost_model", None)  # sdbench.doctorcostmodel
     results = run_checks(site)
     for result in results:
         print(result.line(), flush=True)
