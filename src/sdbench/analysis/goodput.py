@@ -328,8 +328,11 @@ def pairings(cells: pd.DataFrame, seed: int) -> dict[tuple, tuple[str, int | Non
     return out
 
 
+Draws = tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray, str]  # cell, requests, weights, walls, pairing
+
+
 def server_draws(cells: pd.DataFrame, requests: pd.DataFrame, seed: int, resample: str = STARTS,
-                 resamples: int = NUM_RESAMPLES) -> list[tuple[dict[str, Any], pd.DataFrame, np.ndarray, np.ndarray, str]]:  # fmt: skip
+                 resamples: int = NUM_RESAMPLES) -> list[Draws]:  # fmt: skip
     """Each server cell with its timed requests, bootstrap weights and walls (:func:`resample_weights`:
     its own seed for rounds and requests, :func:`pairings`' seed for starts) and its ``pairing``.
     The server table (goodput, tokens/s) and the frontier draw from here: the same resamples."""

@@ -152,7 +152,8 @@ def pair_frontier(sd: Arm, base: Arm, slo: dict[str, float], n: int = GRID_POINT
     (g_sd, d_sd), (g_base, d_base) = sd.goodput(goods[0]), base.goodput(goods[1])
     low, high = _difference_interval(d_sd, d_base)
     keys = {c: sd.cell.get(c) for c in ARM}
-    return frame.assign(**keys, concurrency=sd.cell["concurrency"], pairing=sd.cell.get("pairing", ""), goodput_rps=g_sd, baseline_goodput_rps=g_base,
+    return frame.assign(**keys, concurrency=sd.cell["concurrency"], pairing=sd.cell.get("pairing", ""),
+                        goodput_rps=g_sd, baseline_goodput_rps=g_base,
                         goodput_difference_rps=g_sd - g_base, goodput_difference_rps_ci_low=low,
                         goodput_difference_rps_ci_high=high, slo_attainment=goods[0].mean(axis=0),
                         baseline_slo_attainment=goods[1].mean(axis=0),
@@ -310,7 +311,8 @@ def frontier_markdown(frontier: pd.DataFrame, loads: pd.DataFrame, labels: dict[
     out = ["# Goodput without a hand-picked target\n",
            "Over a grid of TTFT x TPOT targets spanning both arms' requests (log-spaced, "
            f"{grid} x {grid}), where SD's goodput (requests/s meeting both targets) is higher than no "
-           f"SD's at the same concurrency with 95% confidence (bootstrap over server starts, rounds and requests; `paired`: the arms' starts interleaved in one job "
+           f"SD's at the same concurrency with 95% confidence (bootstrap over server starts, rounds and requests; "
+           "`paired`: the arms' starts interleaved in one job "
            f"and drawn jointly, `unpaired`: drawn independently): `{SD_BETTER}` "
            f"(the difference's interval above 0), `{BASE_BETTER}` (below 0), `{UNDECIDED}` (contains 0), "
            f"`{NEITHER}` (no request of either arm meets the target: not reached on this hardware, not scored). "

@@ -96,7 +96,8 @@ def latency_markdown(table: pd.DataFrame, source: str = "") -> str:
             f"| {r.engine} | {r.model} | {r.dataset} | {r.method}{busy} | {r.concurrency} "
             f"| {r.tokens_per_s:.1f} [{r.tokens_per_s_min:.1f}, {r.tokens_per_s_max:.1f}] "
             f"| {r.ttft_p50_ms:.1f} | {r.tpot_p50_ms:.2f} / {r.tpot_p95_ms:.2f} / {r.tpot_p99_ms:.2f} "
-            f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} | {r.cost_per_request:.3g} "
+            f"| {r.e2e_p50_ms:.0f} / {r.e2e_p99_ms:.0f} | {acc} | {r.cost_per_1m_tokens:.4g} "
+            f"| {r.cost_per_request:.3g} "
             f"| {_joules(getattr(r, 'joules_per_request', np.nan))} |"
         )
     return "\n".join(lines) + "\n"

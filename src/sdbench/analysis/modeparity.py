@@ -96,7 +96,8 @@ def modes_table(cells: pd.DataFrame, server: pd.DataFrame) -> pd.DataFrame:
             **{k: o[k] for k in KEYS}, "sd_method": o.get("sd_method", p["sd_method"]),
             "num_speculative_tokens": o.get("num_speculative_tokens", p["num_speculative_tokens"]),
             "load": int(o["batch_size"]), "offline_speedup": float(o["speedup"]),
-            "offline_speedup_ci_low": float(o["speedup_ci_low"]), "offline_speedup_ci_high": float(o["speedup_ci_high"]),
+            "offline_speedup_ci_low": float(o["speedup_ci_low"]),
+            "offline_speedup_ci_high": float(o["speedup_ci_high"]),
             "offline_pairing": {"paired": "paired", "independent": "unpaired"}.get(design, ""),
             "offline_tokens_per_s": float(o.get("tokens_per_s", nan)),
             "offline_baseline_tokens_per_s": _offline_baseline(o),
@@ -119,7 +120,9 @@ def _offline_baseline(cell: dict[str, Any]) -> float:
     speedup: timed in the same process, at the same time), else the no-SD cell's."""
     if cell.get("speedup_design") == "paired" and cell.get("speedup"):
         paired = cell.get("paired_baseline_tokens_per_s")
-        return float(paired) if paired is not None and paired == paired else float(cell["tokens_per_s"]) / float(cell["speedup"])
+        if paired is not None and paired == paired:
+            return float(paired)
+        return float(cell["tokens_per_s"]) / float(cell["speedup"])
     return float(cell.get("baseline_tokens_per_s", math.nan))
 
 
@@ -145,7 +148,8 @@ def modes_rows(table: pd.DataFrame, labels: dict[str, str]) -> list[str]:
         out.append(
             f"| {r.model} / {r.dataset} ({r.engine}) | {labels.get(r.method, r.method)}{flag} | {r.load} "
             f"| {_f(r.offline_speedup)} [{_f(r.offline_speedup_ci_low)}, {_f(r.offline_speedup_ci_high)}] "
-            f"| {_f(r.served_speedup)} [{_f(r.served_speedup_low)}, {_f(r.served_speedup_high)}] | {r.pairing or '–'} "
+            f"| {_f(r.served_speedup)} [{_f(r.served_speedup_low)}, {_f(r.served_speedup_high)}] "
+            f"| {r.pairing or '–'} "
             f"| {_f(r.stream_off_speedup)} | {_f(r.offline_baseline_tokens_per_s, '.0f')} / "
             f"{_f(r.served_baseline_tokens_per_s, '.0f')} | {r.reason} |"
         )  # fmt: skip
