@@ -20,6 +20,7 @@ SOURCES = sorted((REPO / "src" / "sdbench").rglob("*.py"))
 # Column names the Naming section allows outside the rule, and why.
 EXCEPTIONS = {
     "break_even_low", "break_even_high",  # verdict: loads where the speedup's bounds cross 1
+    "served_speedup_low", "served_speedup_high",  # offline vs served: the verdict's judged bounds, either kind
     "x_lo", "x_hi",  # drawn tables: the interval drawn on x, whatever its kind
 }  # fmt: skip
 CODE_SPAN = re.compile(r"`([^`]+)`")

@@ -171,3 +171,18 @@ def test_a_flagged_point_is_drawn_but_never_pays_nor_advised() -> None:
     assert "| eagle3 | 1.50 [1.45, 1.55] flagged |" in text
     alone = points_table(pd.DataFrame([cell("eagle3", 1.5, preempted=True)]))
     assert advice(recommendations(alone, {})) == ["m on d (e): batch size 1: run without SD (no method pays)."]
+
+
+def test_an_unmetered_run_says_why_its_energy_was_not_measured() -> None:
+    from sdbench.analysis.verdict import time_not_energy_lines
+
+    points = pd.DataFrame({"energy": ["not measured"] * 3, "time_not_energy": [False] * 3,
+                           "energy_reason": ["no RAPL: /sys/class/powercap does not exist", "",
+                                             "no RAPL: /sys/class/powercap does not exist"]})  # fmt: skip
+    assert time_not_energy_lines(points, {}) == [
+        "Energy not measured on this run (no RAPL: /sys/class/powercap does not exist: `energy_meter` = not measured)."
+    ]
+    silent = points.assign(energy_reason="")
+    assert time_not_energy_lines(silent, {}) == [
+        "Energy not measured on this run (no energy meter: `energy_meter` = not measured)."
+    ]

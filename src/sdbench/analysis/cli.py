@@ -147,7 +147,7 @@ def add_goodput_frontier(subparsers: argparse._SubParsersAction) -> None:
 def add_mode_parity(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench mode-parity``."""
     c = subparsers.add_parser("mode-parity", help="offline vs served speedup at the same load, and why they differ")
-    c.add_argument("--cells", required=True, help="the grid's joined cells (grid_cells.parquet)")
+    add_cells(c)  # the grid's own cells (grid_cells.parquet), as the verdict reads them
     c.add_argument("--server", required=True, help="the server table (server.parquet, sdbench latency)")
     add_labels(c)
     add_output_table(c, "one row per SD method x load measured both ways")

@@ -175,7 +175,7 @@ def _pairs(found: dict[tuple, Arm]) -> list[tuple[Arm, Arm]]:
 
 def _flags(cells: pd.DataFrame) -> dict[tuple, str]:
     """The verdict's flags per SD point (contaminated either arm, hardware mismatch), by cell keys."""
-    from sdbench.analysis.verdict import server_points
+    from sdbench.analysis.verdictpoints import server_points
 
     points = server_points(cells)
     return {(r.engine, r.model, r.dataset, r.method, int(r.load)): r.flags for r in points.itertuples(index=False)}

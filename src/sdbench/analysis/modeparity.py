@@ -61,7 +61,7 @@ def reason(offline: float, offline_low: float, offline_high: float, served: floa
 
 def modes_table(cells: pd.DataFrame, server: pd.DataFrame) -> pd.DataFrame:
     """Every offline SD cell with a served cell at the same load (:data:`COLUMNS`), sorted."""
-    from sdbench.analysis.verdict import judged_bounds, server_points
+    from sdbench.analysis.verdictpoints import judged_bounds, server_points
 
     nan = math.nan
     if server is None or not len(server) or not len(cells):
