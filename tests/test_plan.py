@@ -319,3 +319,15 @@ def test_a_rehearsal_prepares_its_prompt_sets_with_the_expected_output() -> None
     assert "expected_output_tokens" not in Plan(config).dataset_entry("sharegpt")
     rehearsal = Plan({**config, "engine_mode": "rehearsal"}).dataset_entry("sharegpt")
     assert rehearsal["expected_output_tokens"] == 737 and "expected_prompt_tokens" not in rehearsal
+
+
+def test_the_verdict_page_reads_the_frontier_only_with_a_server_section(default: Plan) -> None:
+    assert default.verdict_page_inputs() == {
+        "cells": "results/tables/grid_cells.parquet",
+        "server": "results/tables/server.parquet",
+        "frontier": "results/tables/goodput_frontier.parquet",
+        "max_load": "results/tables/goodput_max_load.parquet",
+    }
+    config = load_config(REPO / "config" / "config.yaml")
+    del config["server"]
+    assert Plan(config).verdict_page_inputs() == {"cells": "results/tables/grid_cells.parquet"}

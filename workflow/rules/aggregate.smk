@@ -55,9 +55,7 @@ rule aggregate:
 rule ext00_verdict:
     input:
         # Server mode: the frontier and max-load table (ext17) beside the goodput squares.
-        unpack(lambda w: {**PLAN.verdict_inputs(), **({"frontier": P.table("goodput_frontier"),
-                                                      "max_load": P.table("goodput_max_load")}
-                                                     if PLAN.server_groups else {})}),
+        unpack(lambda w: PLAN.verdict_page_inputs()),
     output:
         table=P.table("verdict"),
         markdown=paper_report("ext00_verdict", ".md"),
@@ -70,14 +68,20 @@ rule ext00_verdict:
         mem_mb=analysis_mem_mb,
         runtime=analysis_runtime,
     params:
-        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.verdict", "sdbench.analysis.goodputfrontier",
-                         "sdbench.analysis.modeparity"),
+        code=code_digest(
+            "sdbench.analysis.cli",
+            "sdbench.analysis.verdict",
+            "sdbench.analysis.goodputfrontier",
+            "sdbench.analysis.modeparity",
+        ),
         labels=quoted(PLAN.method_labels()),
         server=lambda wildcards, input: (
             f"--server {input.server}" if "server" in input.keys() else ""
         ),
         frontier=lambda wildcards, input: (
-            f"--frontier {input.frontier} --max-load {input.max_load}" if "frontier" in input.keys() else ""
+            f"--frontier {input.frontier} --max-load {input.max_load}"
+            if "frontier" in input.keys()
+            else ""
         ),
     shell:
         "sdbench verdict --cells {input.cells} {params.server} {params.frontier} --labels {params.labels} "
@@ -98,7 +102,11 @@ rule ext18_offline_vs_served:
         mem_mb=analysis_mem_mb,
         runtime=analysis_runtime,
     params:
-        code=code_digest("sdbench.analysis.cli", "sdbench.analysis.modeparity", "sdbench.analysis.verdict"),
+        code=code_digest(
+            "sdbench.analysis.cli",
+            "sdbench.analysis.modeparity",
+            "sdbench.analysis.verdict",
+        ),
         labels=quoted(PLAN.method_labels()),
     shell:
         "sdbench mode-parity --cells {input.cells} --server {input.server} --labels {params.labels} "

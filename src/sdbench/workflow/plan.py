@@ -488,6 +488,14 @@ class Plan(TracePlan, SimulatorPlan):
             inputs["server"] = P.SERVER_TABLE
         return inputs
 
+    def verdict_page_inputs(self) -> dict[str, str]:
+        """The verdict page's: :meth:`verdict_inputs`, and with a server section ext17's frontier and
+        max-load tables (the goodput verdict without a hand-picked target)."""
+        inputs = self.verdict_inputs()
+        if self.server_groups:
+            inputs.update(frontier=P.table("goodput_frontier"), max_load=P.table("goodput_max_load"))
+        return inputs
+
     def sweep_variants(self) -> dict[str, dict[str, str]]:
         return sweeps.variant_keys(self.config)
 
