@@ -13,6 +13,7 @@ import pytest
 
 from sdbench import doctormeters
 from sdbench.doctormeters import RAPL_CHECK, RAPL_FIX, meter_checks, rapl_check
+from tests.support.doubles.rootonly import refuse_reads
 
 
 def tree(root: Path, domains: dict[str, str]) -> Path:
@@ -44,14 +45,7 @@ def test_the_rapl_check_says_what_reads_what_does_not_and_how_to_open_it(
         "intel_rapl): CPU energy will be 'not measured'")  # fmt: skip
     # Root-only since CVE-2020-8694 (the test runs as root: the read itself is refused).
     locked = full / "intel-rapl:0" / "energy_uj"
-    real = Path.read_text
-
-    def read_text(self: Path, *a: object, **k: object) -> str:
-        if self == locked:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
+    refuse_reads(monkeypatch, locked)
     result = rapl_check(full)
     assert (result.status, result.why, result.fix) == (
         "FAILED", f"RAPL unreadable: permission denied on {locked} (root-only since CVE-2020-8694)", RAPL_FIX)

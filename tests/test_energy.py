@@ -18,6 +18,7 @@ from tests.support import energycells
 from tests.support.energycells import nvml_meter
 from tests.support.doubles.llm import Bench
 from tests.support.doubles.nvml import NVMLDouble
+from tests.support.doubles.rootonly import refuse_reads
 
 ENERGY = ["energy_j", "mean_power_w", "joules_per_token", "joules_per_token_ci_low", "joules_per_token_ci_high"]
 RATIO = ["energy_ratio", "energy_ratio_ci_low", "energy_ratio_ci_high"]
@@ -77,14 +78,17 @@ def test_an_independent_energy_ratio_takes_the_interval_of_the_ratio_of_the_two_
     assert [row(table, "sd", 1)[c] for c in RATIO] == pytest.approx([2.5, 1.075, 3.925])
 
 
-def rapl_tree(root: Path, bench: Bench) -> None:
-    """A powercap tree: packages 0 and 1 (0.6 and 0.4 of the bench's energy; package 0 starts near
-    its wrap at 10 J and wraps every 16.7 J), a core subzone and the psys domain (not counted)."""
-    domains = {"intel-rapl:0": ("package-0", 9_000_000, 600_000), "intel-rapl:0:0": ("core", 0, 500_000),
-               "intel-rapl:1": ("package-1", 0, 400_000), "intel-rapl:2": ("psys", 0, 2_000_000)}  # fmt: skip
-    (root / "intel-rapl").mkdir()  # the control type's own directory: no counter
+def rapl_tree(root: Path, bench: Bench, domains: dict[str, tuple[str, int, int]] | None = None) -> None:
+    """A powercap tree whose counters follow the bench: ``domains`` maps a zone to (name, start in uJ,
+    uJ per bench joule), every counter wrapping at 10 J. By default packages 0 and 1 (0.6 and 0.4 of
+    the bench's energy; package 0 starts near its wrap and wraps every 16.7 J), a core subzone and the
+    psys domain (not counted)."""
+    domains = domains or {
+        "intel-rapl:0": ("package-0", 9_000_000, 600_000), "intel-rapl:0:0": ("core", 0, 500_000),
+        "intel-rapl:1": ("package-1", 0, 400_000), "intel-rapl:2": ("psys", 0, 2_000_000)}  # fmt: skip
+    (root / "intel-rapl").mkdir(parents=True, exist_ok=True)  # the control type's own directory: no counter
     for name, (label, _, _) in domains.items():
-        (root / name).mkdir()
+        (root / name).mkdir(parents=True)
         (root / name / "name").write_text(label + "\n")
         (root / name / "max_energy_range_uj").write_text("10000000\n")
 
@@ -217,19 +221,8 @@ def test_the_meter_follows_cuda_visible_devices_from_the_environment() -> None:
 def dram_tree(root: Path, bench: Bench) -> None:
     """Package 0 (half the bench's joules), its core subzone (a part of the package: not counted
     again), its DRAM (a quarter, starting 1 J below its 10 J wrap) and package 1 (a quarter)."""
-    domains = {"intel-rapl:0": ("package-0", 0, 500_000), "intel-rapl:0:0": ("core", 0, 300_000),
-               "intel-rapl:0:1": ("dram", 9_000_000, 250_000), "intel-rapl:1": ("package-1", 0, 250_000)}  # fmt: skip
-    for name, (label, _, _) in domains.items():
-        (root / name).mkdir(parents=True)
-        (root / name / "name").write_text(label + "\n")
-        (root / name / "max_energy_range_uj").write_text("10000000\n")
-
-    def write(b: Bench) -> None:
-        for name, (_, start, per_joule) in domains.items():
-            (root / name / "energy_uj").write_text(f"{(start + round(per_joule * b.joules)) % 10_000_000}\n")
-
-    write(bench)
-    bench.listeners.append(write)
+    rapl_tree(root, bench, {"intel-rapl:0": ("package-0", 0, 500_000), "intel-rapl:0:0": ("core", 0, 300_000),
+                            "intel-rapl:0:1": ("dram", 9_000_000, 250_000), "intel-rapl:1": ("package-1", 0, 250_000)})
 
 
 def test_rapl_dram_is_metered_beside_the_package_and_kept_apart(tmp_path: Path) -> None:
@@ -282,14 +275,7 @@ def test_every_meter_that_does_not_measure_says_why_and_the_cells_carry_it(
     # Root-only energy_uj (CVE-2020-8694): this test runs as root, so the read itself is refused.
     dram_tree(tmp_path / "pc", Bench())
     locked = tmp_path / "pc" / "intel-rapl:0:1" / "energy_uj"
-    real = Path.read_text
-
-    def read_text(self: Path, *a: object, **k: object) -> str:
-        if self == locked:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **k)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
+    real = refuse_reads(monkeypatch, locked)
     denied = meter_for({"device": "cpu"}, rapl_root=tmp_path / "pc")
     assert denied.kind == NOT_MEASURED and denied.reason.startswith(
         f"RAPL unreadable: permission denied on {locked} (root-only since CVE-2020-8694; to meter, make it readable: "

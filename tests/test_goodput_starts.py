@@ -140,44 +140,10 @@ def test_the_server_jobs_own_interleaved_output_reads_as_paired(monkeypatch: pyt
     """serve-group's tables (sdbench.engine.servegroup with stand-in servers, 2 arms x 2 starts
     interleaved, an unreadable meter) through the server table: every timed round drawn, the
     controls left out, the arms paired, joules NaN with the meter's reason."""
-    from types import SimpleNamespace
-
-    import sdbench.engine.energy as energy
     from sdbench.analysis.latency import read_server_cells, read_server_requests
-    from sdbench.engine import servegroup
-    from test_server_starts import PROMPTS, SPEC, _Client
+    from test_server_starts import run_standin_interleaved_job
 
-    class _Server:
-        def __init__(self, argv, env, log, port, cpus=None) -> None:  # noqa: ANN001
-            self.base_url, self.log_path, self.proc = f"http://{argv[-1]}", log, SimpleNamespace(pid=1)
-
-        def __enter__(self) -> _Server:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-        def wait_ready(self, timeout_s: float) -> float:
-            return 2.0
-
-        def check_alive(self, grace_s: float = 0.0) -> None:
-            return None
-
-    for name, value in (("ServerProcess", _Server), ("free_port", lambda: 1), ("cpu_placement", lambda engine: None),
-                        ("build_llm_kwargs", lambda spec, model, drafter: {"m": spec["method"]["method"]}),
-                        ("server_argv", lambda kwargs, version, port: ["py", kwargs["m"]]),
-                        ("server_env", lambda *a: {}), ("HTTP_CLIENT", _Client()),
-                        ("provenance", lambda **kw: {"hardware": "h"})):  # fmt: skip
-        monkeypatch.setattr(servegroup, name, value)
-    monkeypatch.setattr(energy, "engine_meter", lambda spec: energy.NoMeter("RAPL unreadable: permission denied"))
-    arms = {"none": {"method": {"method": "none"}, "drafter": None},
-            "ngram-k3": {"method": {"method": "ngram", "num_speculative_tokens": 3}, "drafter": None}}  # fmt: skip
-    spec = {**{k: v for k, v in SPEC.items() if k not in ("method", "group")}, "seed": 1, "model": {},
-            "engine": {"device": "cpu", "vllm_version": "0.32.0"},
-            "group": {"engine": "e", "model": "m", "methods": ["none", "ngram-k3"], "interleave": True},
-            "server": {**SPEC["server"], "interleave": True}, "arms": arms}  # fmt: skip
-    outs = {m: tmp_path / m for m in arms}
-    servegroup.run_server_group(spec, PROMPTS, "model", {}, outs, tmp_path / "server.log")
+    outs, _ = run_standin_interleaved_job(monkeypatch, tmp_path)
     groups = list(outs.values())
     cells = read_server_cells(groups)
     out = add_goodput(cells, read_server_requests(groups), {"d": {"ttft_ms": 1000}}, 42).set_index(["method", "concurrency"])

@@ -197,10 +197,10 @@ def test_a_cell_over_two_starts_summarises_its_timed_rounds_only(monkeypatch: py
     assert math.isnan(no_control.at[0, "stream_off_tokens_per_s"]) and no_control.at[0, "stream_off_round_wall_s"] == []
 
 
-def test_an_interleaved_job_alternates_its_arms_and_shares_its_id(monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
-    """run_server_group with stand-in servers: 2 arms x 2 starts in start_order, each arm's
-    directory as without interleave, its summary saying where its starts fell."""
+def run_standin_interleaved_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[dict[str, Path], list[str]]:
+    """run_server_group with stand-in servers (no vLLM: a test double for the server process and a
+    scripted client), 2 arms (no SD, n-gram k=3) x 2 starts interleaved, an unreadable meter: each
+    arm's output directory, and the vLLM method of each server start in the order they started."""
     started: list[str] = []
 
     class _Server:
@@ -240,10 +240,18 @@ def test_an_interleaved_job_alternates_its_arms_and_shares_its_id(monkeypatch: p
             "server": {**SPEC["server"], "interleave": True}, "arms": arms}  # fmt: skip
     outs = {m: tmp_path / m for m in arms}
     servegroup.run_server_group(spec, PROMPTS, "model", {}, outs, tmp_path / "server.log")
+    return outs, started
+
+
+def test_an_interleaved_job_alternates_its_arms_and_shares_its_id(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """run_server_group with stand-in servers: 2 arms x 2 starts in start_order, each arm's
+    directory as without interleave, its summary saying where its starts fell."""
+    outs, started = run_standin_interleaved_job(monkeypatch, tmp_path)
     assert started == ["none", "ngram", "none", "ngram"]
     log = (tmp_path / "server.log").read_text()
     assert log.count("=== sdbench: server start") == 4
-    summaries = {m: pd.read_parquet(outs[m] / "d" / "c1" / "summary.parquet").iloc[0] for m in arms}
+    summaries = {m: pd.read_parquet(outs[m] / "d" / "c1" / "summary.parquet").iloc[0] for m in outs}
     assert summaries["none"]["start_sequence"].tolist() == [0, 2]
     assert summaries["ngram-k3"]["start_sequence"].tolist() == [1, 3]
     assert summaries["none"]["job_id"] == summaries["ngram-k3"]["job_id"] != ""
