@@ -187,6 +187,7 @@ def test_hold_out_rules_are_stated_and_deterministic() -> None:
     every = calfit.holdout_mask(table, "every-4th")
     assert every.sum() == len(table) // 4
     assert (calfit.holdout_mask(table, "random", 3) == calfit.holdout_mask(table, "random", 3)).all()
+    assert calfit.holdout_mask(table, "random", 3).sum() == round(len(table) / 4)  # a quarter, drawn
     with pytest.raises(ValueError, match="--holdout: 'half'"):
         calfit.holdout_mask(table, "half")
 

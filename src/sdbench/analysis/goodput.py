@@ -269,7 +269,7 @@ def _listed(value: Any) -> list[Any] | None:
 
 
 def _true(value: Any) -> bool:
-    return value is True or (isinstance(value, (bool, np.bool_)) and bool(value))
+    return isinstance(value, (bool, np.bool_)) and bool(value)  # NaN or None in an older table: False
 
 
 def round_starts(cell: dict[str, Any]) -> list[int] | None:

@@ -3,7 +3,7 @@
 The older power model (:class:`sdbench.simulator.powermodel.PowerModel`: watts against batched
 tokens) is fitted on ``joules / ms``. In the shared H100/H200 tables those two come from different
 windows (``ms``: 20 CUDA-graph replays; ``joules``: at least 1.5 s of replays, where the board
-clocks down under its power limit; ``../shared/data/README.md``), so their quotient is no power (up
+clocks down under its power limit; the tables' own README says so), so their quotient is no power (up
 to 749 W on a 700 W board) and the fit's parameters are not physical. This model prices a step's
 **energy** directly, from the quantity one window measured:
 
