@@ -863,3 +863,19 @@ def test_the_config_check_applies_the_profiles_site_block() -> None:
     assert site.config["site"]["partitions"]["gpu"]["max_runtime"] == 2880 and site.config["site"]["attempts"] == 3
     asks = doctorslurm.job_asks(site.config, site.plan, site.profile)
     assert max(a.minutes for a in asks if a.gpus) == 2880
+
+
+def test_partitions_say_why_slurm_did_not_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sdbench import doctorslurm
+
+    answers = {1: ("", "slurm_load_partitions: Unable to contact slurm controller\n"),
+               0: ("PartitionName=gpu Nodes=n[1-2] MaxTime=2-00:00:00\n", "")}  # fmt: skip
+    for rc, (stdout, stderr) in answers.items():
+        monkeypatch.setattr(doctorslurm, "run_command",
+                            lambda argv, rc=rc, o=stdout, e=stderr: subprocess.CompletedProcess(argv, rc, o, e))
+        got = doctorslurm.slurm_partitions()
+        if rc:
+            assert got == ("`scontrol show partition` exited 1: slurm_load_partitions: Unable to contact slurm "
+                           "controller")  # fmt: skip
+        else:
+            assert got == {"gpu": {"PartitionName": "gpu", "Nodes": "n[1-2]", "MaxTime": "2-00:00:00"}}
