@@ -331,3 +331,10 @@ def test_the_verdict_page_reads_the_frontier_only_with_a_server_section(default:
     config = load_config(REPO / "config" / "config.yaml")
     del config["server"]
     assert Plan(config).verdict_page_inputs() == {"cells": "results/tables/grid_cells.parquet"}
+
+
+def test_the_adaptive_report_sweeps_its_own_models_batch_sizes() -> None:
+    config = load_config(REPO / "config" / "config.yaml")
+    mtp = next(e for e in config["grid"] if e["models"] == ["tiny-target-mtp"])
+    mtp["batch_sizes"] = [2]  # another model's sizes: not the tiny target's report
+    assert Plan(config).adaptive_options("vllm-cpu/tiny-target")[0] == [1, 4, 8]  # config.yaml's grid
