@@ -1,7 +1,7 @@
 """Show that a split moved code unchanged: every top-level definition (function, class,
 assignment) of the old files at a git revision has an identical AST dump in the new files.
 
-    python scripts/astmoves.py [--rename OLD=NEW ...] REV OLD_PATH [OLD_PATH ...] -- NEW_PATH [NEW_PATH ...]
+    python scripts/astmoves.py [--rename OLD=NEW ...] [--module OLD=NEW ...] REV OLD_PATH [OLD_PATH ...] -- NEW_PATH [NEW_PATH ...]
 
 A new path may be ``REV:PATH`` (the file at a commit) to check a split already committed.
 
@@ -11,24 +11,40 @@ MISSING, or ``docstring`` when only docstrings differ) and a totals line; exits 
 definition changed beyond its docstrings or went missing. Imports and
 the module docstring are not compared (a split rewrites both). ``--rename _run=run_command``
 reads the name ``_run`` as ``run_command`` on both sides (one helper imported under two aliases);
-each one used is printed. Stdlib only.
+each one used is printed. ``--module sdbench.engine.trials=sdbench.engine.measure.trials`` reads
+an import of the old module (``from``/``import``, inside a function too) as one of the new: a
+module moved into a room. Stdlib only.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 
-def definitions(source: str, renames: dict[str, str] | None = None, docstrings: bool = True) -> dict[str, str]:
+def definitions(source: str, renames: dict[str, str] | None = None, docstrings: bool = True,
+                modules: dict[str, str] | None = None) -> dict[str, str]:
     """Top-level name -> ``ast.dump`` of its definition (functions, classes, assignments), with
-    every name in ``renames`` read as its new name; without docstrings when ``docstrings`` is False."""
+    every name in ``renames`` read as its new name and every module in ``modules`` as its new
+    module; without docstrings when ``docstrings`` is False."""
     tree = ast.parse(source)
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and renames and node.id in renames:
             node.id = renames[node.id]
+        elif isinstance(node, ast.ImportFrom) and modules:
+            if node.module in modules:
+                node.module = modules[node.module]
+            moved = {modules.get(f"{node.module}.{a.name}", "").rpartition(".")[0] for a in node.names} - {""}
+            if len(moved) == 1:  # from pkg import trials -> from pkg.measure import trials
+                node.module = moved.pop()
+        elif isinstance(node, ast.Import) and modules:
+            for alias in node.names:
+                alias.name = modules.get(alias.name, alias.name)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and modules:
+            node.value = _moved_names(node.value, modules)  # a module named in a string
     out: dict[str, str] = {}
     for node in tree.body:
         if docstrings is False:
@@ -51,6 +67,13 @@ def definitions(source: str, renames: dict[str, str] | None = None, docstrings: 
     return out
 
 
+def _moved_names(text: str, modules: dict[str, str]) -> str:
+    """``text`` with each whole dotted module name in ``modules`` replaced by its new name."""
+    for old_name, new_name in modules.items():
+        text = re.sub(rf"(?<![\w.]){re.escape(old_name)}(?![\w])", new_name, text)
+    return text
+
+
 def _read(path: str) -> str:
     """A file of the working tree, or ``REV:PATH`` of a commit."""
     if ":" in path:
@@ -60,9 +83,10 @@ def _read(path: str) -> str:
 
 def main(argv: list[str]) -> int:
     renames: dict[str, str] = {}
-    while argv[:1] == ["--rename"] and len(argv) > 1:
+    modules: dict[str, str] = {}
+    while argv[:1] in (["--rename"], ["--module"]) and len(argv) > 1:
         old_name, _, new_name = argv[1].partition("=")
-        renames[old_name] = new_name
+        (renames if argv[0] == "--rename" else modules)[old_name] = new_name
         argv = argv[2:]
     if "--" not in argv or len(argv) < 4:
         print(__doc__, file=sys.stderr)
@@ -73,16 +97,16 @@ def main(argv: list[str]) -> int:
     old: dict[str, tuple[str, str, str]] = {}
     for p in old_paths:
         text = _read(f"{rev}:{p}")
-        bare = definitions(text, renames, docstrings=False)
-        for name, dump in definitions(text, renames).items():
+        bare = definitions(text, renames, docstrings=False, modules=modules)
+        for name, dump in definitions(text, renames, modules=modules).items():
             if name in old:
                 print(f"note: {name} is defined in both {old[name][0]} and {p}; comparing the latter", file=sys.stderr)
             old[name] = (p, dump, bare[name])
     new: dict[str, tuple[str, str, str]] = {}
     for p in new_paths:
         text = _read(p)
-        bare = definitions(text, renames, docstrings=False)
-        new.update({name: (p, dump, bare[name]) for name, dump in definitions(text, renames).items()})
+        bare = definitions(text, renames, docstrings=False, modules=modules)
+        new.update({name: (p, dump, bare[name]) for name, dump in definitions(text, renames, modules=modules).items()})
     counts = {"identical": 0, "docstring": 0, "CHANGED": 0, "MISSING": 0}
     print("| definition | from | to | AST |\n|---|---|---|---|")
     for name, (path, dump, bare_old) in old.items():
@@ -98,6 +122,8 @@ def main(argv: list[str]) -> int:
         print(f"| `{name}` | {path} | {where} | {verdict} |")
     for old_name, new_name in renames.items():
         print(f"\nread as renamed: `{old_name}` -> `{new_name}`")
+    if modules:
+        print(f"\nimports read with {len(modules)} module(s) moved (--module)")
     print(f"\n{len(old)} definitions: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
     return 1 if counts["CHANGED"] or counts["MISSING"] else 0
 

@@ -4,7 +4,7 @@
 
 Times ``--calls`` calls of a replicate-mode cell (one prompt of ``--prompt-len`` tokens replicated
 ``--batch-size`` times per call, every replica generating the same ``--output-len`` tokens, as greedy
-replicas do) through ``sdbench.engine.trials.CellRun`` and its ``tables()``, on a stand-in engine
+replicas do) through ``sdbench.engine.measure.trials.CellRun`` and its ``tables()``, on a stand-in engine
 (no vLLM: a ``generate`` that returns the outputs at once), and prints the peak of Python allocations
 (``tracemalloc``) above what the prompt table holds, per call and in all. Any sdbench version whose
 ``Engine`` takes a clock and a prompt builder runs it, so two versions can be compared by
@@ -49,8 +49,8 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=8)
     args = p.parse_args()
 
-    from sdbench.engine.engine import Engine
-    from sdbench.engine.trials import CellRun
+    from sdbench.engine.measure.engine import Engine
+    from sdbench.engine.measure.trials import CellRun
 
     rng = np.random.default_rng(0)
     prompts = pd.DataFrame({

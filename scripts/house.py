@@ -6,8 +6,8 @@ and the engine job's import closure of a checkout of ``src/sdbench``, as Markdow
 Definitions (``import`` means an import of an ``sdbench`` module, resolved as
 ``tests/test_imports.py`` resolves it: ``from sdbench import x`` imports ``sdbench.x``):
 
-* **room**: a subpackage of ``sdbench`` (``sdbench.engine``), or ``sdbench`` itself for its
-  top-level modules; its files and lines (``wc -l``).
+* **room**: the package a module sits in (``sdbench.engine.measure``, ``sdbench.engine`` for the
+  engine's job drivers, ``sdbench`` itself for its top-level modules); its files and lines (``wc -l``).
 * **floor** of a module: 1 + the highest floor of the modules it imports, anywhere in its body (at
   module level or inside a function: the graph test_imports keeps free of cycles); a module that
   imports none is on floor 1 (the modules of an import cycle share one floor; the cycle is
@@ -179,10 +179,11 @@ def longest_chain(graph: dict[str, set[str]], floor: dict[str, int]) -> list[str
 
 
 def room(name: str, mods: dict[str, Path]) -> str:
-    parts = name.split(".")
-    if len(parts) > 2 or (len(parts) == 2 and mods[name].name == "__init__.py"):
-        return ".".join(parts[:2])
-    return TOP
+    """The package a module sits in (a package's ``__init__`` is its own room): a room inside a
+    room (``sdbench.engine.measure``) counts apart from its parent."""
+    if mods[name].name == "__init__.py":
+        return name
+    return name.rpartition(".")[0]
 
 
 def back_up(every: dict[str, set[str]], top: dict[str, set[str]]) -> list[tuple[str, str]]:

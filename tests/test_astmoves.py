@@ -93,3 +93,23 @@ def test_rename_reads_an_alias_as_another(tmp_path: Path, monkeypatch: pytest.Mo
     aliased = NEW_B.replace("run_command(x) + 1", "run_command(x)")  # edited: only its helper's alias differs
     assert _verdicts(tmp_path / "a", monkeypatch, capsys, new_b=aliased)["edited"] == "CHANGED"
     assert _verdicts(tmp_path / "b", monkeypatch, capsys, "--rename", "_run=run_command", new_b=aliased)["edited"] == "identical"
+
+
+def test_module_reads_an_import_of_a_moved_module_as_the_new_one() -> None:
+    old = "def f():\n    from pkg.trials import run\n    import pkg.trials\n    return run\n"
+    new = "def f():\n    from pkg.measure.trials import run\n    import pkg.measure.trials\n    return run\n"
+    moved = {"pkg.trials": "pkg.measure.trials"}
+    assert astmoves.definitions(old) != astmoves.definitions(new)
+    assert astmoves.definitions(old, modules=moved) == astmoves.definitions(new, modules=moved)
+    # only the named module is read as moved: another import still differs
+    other = new.replace("from pkg.measure.trials import run", "from pkg.measure.other import run")
+    assert astmoves.definitions(old, modules=moved) != astmoves.definitions(other, modules=moved)
+
+
+def test_module_reads_a_parent_import_and_a_named_module_in_a_string() -> None:
+    moved = {"pkg.trials": "pkg.measure.trials"}
+    old = 'from pkg import trials as t\nENTRY = "pkg.trials:main"\nOTHER = "pkg.trialsx"\n'
+    new = 'from pkg.measure import trials as t\nENTRY = "pkg.measure.trials:main"\nOTHER = "pkg.trialsx"\n'
+    assert astmoves.definitions(old, modules=moved) == astmoves.definitions(new, modules=moved)
+    assert astmoves.definitions(old.replace("pkg.trials:", "pkg.trial:"), modules=moved) != \
+        astmoves.definitions(new, modules=moved)

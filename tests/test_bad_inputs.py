@@ -374,7 +374,7 @@ def test_internal_error_is_one_line_with_a_hint(capsys: pytest.CaptureFixture[st
 
 
 def test_prompt_table_reader_names_the_file(inputs: Path) -> None:
-    from sdbench.datasets.prompts import read_prompt_table
+    from sdbench.datasets.prompttable import read_prompt_table
 
     good = pd.DataFrame({"request_id": ["a"], "prompt_token_ids": [[1, 2]], "prompt_text": ["x"]})
     good.to_parquet(inputs / "prompts.parquet")

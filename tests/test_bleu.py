@@ -259,7 +259,7 @@ def test_measured_fig8_divides_by_the_no_sd_calls_of_the_same_process_and_trial(
 
 def test_measured_fig8_one_bucket_of_every_prompt_is_the_cells_paired_speedup() -> None:
     from sdbench.analysis.bleu import measured_bucket_speedups
-    from sdbench.engine.paired import paired_columns
+    from sdbench.engine.measure.paired import paired_columns
 
     calls, paired, buckets = _fig8_inputs()
     table = measured_bucket_speedups(calls, buckets.assign(bucket="[0.4,0.6)"), "none", "ngram", "eagle", paired)

@@ -240,7 +240,7 @@ def test_a_rehearsal_is_refused_in_one_line_unless_allowed(inputs: dict, tmp_pat
 
 
 def test_provenance_columns_follow_the_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sdbench.engine import hardware
+    from sdbench.engine.site import hardware
 
     monkeypatch.setattr(hardware, "gpu_names", lambda: [])  # no torch import
     assert tuple(hardware.provenance()) == bundle.PROVENANCE_COLUMNS

@@ -103,7 +103,7 @@ def test_the_network_is_random_seeded_and_shaped_as_its_architecture(tiny_dir: P
 
 
 def test_without_a_meter_energy_is_not_measured_never_zero() -> None:
-    from sdbench.engine.energy import NoMeter
+    from sdbench.engine.measure.energy import NoMeter
 
     spec = cal.Shape(layers=1, hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=64, vocab=64, lm_vocab=64)
     comps = [cal.Component("target", "target", "local/x", spec)]
@@ -115,7 +115,7 @@ def test_without_a_meter_energy_is_not_measured_never_zero() -> None:
 
 @pytest.mark.parametrize("kind", ["eagle3", "mtp", "draft_model"])
 def test_every_drafter_kind_runs_its_chain(kind: str) -> None:
-    from sdbench.engine.energy import NoMeter
+    from sdbench.engine.measure.energy import NoMeter
 
     # A Qwen3-like target (q/k norms, attention biases) and a drafter of each kind on its shape.
     base = dict(layers=2, hidden=32, heads=2, kv_heads=1, head_dim=16, intermediate=64, vocab=64, lm_vocab=64,

@@ -108,7 +108,7 @@ def test_cli_constants_match_the_implementation() -> None:
     from sdbench.bench import cli as bench_cli
     from sdbench.bench import parity
     from sdbench.engine import cli as engine_cli
-    from sdbench.engine import quietguard
+    from sdbench.engine.site import quietguard
     from sdbench.models import spec
     from sdbench.simulator import cli as simulator_cli
     from sdbench.simulator import compat, core, costmodel, policytypes, reports

@@ -38,8 +38,14 @@ def src_copy(tmp_path: Path) -> Path:
 def test_closure_follows_package_imports() -> None:
     closure = module_closure("sdbench.analysis.bleu")
     assert {"sdbench.analysis.bleu", "sdbench.io"} <= set(closure)
-    assert "sdbench.engine.trials" not in closure
+    assert "sdbench.engine.measure.trials" not in closure
     assert closure == sorted(closure)
+
+
+def test_a_module_brings_the_packages_it_sits_in() -> None:
+    """Importing sdbench.engine.measure.trials runs engine/__init__ and engine/measure/__init__ first."""
+    closure = module_closure("sdbench.engine.measure.trials")
+    assert {"sdbench", "sdbench.engine", "sdbench.engine.measure", "sdbench.engine.release"} <= set(closure)
 
 
 PROBE = '"""A module whose digest the tests pin."""\n\nVALUE = 1\n\n\ndef twice(x: int) -> int:\n    return 2 * x\n'
@@ -48,7 +54,7 @@ PROBE = '"""A module whose digest the tests pin."""\n\nVALUE = 1\n\n\ndef twice(
 def test_digest_is_pinned_and_module_specific(src_copy: Path) -> None:
     """A fixed module has a fixed digest (its syntax tree, not the run): pinned, in a fresh interpreter."""
     (src_copy / "sdbench" / "pinned_probe.py").write_text(PROBE)
-    assert digests_of(src_copy, "sdbench.pinned_probe") == {"sdbench.pinned_probe": "6733dc05d6cb0882"}
+    assert digests_of(src_copy, "sdbench.pinned_probe") == {"sdbench.pinned_probe": "3e4436587f7d6255"}  # with sdbench/__init__
     assert code_digest("sdbench.analysis.bleu") != code_digest("sdbench.analysis.memory")
 
 

@@ -1,4 +1,4 @@
-"""Compile caches kept across engine jobs (sdbench.engine.compilecache, sdbench.engine.hardware.engine_job)."""
+"""Compile caches kept across engine jobs (sdbench.engine.site.compilecache, sdbench.engine.site.hardware.engine_job)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sdbench.engine import compilecache as cc
-from sdbench.engine.hardware import ENV_JOB_SCRATCH, engine_job
+from sdbench.engine.site import compilecache as cc
+from sdbench.engine.site.hardware import ENV_JOB_SCRATCH, engine_job
 
 
 def _compiled(scratch: Path, name: str = "kernel.bin", text: str = "x") -> None:

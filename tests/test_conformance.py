@@ -21,9 +21,9 @@ import pytest
 
 from conftest import REPO
 
-from sdbench.engine import touchpoints as tp
-from sdbench.engine.conformance import load_pins, obtain
-from sdbench.engine.versions import known_versions
+from sdbench.engine.release import touchpoints as tp
+from sdbench.engine.release.conformance import load_pins, obtain
+from sdbench.engine.release.versions import known_versions
 
 CACHE = REPO / "resources" / "engine-sources"
 SDBENCH = [sys.executable, "-m", "sdbench.cli"]
@@ -56,7 +56,7 @@ def test_all_touchpoints_hold_on_every_release(sources: dict[str, Path]) -> None
     assert lines and all(line.endswith("| ok") for line in lines), "\n".join(lines)
     releases = {line.split(" | ")[1] for line in lines}
     assert releases == set(known_versions())
-    from sdbench.engine.conformance import DEFAULT_CONFIGS, config_touchpoints
+    from sdbench.engine.release.conformance import DEFAULT_CONFIGS, config_touchpoints
 
     # The package's own touchpoints and, per release, the keys the shipped configs pass through.
     declared = len(tp.registry()) + len(config_touchpoints([REPO / c for c in DEFAULT_CONFIGS]))
@@ -163,7 +163,7 @@ def test_touchpoint_names_are_unique_and_owned() -> None:
 
 
 def test_shipped_speculative_config_keys_are_checked() -> None:
-    from sdbench.engine.conformance import DEFAULT_CONFIGS, config_touchpoints
+    from sdbench.engine.release.conformance import DEFAULT_CONFIGS, config_touchpoints
 
     configs = [REPO / c for c in DEFAULT_CONFIGS if (REPO / c).exists()]
     names = {t.name for t in config_touchpoints(configs)}

@@ -116,7 +116,7 @@ def test_committed_definition_parses_pinned_labelled_tested(image: containers.Im
     if image.kind in containers.ENGINE_KINDS:
         assert labels["org.sdbench.vllm.version"] == image.vllm_version
         assert f"vllm.__version__ == '{image.vllm_version}'" in parsed.test[0]
-        assert "import sdbench.engine.acceptancetrace, sdbench.engine.enginefixes, sdbench.engine.forcing, sdbench.engine.steptiming" in parsed.test[1]
+        assert "import sdbench.engine.measure.forcing, sdbench.engine.measure.steptiming, sdbench.engine.release.acceptancetrace, sdbench.engine.release.enginefixes" in parsed.test[1]
         assert "VLLM_ENABLE_V1_MULTIPROCESSING" in parsed.environ
     else:
         assert "org.sdbench.vllm.version" not in labels
@@ -472,7 +472,7 @@ def _image_package(tmp_path: Path, edit: bool) -> Path:
     root = tmp_path / ("edited" if edit else "same")
     shutil.copytree(REPO / "src" / "sdbench", root / "sdbench", ignore=shutil.ignore_patterns("__pycache__"))
     if edit:  # a statement changed in the checkout since the image was built
-        trials = root / "sdbench" / "engine" / "trials.py"
+        trials = root / "sdbench" / "engine" / "measure" / "trials.py"
         trials.write_text(trials.read_text() + "\nWARMUP_CALLS_OLD = 2\n")
     return root
 
@@ -507,7 +507,7 @@ def test_an_image_whose_code_is_not_the_checkouts_is_refused_in_one_line(tmp_pat
     with pytest.raises(ConfigError, match=re.escape(why)):
         containers.refuse_stale_images([str(stale)], CONTAINERS, double)
     # The engine process inside that image records the digest of the code it ran.
-    code = "from sdbench.engine.hardware import provenance; print(provenance()['code_digest'])"
+    code = "from sdbench.engine.site.hardware import provenance; print(provenance()['code_digest'])"
     ran = subprocess.run(["apptainer", "exec", "--cleanenv", str(stale), sys.executable, "-c", code], env=env,
                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert ran == held

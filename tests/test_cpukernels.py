@@ -1,4 +1,4 @@
-"""vLLM's CPU kernels (sdbench.engine.cpukernels): the build each CPU loads, loaded only through
+"""vLLM's CPU kernels (sdbench.engine.release.cpukernels): the build each CPU loads, loaded only through
 vLLM's own loader, and the kernel-touching tests run on the AVX2 build on any machine."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from support.doubles import cpuisa
 from support.require import import_or_fail
 
-from sdbench.engine import cpukernels
-from sdbench.engine.cpukernels import CpuFeatures, KernelBuild
+from sdbench.engine.release import cpukernels
+from sdbench.engine.release.cpukernels import CpuFeatures, KernelBuild
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,7 +110,7 @@ def test_the_avx512_build_loads_where_the_cpu_has_avx512_without_bf16() -> None:
     if not cpukernels.cpu_features().avx512:
         pytest.skip("this CPU has no AVX-512: the AVX-512 build cannot run here (the AVX2 test covers it)")
     script = ("import sys; sys.path.insert(0, '.'); from support.doubles import cpuisa; cpuisa.pretend('avx512'); "
-              "from sdbench.engine import cpukernels; print('LOADED', cpukernels.load_kernels())")  # fmt: skip
+              "from sdbench.engine.release import cpukernels; print('LOADED', cpukernels.load_kernels())")  # fmt: skip
     done = _run(["-c", script], "avx512")
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "LOADED _C_AVX512" in done.stdout, done.stdout[-2000:]
@@ -149,13 +149,13 @@ def _files() -> list[Path]:
 
 
 def test_no_module_or_test_imports_a_kernel_build_by_name() -> None:
-    """Only vLLM's loader picks a build (:func:`sdbench.engine.cpukernels.load_kernels`): a direct
+    """Only vLLM's loader picks a build (:func:`sdbench.engine.release.cpukernels.load_kernels`): a direct
     import of ``_C`` or ``_C_AVX512`` kills a process on a CPU without AVX-512."""
     found = []
     for path in _files():
         text = path.read_text(errors="replace")
         found += [f"{path.relative_to(REPO)}: {line}" for line in direct_kernel_imports(text)]
-    assert not found, "load vLLM's kernels with sdbench.engine.cpukernels.load_kernels():\n" + "\n".join(found)
+    assert not found, "load vLLM's kernels with sdbench.engine.release.cpukernels.load_kernels():\n" + "\n".join(found)
     assert len(_files()) > 200  # the scan reached the package and the tests
 
 

@@ -751,7 +751,7 @@ def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cpu_kernels_are_named_for_cpu_engines_only(tmp_path: Path) -> None:
-    from sdbench.engine.cpukernels import CpuFeatures
+    from sdbench.engine.release.cpukernels import CpuFeatures
 
     zen3 = CpuFeatures(machine="x86_64", avx2=True, avx512=False, avx512_bf16=False, amx=False)
     assert doctorlocal.cpu_kernel_check(zen3).line() == (

@@ -1,4 +1,4 @@
-"""Energy per cell (sdbench.engine.energy, sdbench.analysis.energy): meters read around every timed
+"""Energy per cell (sdbench.engine.measure.energy, sdbench.analysis.energy): meters read around every timed
 call, joules per output token with its interval, SD's energy ratio over no SD, and "not measured".
 
 No GPU and no RAPL exist here: the cells run on the LLM double with the NVML double or a RAPL tree
@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sdbench.engine.energy import NOT_MEASURED, NoMeter, RaplMeter, meter_for
+from sdbench.engine.measure.energy import NOT_MEASURED, NoMeter, RaplMeter, meter_for
 from tests.support import energycells
 from tests.support.energycells import nvml_meter
 from tests.support.doubles.llm import Bench
@@ -150,7 +150,7 @@ def test_without_a_meter_every_energy_column_says_not_measured_never_zero(tmp_pa
     assert all(r[6] == r[7] == r[10] == NOT_MEASURED and r[9] in (NOT_MEASURED, "1") for r in rows)
     # On this machine: no RAPL, no NVML; the default config's engine (vllm-cpu) gets no meter.
     from sdbench.config import load_config
-    from sdbench.engine.energy import RAPL_ROOT, engine_meter
+    from sdbench.engine.measure.energy import RAPL_ROOT, engine_meter
 
     default = load_config("config/config.yaml")["engines"]["vllm-cpu"]
     if not RAPL_ROOT.exists():
@@ -199,7 +199,7 @@ def test_the_energy_command_writes_its_table_markdown_and_figure(tmp_path: Path)
 def test_the_meter_reads_the_jobs_gpus_in_cuda_visible_devices_order() -> None:
     """CUDA_VISIBLE_DEVICES=3,1 and one GPU: the engine runs on device 3, so the meter reads GPU 3
     (NVML order would give GPU 1, an idle one: its energy ratio reads about 1/speedup). By UUID too."""
-    from sdbench.engine.energy import nvml_meter
+    from sdbench.engine.measure.energy import nvml_meter
 
     nvml = NVMLDouble([(f"GPU-{i}aaa", [], 1e3) for i in range(4)], energy_mj=lambda i: 1000 * (i + 1))
     assert nvml_meter(nvml, ["3", "1"], 1).read() == 4.0  # GPU 3's counter: 4,000 mJ
@@ -262,8 +262,8 @@ def test_rapl_dram_is_metered_beside_the_package_and_kept_apart(tmp_path: Path) 
 def test_every_meter_that_does_not_measure_says_why_and_the_cells_carry_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sdbench.engine import energy
-    from sdbench.engine.energy import RAPL_ROOT, energy_columns, engine_meter
+    from sdbench.engine.measure import energy
+    from sdbench.engine.measure.energy import RAPL_ROOT, energy_columns, engine_meter
 
     monkeypatch.setattr(energy, "nvml_module", lambda: None)
     assert meter_for({"device": "cuda"}).reason.startswith("no NVML (pynvml not importable")

@@ -1,4 +1,4 @@
-"""Engine fixes (sdbench.engine.enginefixes): the CPU build's float expand, which sampled SD reads,
+"""Engine fixes (sdbench.engine.release.enginefixes): the CPU build's float expand, which sampled SD reads,
 and its rejection kernels in synthetic (forced-acceptance) mode."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 
 from support.require import import_or_fail
 
-from sdbench.engine import cpukernels, enginefixes
-from sdbench.engine.versions import quirks_for
+from sdbench.engine.release import cpukernels, enginefixes
+from sdbench.engine.release.versions import quirks_for
 
 torch = import_or_fail("torch")
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ ENGINE_RUN = textwrap.dedent("""
             model.lm_head.weight.mul_(1000.0)
         model.save_pretrained(out)
     from vllm import LLM, SamplingParams
-    from sdbench.engine.forcing import forced_acceptance
+    from sdbench.engine.measure.forcing import forced_acceptance
     # argv[3]: "switch" and a JSON list of forced lengths (null: the method's own), switched in
     # one engine; else more speculative_config keys.
     switch = len(sys.argv) > 3 and sys.argv[3] == "switch"
@@ -217,7 +217,7 @@ def test_synthetic_fix_calls_the_builds_kernel_when_the_mode_is_off(monkeypatch)
 
 @pytest.mark.slow
 def test_forced_acceptance_lengths_switched_in_one_cpu_engine(tmp_path: Path) -> None:
-    """One real CPU engine, n-gram k=3, forced cell by cell (sdbench.engine.forcing, the way an
+    """One real CPU engine, n-gram k=3, forced cell by cell (sdbench.engine.measure.forcing, the way an
     engine group runs a method's forced-acceptance points): the measured accepted length is the
     forced one -- exactly 1 when nothing may be accepted, near 2.5 when half the second drafts
     are -- greedy and sampled; and afterwards the engine accepts exactly as it did before forcing."""

@@ -137,7 +137,7 @@ def test_the_server_table_shows_joules_per_request() -> None:
 
 
 def test_the_server_jobs_own_interleaved_output_reads_as_paired(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    """serve-group's tables (sdbench.engine.servegroup with stand-in servers, 2 arms x 2 starts
+    """serve-group's tables (sdbench.engine.serving.servegroup with stand-in servers, 2 arms x 2 starts
     interleaved, an unreadable meter) through the server table: every timed round drawn, the
     controls left out, the arms paired, joules NaN with the meter's reason."""
     from sdbench.analysis.latency import read_server_cells, read_server_requests

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sdbench.config import load_config
-from sdbench.engine.versions import apply_env, engine_env, quirks_for, speculative_config, unsupported_reason
+from sdbench.engine.release.versions import apply_env, engine_env, quirks_for, speculative_config, unsupported_reason
 from sdbench.grid import Cell, cells, drafter_of, models_used, resolve_cell
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_tree_methods_select_tree_attention() -> None:
     ],
 )
 def test_both_arms_of_a_speedup_get_one_process_layout(engine: dict, layout: str) -> None:
-    from sdbench.engine.versions import engine_layout, layout_of_env
+    from sdbench.engine.release.versions import engine_layout, layout_of_env
 
     arms = [{"method": "none"}, {"method": "ngram", "num_speculative_tokens": 3},
             {"method": "eagle3", "num_speculative_tokens": 3}]  # fmt: skip

@@ -186,7 +186,7 @@ def test_a_group_split_differently_measures_nothing_measured_and_logs_other_hard
 def test_the_hardware_record_reads_the_jobs_gpus_from_nvidia_smi(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """nvidia-smi is the test double (tests/support/doubles/gpu): two GPUs, the job sees the second.
     The checkpoint key's context is the same with or without them."""
-    from sdbench.engine.hardware import describe_hardware, hardware, same_hardware
+    from sdbench.engine.site.hardware import describe_hardware, hardware, same_hardware
 
     prompts, model = _inputs(tmp_path)
     without = measurement_context(prompts, model, None, "flag", False)

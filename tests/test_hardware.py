@@ -16,7 +16,7 @@ from sdbench.analysis.endtoend import hardware_kind, join_cells
 from sdbench.analysis.runcompare import ran_on_differences
 from sdbench.analysis.verdict import server_points
 from sdbench.codedigest import package_digest
-from sdbench.engine.hardware import gpu_inventory, hardware_class, provenance, same_hardware
+from sdbench.engine.site.hardware import gpu_inventory, hardware_class, provenance, same_hardware
 from tests.support.doubles.nvml import NVMLDouble
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,11 +68,11 @@ def test_the_digest_is_of_the_imported_package(tmp_path: Path) -> None:
 
     copy = tmp_path / "image" / "sdbench"
     shutil.copytree(REPO / "src" / "sdbench", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    code = "from sdbench.engine.hardware import provenance; print(provenance()['code_digest'])"
+    code = "from sdbench.engine.site.hardware import provenance; print(provenance()['code_digest'])"
     same = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(copy.parent)},
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert same == package_digest()
-    (copy / "engine" / "trials.py").write_text((copy / "engine" / "trials.py").read_text() + "\nSTALE = 1\n")
+    (copy / "engine" / "measure" / "trials.py").write_text((copy / "engine" / "measure" / "trials.py").read_text() + "\nSTALE = 1\n")
     stale = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(copy.parent)},
                            capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert stale == package_digest(copy) != package_digest()

@@ -71,3 +71,16 @@ def test_module_level_imports_include_if_and_try_blocks_but_not_type_checking(tm
     every, top = house.import_graphs(mods)
     assert top["sdbench.t"] == {"sdbench.a", "sdbench.b"}
     assert every["sdbench.t"] == {"sdbench.a", "sdbench.b", "sdbench.c", "sdbench.d"}
+
+
+def test_a_room_is_the_package_a_module_sits_in(tmp_path: Path) -> None:
+    mods = house.modules(_package(tmp_path, {
+        "sdbench/__init__.py": "", "sdbench/a.py": "",
+        "sdbench/engine/__init__.py": "", "sdbench/engine/cli.py": "",
+        "sdbench/engine/measure/__init__.py": "", "sdbench/engine/measure/trials.py": "",
+    }))  # fmt: skip
+    assert {m: house.room(m, mods) for m in mods} == {
+        "sdbench": "sdbench", "sdbench.a": "sdbench",
+        "sdbench.engine": "sdbench.engine", "sdbench.engine.cli": "sdbench.engine",
+        "sdbench.engine.measure": "sdbench.engine.measure", "sdbench.engine.measure.trials": "sdbench.engine.measure",
+    }  # fmt: skip

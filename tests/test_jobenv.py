@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sdbench.engine.hardware import CACHE_VARS, THREAD_VARS, job_cores, job_env
+from sdbench.engine.site.hardware import CACHE_VARS, THREAD_VARS, job_cores, job_env
 from sdbench.lifeline import CONTAINER_ENV_PREFIX, container_env, export_workflow_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_a_gpu_engine_job_sizes_threads_per_worker_and_caches_per_job(tmp_path: 
 
 
 def test_a_cpu_engine_keeps_its_own_thread_placement() -> None:
-    from sdbench.engine.versions import apply_env, engine_env
+    from sdbench.engine.release.versions import apply_env, engine_env
 
     env = job_env(CPU, 1, {})
     assert not set(THREAD_VARS) & set(env)
@@ -78,7 +78,7 @@ def test_a_cpu_engine_keeps_its_own_thread_placement() -> None:
 
 # --- the job's CPUs and its caches ---------------------------------------------------------------
 def test_a_job_has_the_cpus_snakemake_gave_it_outside_slurm_and_its_allocation_under_slurm() -> None:
-    from sdbench.engine.hardware import ENV_JOB_THREADS
+    from sdbench.engine.site.hardware import ENV_JOB_THREADS
 
     mask = len(os.sched_getaffinity(0))
     assert job_cores({}) == mask  # no --threads: the affinity mask
@@ -90,7 +90,7 @@ def test_a_job_has_the_cpus_snakemake_gave_it_outside_slurm_and_its_allocation_u
 
 
 def test_caches_of_a_container_job_go_to_its_scratch_and_leave_with_it(tmp_path: Path) -> None:
-    from sdbench.engine.hardware import ENV_JOB_SCRATCH, job_scratch
+    from sdbench.engine.site.hardware import ENV_JOB_SCRATCH, job_scratch
 
     env = {"TMPDIR": str(tmp_path), "APPTAINER_CONTAINER": "/w/containers/sif/sdbench-vllm-0.11.1.sif"}
     with job_scratch(threads=4, env=env) as root:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sdbench.engine import loadgen
+from sdbench.engine.serving import loadgen
 
 
 class _Plain:

@@ -23,12 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 # The scope today, written out: a module joining it (an engine module importing a trainer, say)
 # fails here and has to be a decision, not an accident (before the scope: 53 modules).
 SCOPE = sorted(f"sdbench{'.' + m if m else ''}" for m in (
-    "", "cliargs", "codedigest", "engine", "engine.acceptancetrace", "engine.cli", "engine.commands", "engine.compilecache",
-    "engine.counters", "engine.energy", "engine.engine", "engine.enginefixes", "engine.forcing", "engine.groups",
-    "engine.hardware", "engine.paired", "engine.progress", "engine.quietguard", "engine.resampling",
-    "engine.sampling", "engine.scope", "engine.steptiming", "engine.summary", "engine.touchpoints",
-    "engine.tracegroup", "engine.trials", "engine.versions", "engine.workerprobe", "errors", "io", "lazy",
-    "lifeline", "provenance", "rehearsal", "requesttable", "traces.records",
+    "", "cliargs", "codedigest", "engine", "engine.measure", "engine.release", "engine.site", "engine.release.acceptancetrace", "engine.cli", "engine.commands", "engine.site.compilecache",
+    "engine.measure.counters", "engine.measure.energy", "engine.measure.engine", "engine.release.enginefixes", "engine.measure.forcing", "engine.groups",
+    "engine.site.hardware", "engine.measure.paired", "engine.measure.progress", "engine.site.quietguard", "engine.measure.resampling",
+    "engine.measure.sampling", "engine.scope", "engine.measure.steptiming", "engine.measure.summary", "engine.release.touchpoints",
+    "engine.tracegroup", "engine.measure.trials", "engine.release.versions", "engine.release.workerprobe", "errors", "io", "lazy",
+    "lifeline", "provenance", "rehearsal", "requesttable", "traces", "traces.records",
 ))  # fmt: skip
 
 
@@ -36,8 +36,8 @@ def test_the_scope_is_the_named_modules() -> None:
     assert scope.measurement_modules() == SCOPE
     server = set(scope.measurement_modules(server=True)) - set(SCOPE)
     # servermode: which rounds each server start measures (start_rounds, start_order).
-    assert server == {"sdbench.engine.servegroup", "sdbench.engine.server", "sdbench.engine.loadgen",
-                      "sdbench.engine.latencysummary", "sdbench.servermode"}  # fmt: skip
+    assert server == {"sdbench.engine.serving", "sdbench.engine.serving.servegroup", "sdbench.engine.serving.server", "sdbench.engine.serving.loadgen",
+                      "sdbench.engine.measure.latencysummary", "sdbench.servermode"}  # fmt: skip
     rehearsal = scope.measurement_modules(rehearsal=True)
     assert "sdbench.rehearsal.steps" in rehearsal and "sdbench.rehearsal.steps" not in SCOPE
 
@@ -53,13 +53,13 @@ def test_every_rehearsal_module_the_engine_loads_is_an_entry() -> None:
     """The engine loads the rehearsal's stand-in engine by name (``rehearsal.module("llm")``)."""
     import re
 
-    text = "".join(p.read_text() for p in (REPO / "src" / "sdbench" / "engine").glob("*.py"))
+    text = "".join(p.read_text() for p in (REPO / "src" / "sdbench" / "engine").rglob("*.py"))
     loaded = {f"sdbench.rehearsal.{name}" for name in re.findall(r'rehearsal\.module\("(\w+)"\)', text)}
     assert loaded and loaded <= set(scope.REHEARSAL_ENTRIES), sorted(loaded - set(scope.REHEARSAL_ENTRIES))
 
 
 def test_outside_holds_only_what_cannot_change_a_number() -> None:
-    assert set(scope.OUTSIDE) == {"sdbench.engine.preflight"}
+    assert set(scope.OUTSIDE) == {"sdbench.engine.site.preflight"}
     assert not set(scope.OUTSIDE) & set(SCOPE)
     # The trainers, tracers and dataset builders preflight reaches stay out with it.
     assert "sdbench.models.training" not in SCOPE and "sdbench.datasets.corpus" not in SCOPE
@@ -89,7 +89,7 @@ def test_only_an_edit_of_the_measurement_changes_its_digest(tmp_path: Path) -> N
     steps.write_text(steps.read_text() + "\n_EDITED = 1\n")
     after = _digests(src)
     assert after["measured"] == before["measured"] and after["rehearsal"] != before["rehearsal"]
-    trials = src / "sdbench" / "engine" / "trials.py"
+    trials = src / "sdbench" / "engine" / "measure" / "trials.py"
     trials.write_text(trials.read_text() + "\n_EDITED = 1\n")
     assert _digests(src)["measured"] != before["measured"]
 
@@ -177,7 +177,7 @@ def test_sdbench_aggregate_prints_the_note(tmp_path: Path, capsys: pytest.Captur
 def test_a_cell_records_the_scope_it_was_measured_under() -> None:
     """A measured CPU cell (no GPUs looked up) records the measured scope, a rehearsed one the
     rehearsal's, a server cell the server's."""
-    from sdbench.engine.hardware import provenance
+    from sdbench.engine.site.hardware import provenance
 
     assert provenance(gpus=False, rehearsal=False)["measurement_digest"] == scope.measurement_digest()
     assert provenance(gpus=False)["measurement_digest"] == scope.measurement_digest(rehearsal=True)

@@ -77,7 +77,7 @@ def test_engine_cli_args_refuses_what_the_tool_cannot_take() -> None:
 def test_tool_argv_builds_the_runners_engine_args(config: dict, method: str, tmp_path: Path) -> None:
     """The real tool parser: EngineArgs from the argv equal those LLM(**kwargs) builds."""
     import_or_fail("vllm")
-    from sdbench.engine.engine import build_llm_kwargs
+    from sdbench.engine.measure.engine import build_llm_kwargs
 
     spec = parity.parity_spec(config, "vllm-cpu", "tiny-target", "code-edit", method, 8, 64)
     kwargs = build_llm_kwargs(spec, str(tmp_path / "model"), None)

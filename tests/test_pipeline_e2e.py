@@ -142,7 +142,7 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     # Two trials per start, and a third because no cell met the 1e-9 half-width target
     # (max_repeats 3): every throughput and speedup has a 95% interval around it.
     assert (cells["num_trials"] == 6).all() and (cells["num_engine_starts"] == 2).all()
-    # Greedy outputs repeat exactly; a sampled SD cell may not (sdbench.engine.sampling).
+    # Greedy outputs repeat exactly; a sampled SD cell may not (sdbench.engine.measure.sampling).
     assert cells.loc[cells["temperature"] == 0, "outputs_stable"].all()  # forced at 1 and k + 1: no draw decides
     assert (cells["tokens_per_s_ci_low"] <= cells["tokens_per_s"]).all()
     assert (cells["tokens_per_s"] <= cells["tokens_per_s_ci_high"]).all()
@@ -283,11 +283,11 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     assert validation["agrees"].notna().all() and (validation["agrees"].astype(bool) == inside).all()
     memory = pd.read_parquet(pipeline / "results/tables/memory.parquet")
     # The KV cache is what the config asked for (kv_cache_memory_bytes: 256 MiB), per engine, read
-    # from the workers (sdbench.engine.workerprobe); the weights the config implies are what loaded.
+    # from the workers (sdbench.engine.release.workerprobe); the weights the config implies are what loaded.
     # Whole blocks: what fits in the 256 MiB, at most one block short (0.24994 GiB with a drafter's layers).
     assert memory["measured_kv_cache_gib"].between(0.25 * (1 - 1e-3), 0.25).all(), memory["measured_kv_cache_gib"].unique()
     none = memory[memory["method"] == "none"]
-    # The engine's own modules counted (sdbench.engine.workerprobe): the config's count exactly (the
+    # The engine's own modules counted (sdbench.engine.release.workerprobe): the config's count exactly (the
     # vocabulary, 2048, needs no padding to a multiple of 64).
     assert (none["measured_weights_gib"] == none["analytical_static_gib"]).all(), none
     assert_fig8_measured_is_paired(pipeline)

@@ -88,7 +88,7 @@ def test_group_spec_and_inputs(default: Plan) -> None:
 
 def test_forced_acceptance_cells_run_to_max_tokens_on_one_engine_per_method(default: Plan) -> None:
     """A method's forced points share one engine with the method's engine arguments (the length is
-    switched in the engine, sdbench.engine.forcing), in a group apart from the method's own cells."""
+    switched in the engine, sdbench.engine.measure.forcing), in a group apart from the method's own cells."""
     assert not any(".a" in g.method for g in default.groups)
     group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all-forced")
     spec = default.group_spec(group)

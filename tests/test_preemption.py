@@ -30,7 +30,7 @@ CELL_RUN = textwrap.dedent("""
 
         out = Path(sys.argv[1])
         save_tiny_llama(out, max_position_embeddings=256)
-        from sdbench.engine.trials import run_cell
+        from sdbench.engine.measure.trials import run_cell
 
         batch = int(sys.argv[4])
         spec = {

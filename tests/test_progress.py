@@ -1,4 +1,4 @@
-"""A cell checkpointed inside (sdbench.engine.progress): killed after some calls, then resumed.
+"""A cell checkpointed inside (sdbench.engine.measure.progress): killed after some calls, then resumed.
 
 The engine here is a test double (no vLLM engine can start in a fast test; the slow end-to-end
 tests time real ones): ``FakeLLM`` answers ``generate`` with outputs derived from the prompt ids
@@ -19,11 +19,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from sdbench.engine.engine import Engine
-from sdbench.engine.hardware import hardware
-from sdbench.engine.paired import measure_paired
-from sdbench.engine.progress import Progress
-from sdbench.engine.trials import measure_cell
+from sdbench.engine.measure.engine import Engine
+from sdbench.engine.site.hardware import hardware
+from sdbench.engine.measure.paired import measure_paired
+from sdbench.engine.measure.progress import Progress
+from sdbench.engine.measure.trials import measure_cell
 
 KEYS = {"engine": "vllm-cpu", "model": "tiny", "dataset": "d", "method": "ngram", "batch_size": 2}
 PROMPTS = pd.DataFrame({"request_id": [f"r{i}" for i in range(3)], "prompt_token_ids": [[5, 6, 7], [8, 9], [10, 11, 12, 13]]})
@@ -181,7 +181,7 @@ def test_calls_after_the_last_shard_are_timed_again(tmp_path: Path) -> None:
 def test_progress_from_other_hardware_or_a_refused_guard_is_discarded(tmp_path: Path, caplog) -> None:
     cell_spec = spec()
     whole = measure(cell_spec, None, None)
-    with caplog.at_level(logging.INFO, logger="sdbench.engine.progress"):
+    with caplog.at_level(logging.INFO, logger="sdbench.engine.measure.progress"):
         moved = killed_then_resumed(cell_spec, 1 + 4, tmp_path / "hw", here=ELSEWHERE)
     assert_same_measurement(moved, whole)
     assert not moved["summary"].at[0, "resumed"]
@@ -340,7 +340,7 @@ def test_a_real_cell_killed_after_its_first_shard_resumes_on_another_node_of_its
 
     # 4. The copy from another CPU model: discarded, the whole cell timed in one engine process.
     fresh_log = _run_to_end(tmp_path, other_cpu, tmp_path / "fresh", tmp_path / "fresh.log")
-    from sdbench.engine.hardware import hardware
+    from sdbench.engine.site.hardware import hardware
 
     here = hardware(gpus=False)
     why = (f"cell progress {progress.name}: its calls ran on node {here['node']}: {here['cpu_count']} x AMD EPYC 9454, "

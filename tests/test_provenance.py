@@ -138,7 +138,7 @@ def test_the_flag_is_read_from_a_table_read_without_its_column(tmp_path: Path) -
 
 
 def test_a_summary_row_says_whether_its_engine_was_a_rehearsal() -> None:
-    from sdbench.engine.summary import summarise
+    from sdbench.engine.measure.summary import summarise
 
     calls = pd.DataFrame({"num_drafts": [0], "num_draft_tokens": [0], "num_accepted_tokens": [0],
                           "accepted_per_pos": [[]], "tokens_per_s": [10.0], "num_output_tokens": [10],
@@ -152,13 +152,13 @@ def test_a_summary_row_says_whether_its_engine_was_a_rehearsal() -> None:
 
 
 def test_a_server_cell_says_whether_its_client_was_a_rehearsal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The server level loop (sdbench.engine.servegroup.measure_levels) writes its client's
+    """The server level loop (sdbench.engine.serving.servegroup.measure_levels) writes its client's
     ``measured`` into both of a cell's tables: False from a rehearsal's client, True from HTTP's."""
     from types import SimpleNamespace
 
-    from sdbench.engine import servegroup
-    from sdbench.engine.counters import SDCounters
-    from sdbench.engine.loadgen import RequestResult
+    from sdbench.engine.serving import servegroup
+    from sdbench.engine.measure.counters import SDCounters
+    from sdbench.engine.serving.loadgen import RequestResult
 
     looked_up: list[bool] = []  # the hardware facts (seconds to gather) are not this test's
     monkeypatch.setattr(servegroup, "provenance", lambda gpus, **kw: looked_up.append(gpus) or {"hardware": "h"})

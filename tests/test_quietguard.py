@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sdbench.engine.quietguard import Contaminated, QuietGuard, _is_engine, own_family
+from sdbench.engine.site.quietguard import Contaminated, QuietGuard, _is_engine, own_family
 
 
 class Orphan:
@@ -103,7 +103,7 @@ def test_unknown_mode_is_a_config_error() -> None:
 
 from pathlib import Path  # noqa: E402
 
-from sdbench.engine.quietguard import (  # noqa: E402
+from sdbench.engine.site.quietguard import (  # noqa: E402
     JobScope,
     cgroup_members,
     host_job_cgroup,
@@ -138,7 +138,7 @@ step = sys.argv[1]
 with open(os.path.join(step, "cgroup.procs"), "w") as fh:  # this task's cgroup (an srun step's)
     fh.write(str(os.getpid()))
 os.sched_setaffinity(0, {0})  # the job's core
-from sdbench.engine.quietguard import QuietGuard, cgroup_members
+from sdbench.engine.site.quietguard import QuietGuard, cgroup_members
 guard = QuietGuard("flag", interval=0.2)
 guard.start()
 time.sleep(3.0)
@@ -299,7 +299,7 @@ def test_a_judgement_waits_for_the_sample_in_flight(monkeypatch: pytest.MonkeyPa
     iteration"). A sample paused halfway through its scan holds the judgement until it ends."""
     import threading
 
-    from sdbench.engine import quietguard
+    from sdbench.engine.site import quietguard
 
     inside, release = threading.Event(), threading.Event()
     real = quietguard._read_stat

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdbench.engine.trials import measure_cell
+from sdbench.engine.measure.trials import measure_cell
 from sdbench.rehearsal import MARKER
 from sdbench.rehearsal.prepare import rehearsal_prompts, write_standin_model
 from sdbench.rehearsal.workload import accepted_lengths, decode_steps, load_traces
@@ -77,7 +77,7 @@ def spec(traces: dict[str, str] | None, method: str = "none", batch_size: int = 
 
 
 def rehearse(cell: dict[str, Any], prompts: pd.DataFrame, model_dir: str, steps_dir: str | None = None) -> Any:
-    from sdbench.engine.engine import start_engine
+    from sdbench.engine.measure.engine import start_engine
 
     engine = start_engine(cell, model_dir, None, steps_dir, prompts={"gsm8k": prompts})
     return engine, measure_cell(engine, cell, prompts, steps_dir, "disabled")
@@ -236,8 +236,8 @@ def test_a_rehearsal_cell_has_the_columns_a_real_cell_has(traces: dict[str, str]
     """Paired cells (SD and no-SD arm) on vLLM 0.32 (per-request counters), measured by the same code
     on the test double and on the rehearsal engine: the same tables, columns and row counts."""
     pytest.importorskip("vllm")
-    from sdbench.engine.engine import Engine, build_llm_kwargs, start_engine
-    from sdbench.engine.paired import baseline_spec, measure_paired
+    from sdbench.engine.measure.engine import Engine, build_llm_kwargs, start_engine
+    from sdbench.engine.measure.paired import baseline_spec, measure_paired
 
     prompts = gsm8k(traces, 2, max_tokens=16)
 
@@ -281,7 +281,7 @@ def test_a_rehearsed_trace_records_the_published_accepted_lengths(traces: dict[s
 
 def test_a_rehearsed_server_level_times_requests_from_the_modelled_steps(traces: dict[str, str], llama: str) -> None:
     """Concurrency 1: each request alone on the engine, its TTFT the prefill step, one chunk per step."""
-    from sdbench.engine.engine import start_rehearsal_engine
+    from sdbench.engine.measure.engine import start_rehearsal_engine
     from sdbench.rehearsal.serve import RehearsalClient
 
     prompts = gsm8k(traces, 1, max_tokens=8)
@@ -300,7 +300,7 @@ def test_a_rehearsed_server_level_times_requests_from_the_modelled_steps(traces:
 
 # ----------------------------------------------------------------------------- models, plan, modes
 def test_a_standin_model_is_read_by_the_accounting_and_refused_by_a_measured_engine(llama: str, tmp_path: Path) -> None:
-    from sdbench.engine.preflight import preflight
+    from sdbench.engine.site.preflight import preflight
     from sdbench.models.spec import load_model_spec
 
     assert json.loads((Path(llama) / MARKER).read_text())["repo"] == "meta-llama/Llama-3.1-8B-Instruct"
@@ -343,7 +343,7 @@ def test_the_rehearsal_imports_neither_vllm_nor_torch(traces: dict[str, str], ll
         "sys.path.insert(0, 'tests')\n"
         "import test_rehearsal as t\n"
         "from sdbench.engine.tracegroup import trace_group\n"
-        "from sdbench.engine.engine import start_rehearsal_engine\n"
+        "from sdbench.engine.measure.engine import start_rehearsal_engine\n"
         "from sdbench.rehearsal.serve import RehearsalClient\n"
         f"traces, llama = json.loads({json.dumps(json.dumps(traces))}), {llama!r}\n"
         "prompts = t.gsm8k(traces, 1, 32)\n"

@@ -307,8 +307,8 @@ def test_preemptions_reach_the_engine_counter_and_the_cell_tables(published_trac
     is free, and the second copy is preempted (once: alone, the first needs 18 of the 30, and the
     second, recomputing 241 tokens, waits for it). vLLM's counter counts 1 a call; the cell's
     timed call reads 1 (calls.num_preemptions, summary.num_preemptions)."""
-    from sdbench.engine.engine import start_engine
-    from sdbench.engine.trials import measure_cell
+    from sdbench.engine.measure.engine import start_engine
+    from sdbench.engine.measure.trials import measure_cell
     from sdbench.rehearsal.prepare import rehearsal_prompts, write_standin_model
     from sdbench.rehearsal.workload import load_traces
 

@@ -19,8 +19,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from sdbench.engine.engine import Engine
-from sdbench.engine.trials import CellRun, timed_part
+from sdbench.engine.measure.engine import Engine
+from sdbench.engine.measure.trials import CellRun, timed_part
 from sdbench.io import write_parquet
 from sdbench.requesttable import expand_outputs, same_outputs
 

@@ -9,8 +9,8 @@ import pytest
 from vllm.v1.metrics.reader import Counter, Vector
 
 from sdbench.analysis.endtoend import generation_length_table, join_cells, render_length_table, speedup_markdown
-from sdbench.engine.counters import SDCounters, acceptance_stats, read_counters
-from sdbench.engine.engine import build_llm_kwargs
+from sdbench.engine.measure.counters import SDCounters, acceptance_stats, read_counters
+from sdbench.engine.measure.engine import build_llm_kwargs
 
 
 def _metrics(drafts: int, tokens: int, accepted: int, per_pos: list[int]) -> list:
@@ -169,7 +169,7 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path) -> None:
 
 def _start_tables(level: float, outputs: list[list[int]], contamination: str = "") -> dict[str, pd.DataFrame]:
     """One engine start's tables of a 2-prompt cell (2 trials), as measure_cell writes them."""
-    from sdbench.engine.summary import summarise
+    from sdbench.engine.measure.summary import summarise
 
     keys = {"engine": "e", "model": "m", "dataset": "d", "method": "none", "batch_size": 1}
     calls = pd.DataFrame(
@@ -219,7 +219,7 @@ def test_paired_starts_cancel_the_process_factor() -> None:
     paired baseline. The merged paired speedup is 1.5 with a narrow interval, although each
     arm's own throughput interval spans both processes."""
     from sdbench.engine.groups import merge_engine_starts
-    from sdbench.engine.paired import PAIRED_COLUMNS
+    from sdbench.engine.measure.paired import PAIRED_COLUMNS
 
     spec = {"seed": 1, "cell": {}, "method": {"method": "ngram"}, "run": {}, "paired_baseline": {"key": "none"}}
     starts = []

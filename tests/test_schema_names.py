@@ -92,8 +92,8 @@ def declared_tables() -> dict[str, tuple[str, ...]]:
     from sdbench.analysis.memory import ANALYTICAL_COLUMNS
     from sdbench.bench.jobusage import COLUMNS as JOB_USAGE_COLUMNS
     from sdbench.drawn import DRAWN_COLUMNS
-    from sdbench.engine.steptiming import STEP_COLUMNS
-    from sdbench.engine.summary import PAIRED_COLUMNS
+    from sdbench.engine.measure.steptiming import STEP_COLUMNS
+    from sdbench.engine.measure.summary import PAIRED_COLUMNS
     from sdbench.simulator import core, forcedcheck, validation
     from sdbench.traces.table import REQUESTS_COLUMNS, TRACE_COLUMNS
 

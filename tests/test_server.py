@@ -26,10 +26,10 @@ import yaml
 
 from sdbench.analysis.latency import latency_table
 from sdbench.config import ConfigError, validate_config
-from sdbench.engine.loadgen import parse_sd_counters
-from sdbench.engine.server import ServerError, ServerProcess, server_argv
-from sdbench.engine.servegroup import summarise_level
-from sdbench.engine.counters import SDCounters
+from sdbench.engine.serving.loadgen import parse_sd_counters
+from sdbench.engine.serving.server import ServerError, ServerProcess, server_argv
+from sdbench.engine.serving.servegroup import summarise_level
+from sdbench.engine.measure.counters import SDCounters
 from sdbench.servermode import ServerGroup, arm_spec, resolve_server_group, server_groups
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_the_client_times_ttft_tpot_and_chunk_gaps_as_vllm_bench_serve(monkeypat
     import asyncio
     from types import SimpleNamespace
 
-    from sdbench.engine import loadgen
+    from sdbench.engine.serving import loadgen
 
     def timed(clock: list[float], events: list[str]) -> loadgen.RequestResult:
         monkeypatch.setattr(loadgen, "time", SimpleNamespace(perf_counter=iter(clock).__next__))
@@ -370,7 +370,7 @@ def test_occupancy_explains_throughput() -> None:
 def test_server_env_drops_the_workflows_thread_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Snakemake exports thread counts to every job; left in the server's environment they
     oversubscribe the engine core's bound core (a 40x slower decode step was measured)."""
-    from sdbench.engine.server import WORKFLOW_THREAD_VARS, server_env
+    from sdbench.engine.serving.server import WORKFLOW_THREAD_VARS, server_env
 
     for var in (*WORKFLOW_THREAD_VARS, "OMP_NUM_THREADS"):
         monkeypatch.setenv(var, "2")
@@ -386,8 +386,8 @@ def test_server_env_drops_the_workflows_thread_counts(monkeypatch: pytest.Monkey
 def test_a_gpu_server_in_a_slurm_job_gets_the_jobs_threads_and_caches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same job environment as an offline engine job (hardware.job_env): threads per
     tensor-parallel worker, compile caches per job."""
-    from sdbench.engine.hardware import CACHE_VARS, THREAD_VARS, job_env
-    from sdbench.engine.server import server_env
+    from sdbench.engine.site.hardware import CACHE_VARS, THREAD_VARS, job_env
+    from sdbench.engine.serving.server import server_env
 
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     monkeypatch.setenv("OMP_NUM_THREADS", "64")
@@ -403,7 +403,7 @@ def test_a_gpu_server_in_a_slurm_job_gets_the_jobs_threads_and_caches(monkeypatc
 def test_cpu_placement_keeps_the_last_core_for_the_client(monkeypatch: pytest.MonkeyPatch) -> None:
     """On CPU the server's processes share the other cores and the client keeps one (split apart,
     vLLM's pinned worker and its floating engine core stalled whole rounds); GPUs are left alone."""
-    from sdbench.engine import server
+    from sdbench.engine.serving import server
 
     monkeypatch.setattr(server.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
     assert server.cpu_placement({"device": "cpu"}) == ({0, 1, 2}, {3})

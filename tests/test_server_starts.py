@@ -1,4 +1,4 @@
-"""Server mode across server starts (sdbench.servermode, sdbench.engine.servegroup): the plan's
+"""Server mode across server starts (sdbench.servermode, sdbench.engine.serving.servegroup): the plan's
 jobs with and without ``server.interleave``, the rounds spread over ``server.starts``, the
 stream-off control, energy per round, and the summary columns of docs/schema.md (server tables).
 
@@ -21,9 +21,9 @@ import yaml
 
 from sdbench import scheduling
 from sdbench.config import ConfigError, validate_config
-from sdbench.engine import servegroup
-from sdbench.engine.counters import SDCounters
-from sdbench.engine.loadgen import RequestResult
+from sdbench.engine.serving import servegroup
+from sdbench.engine.measure.counters import SDCounters
+from sdbench.engine.serving.loadgen import RequestResult
 from sdbench.servermode import ServerGroup, server_groups, start_order, start_rounds
 from sdbench.workflow.plan import Plan
 
@@ -229,7 +229,7 @@ def run_standin_interleaved_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setattr(servegroup, "server_env", lambda *a: {})
     monkeypatch.setattr(servegroup, "HTTP_CLIENT", _Client())
     monkeypatch.setattr(servegroup, "provenance", lambda **kw: {"hardware": "h"})
-    import sdbench.engine.energy as energy
+    import sdbench.engine.measure.energy as energy
 
     monkeypatch.setattr(energy, "engine_meter", lambda spec: energy.NoMeter("RAPL unreadable: permission denied"))
     arms = {"none": {"method": {"method": "none"}, "drafter": None},

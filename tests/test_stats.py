@@ -100,10 +100,10 @@ def test_relative_half_width_of_one_arm_and_of_a_paired_ratio() -> None:
 
 
 def test_a_target_half_width_stops_the_trials_only_when_met() -> None:
-    """The runner's stopping rule on recorded call rows (sdbench.engine.trials._precise_enough)."""
+    """The runner's stopping rule on recorded call rows (sdbench.engine.measure.trials._precise_enough)."""
     from types import SimpleNamespace
 
-    from sdbench.engine.trials import _precise_enough, _trial_plan
+    from sdbench.engine.measure.trials import _precise_enough, _trial_plan
 
     rows = calls_frame([[100.0, 130.0, 80.0]] * 4).to_dict("records")
     arm = SimpleNamespace(call_rows=rows)

@@ -1,4 +1,4 @@
-"""Breakdown mode (sdbench.engine.steptiming): tables, figure, record reading, and a real vLLM run."""
+"""Breakdown mode (sdbench.engine.measure.steptiming): tables, figure, record reading, and a real vLLM run."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from support.require import import_or_fail
 
 from sdbench.analysis import breakdown as bd
 from sdbench.analysis import cli as analysis_cli
-from sdbench.engine import steptiming as st
+from sdbench.engine.measure import steptiming as st
 
 
 def _steps(method: str, batch_size: int, n: int, verify: float, propose: float, sample: float, other: float):

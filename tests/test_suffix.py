@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from sdbench.cli import main
-from sdbench.engine.versions import unsupported_reason
+from sdbench.engine.release.versions import unsupported_reason
 from sdbench.io import write_parquet
 from sdbench.traces.suffix import SuffixParams, SuffixTrie, propose_suffix_reference, trace_suffix
 from sdbench.traces.table import (

@@ -1,4 +1,4 @@
-"""Temperature sweep: dataset variants (sdbench.sweeps), per-sequence seeds (sdbench.engine.sampling),
+"""Temperature sweep: dataset variants (sdbench.sweeps), per-sequence seeds (sdbench.engine.measure.sampling),
 the sweep table and recommendation (sdbench.analysis.temperature), and one real vLLM check."""
 
 from __future__ import annotations
@@ -120,9 +120,9 @@ def _spec(temperature: float | None, batch_size: int = 4, method: str = "ngram-k
 
 
 def test_request_seeds_are_fixed_and_differ_per_replica() -> None:
-    from sdbench.engine.sampling import request_seed
+    from sdbench.engine.measure.sampling import request_seed
 
-    # Pinned: SHA-256 of [seed, request id, slot], 31 bits (sdbench.engine.sampling).
+    # Pinned: SHA-256 of [seed, request id, slot], 31 bits (sdbench.engine.measure.sampling).
     assert [request_seed(42, "r1", 0), request_seed(42, "r1", 1), request_seed(7, "r1", 0)] == [
         1369627399, 1295561266, 1739139374]
     replicas = {request_seed(42, "r1", slot) for slot in range(8)}
@@ -132,8 +132,8 @@ def test_request_seeds_are_fixed_and_differ_per_replica() -> None:
 
 def test_sampling_params_greedy_unchanged_and_sampled_arms_share_seeds() -> None:
     import_or_fail("vllm")
-    from sdbench.engine.paired import baseline_spec
-    from sdbench.engine.sampling import call_sampling_params, request_seed
+    from sdbench.engine.measure.paired import baseline_spec
+    from sdbench.engine.measure.sampling import call_sampling_params, request_seed
 
     greedy = call_sampling_params(_spec(None), ["a", "a", "a", "a"])
     assert not isinstance(greedy, list)  # one object for the call, as before temperatures
@@ -309,7 +309,7 @@ def test_real_vllm_ngram_cell_at_temperature_one(tmp_path: Path) -> None:
     greedy, sampled = (pd.read_parquet(out / "ngram-k3" / d / "bs2" / "summary.parquet").iloc[0] for d in ("code-edit", "code-edit.t1.0"))
     assert (greedy["temperature"], sampled["temperature"]) == (0.0, 1.0)
     # Greedy outputs repeat exactly. Sampled SD outputs usually do (fixed seeds) but a near-tie in an
-    # acceptance test can flip between trials on this engine (sdbench.engine.sampling): recorded, not asserted.
+    # acceptance test can flip between trials on this engine (sdbench.engine.measure.sampling): recorded, not asserted.
     assert greedy["outputs_stable"]
     assert sampled["num_trials"] == 2 and sampled["paired_speedup"] > 0
     rate = [s["num_accepted_tokens"] / (s["output_len_mean"] * s["num_sequences"] * s["num_trials"]) for s in (greedy, sampled)]

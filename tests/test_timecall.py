@@ -1,6 +1,6 @@
-"""What a timed call records (sdbench.engine.trials.CellRun.time_call) and when the trials stop.
+"""What a timed call records (sdbench.engine.measure.trials.CellRun.time_call) and when the trials stop.
 
-A stand-in engine through the real seam (``sdbench.engine.engine.Engine``: its ``clock`` and
+A stand-in engine through the real seam (``sdbench.engine.measure.engine.Engine``: its ``clock`` and
 ``prompt``): a test double of ``vllm.LLM`` (no engine can decode here in a fast test) whose
 outputs have known token counts per sequence, whose SD counters grow by known amounts, and whose
 clock advances by a known number of seconds per ``generate`` call. The timing, counting and
@@ -60,7 +60,7 @@ class FakeLLM:
 
 def fake_engine(llm: FakeLLM) -> Any:
     """An ``Engine`` around the fake LLM: its clock, and prompts as plain token-id lists."""
-    from sdbench.engine.engine import Engine
+    from sdbench.engine.measure.engine import Engine
 
     class StandIn(Engine):
         def prompt(self, token_ids: Any) -> Any:
@@ -84,7 +84,7 @@ def _vllm() -> None:
 
 
 def test_a_call_counts_every_sequence_of_its_batch_and_is_timed_by_the_engines_clock() -> None:
-    from sdbench.engine.trials import CellRun
+    from sdbench.engine.measure.trials import CellRun
 
     clock = FakeClock()
     llm = FakeLLM(clock, lengths=[4, 6, 5], durations=[0.5, 0.25], drafts=7, accepted=9)
@@ -108,7 +108,7 @@ def test_a_call_counts_every_sequence_of_its_batch_and_is_timed_by_the_engines_c
 
 
 def test_a_distinct_call_counts_every_prompts_sequence() -> None:
-    from sdbench.engine.trials import CellRun
+    from sdbench.engine.measure.trials import CellRun
 
     clock = FakeClock()
     llm = FakeLLM(clock, lengths=[3, 8], durations=[2.0])
@@ -126,7 +126,7 @@ def test_trials_stop_when_the_paired_speedups_interval_is_narrow_enough() -> Non
     ratios are 1.5, 2.5 and 400/200 = 2.0, the point (median of 150 and 250 over 100) 2.0, so the
     95% interval is [1.5, 2.5] and its relative half-width (2.5 - 1.5) / 2 / 2.0 = 0.25. Judged
     the wrong way round (no SD over SD): [0.4, 2/3] around 0.5, (2/3 - 0.4) / 2 / 0.5 = 0.267."""
-    from sdbench.engine.trials import CellRun, timed_part
+    from sdbench.engine.measure.trials import CellRun, timed_part
 
     def arms() -> list[Any]:
         base = FakeLLM(FakeClock(), lengths=[100], durations=[1.0, 1.0, 1.0])
@@ -149,7 +149,7 @@ def test_trials_stop_when_the_paired_speedups_interval_is_narrow_enough() -> Non
 def test_one_arm_stops_when_its_throughputs_interval_is_narrow_enough() -> None:
     """One arm, one prompt, two trials at 150 and 250 tokens/s: the interval is [150, 250]
     around the median 200, relative half-width 50 / 200 = 0.25."""
-    from sdbench.engine.trials import CellRun, timed_part
+    from sdbench.engine.measure.trials import CellRun, timed_part
 
     for target, trials in ((0.26, 2), (0.24, 3)):
         llm = FakeLLM(FakeClock(), lengths=[150], durations=[1.0, 0.6, 1.0])
@@ -162,8 +162,8 @@ def test_a_calls_prompts_are_built_before_its_clock_starts() -> None:
     """Building the engine's prompts (vLLM's ``TokensPrompt``: every token id made a Python int)
     is the runner's work, not the engine's: an engine whose prompt building moves the clock by
     1 s per prompt still times its 0.5 s call at 0.5 s, and every sequence gets its own prompt."""
-    from sdbench.engine.engine import Engine
-    from sdbench.engine.trials import CellRun
+    from sdbench.engine.measure.engine import Engine
+    from sdbench.engine.measure.trials import CellRun
 
     clock = FakeClock()
     llm = FakeLLM(clock, lengths=[2], durations=[0.5])

@@ -1,6 +1,6 @@
-"""The timed part of a cell (sdbench.engine.trials.timed_part): call order and stopping rules.
+"""The timed part of a cell (sdbench.engine.measure.trials.timed_part): call order and stopping rules.
 
-The arms here are test doubles of ``sdbench.engine.trials.CellRun`` (which times real
+The arms here are test doubles of ``sdbench.engine.measure.trials.CellRun`` (which times real
 ``generate`` calls on a started vLLM engine; the slow end-to-end test runs that): each fake
 call logs its order, advances the arm's timed seconds by a given duration (the clock the
 ``min_measured_s`` rule reads) and records a call row with a given tokens/s (what the
@@ -18,8 +18,8 @@ import pandas as pd
 import pytest
 
 from sdbench.analysis import stats
-from sdbench.engine.summary import cell_seed
-from sdbench.engine.trials import timed_part
+from sdbench.engine.measure.summary import cell_seed
+from sdbench.engine.measure.trials import timed_part
 
 
 class FakeArm:

@@ -1,4 +1,4 @@
-"""In-engine traces stay aligned (sdbench.engine.acceptancetrace), on the real CPU engine.
+"""In-engine traces stay aligned (sdbench.engine.release.acceptancetrace), on the real CPU engine.
 
 A draft model identical to its target proposes exactly the target's greedy tokens, so a trace
 that commits one token per step and drafts from there must show every draft accepted
@@ -22,7 +22,7 @@ import pytest
 from support.require import import_or_fail
 
 from conftest import REPO
-from sdbench.engine import acceptancetrace
+from sdbench.engine.release import acceptancetrace
 
 K = 3
 ENGINE_RUN = textwrap.dedent("""
@@ -38,7 +38,7 @@ ENGINE_RUN = textwrap.dedent("""
         save_tiny_llama(out, max_position_embeddings=1024)
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
-        from sdbench.engine.acceptancetrace import read_trace_dir
+        from sdbench.engine.release.acceptancetrace import read_trace_dir
 
         k = int(sys.argv[4])
         llm = LLM(model=str(out), speculative_config={"method": "draft_model", "model": str(out),

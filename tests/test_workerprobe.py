@@ -1,4 +1,4 @@
-"""Worker memory through ``collective_rpc`` by name (sdbench.engine.workerprobe), on the real CPU engine.
+"""Worker memory through ``collective_rpc`` by name (sdbench.engine.release.workerprobe), on the real CPU engine.
 
 With the engine core in another process (vLLM 0.11.1 runs every SD cell so), the client encodes the
 call with msgpack: a function is refused unless VLLM_ALLOW_INSECURE_SERIALIZATION=1, a method name
@@ -20,7 +20,7 @@ import pytest
 from support.require import import_or_fail
 
 from conftest import REPO
-from sdbench.engine import workerprobe
+from sdbench.engine.release import workerprobe
 
 ENGINE_RUN = textwrap.dedent("""
     import json, os, sys
@@ -43,7 +43,7 @@ ENGINE_RUN = textwrap.dedent("""
                               tie_word_embeddings=False)
             LlamaForCausalLM(cfg).save_pretrained(out)
         from vllm import LLM
-        from sdbench.engine.versions import engine_memory
+        from sdbench.engine.release.versions import engine_memory
         llm = LLM(model=str(out), speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                   "prompt_lookup_min": 2, "prompt_lookup_max": 5}, enforce_eager=True, dtype="float32",
                   kv_cache_memory_bytes=1 << 26, max_model_len=512, seed=0, disable_log_stats=False)

@@ -73,7 +73,7 @@ BUNDLE_ROOT = "sdbench-bundle"
 WEIGHT_SUFFIXES = frozenset({".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".h5", ".msgpack"})
 EXCLUDED_RESULT_DIRS = frozenset({P.stage_dir(P.BUNDLE_DIR)})
 
-# Keys of sdbench.engine.hardware.provenance(), recorded in every cell's summary.parquet.
+# Keys of sdbench.engine.site.hardware.provenance(), recorded in every cell's summary.parquet.
 PROVENANCE_COLUMNS = (
     "vllm_version",
     "torch_version",

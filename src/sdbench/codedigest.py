@@ -16,7 +16,7 @@ name both, or the package.
 :func:`package_digest` is another digest: of the source bytes of every module of the *imported*
 package, the same under any Python version. An image records it when it is built
 (``org.sdbench.code.digest``, :mod:`sdbench.containers`), every engine job records the one of the
-code it ran (``code_digest`` in its summary, :mod:`sdbench.engine.hardware`), and a run refuses an
+code it ran (``code_digest`` in its summary, :mod:`sdbench.engine.site.hardware`), and a run refuses an
 image whose digest is not the checkout's. ``python -m sdbench.codedigest`` prints it.
 
 Parsing every module costs about 1.8 CPU-seconds, and every SLURM job loads the workflow twice
@@ -137,6 +137,8 @@ def module_closure(*modules: str, outside: Iterable[str] = ()) -> list[str]:
             continue  # an attribute imported with ``from sdbench.x import y``
         seen.add(name)
         todo.extend(parsed[1] - seen)
+        # Importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first.
+        todo.extend(name.rsplit(".", n)[0] for n in range(1, name.count(".") + 1))
     return sorted(seen)
 
 

@@ -49,11 +49,11 @@ _TOP_LEVEL = ("images", "unresolved", "pin_sets", "build_defaults", "engine_sour
 
 # vLLM general plugins this package registers (pyproject.toml entry points): name -> module.
 VLLM_PLUGINS: dict[str, str] = {
-    "sdbench_trace": "sdbench.engine.acceptancetrace",
-    "sdbench_step_timing": "sdbench.engine.steptiming",
-    "sdbench_engine_fixes": "sdbench.engine.enginefixes",
-    "sdbench_worker_probe": "sdbench.engine.workerprobe",
-    "sdbench_forced_acceptance": "sdbench.engine.forcing",
+    "sdbench_trace": "sdbench.engine.release.acceptancetrace",
+    "sdbench_step_timing": "sdbench.engine.measure.steptiming",
+    "sdbench_engine_fixes": "sdbench.engine.release.enginefixes",
+    "sdbench_worker_probe": "sdbench.engine.release.workerprobe",
+    "sdbench_forced_acceptance": "sdbench.engine.measure.forcing",
 }
 # sdbench modules the analysis steps run (imported by the analysis image's %test).
 ANALYSIS_MODULES = (

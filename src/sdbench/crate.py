@@ -13,7 +13,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-from sdbench.engine.hardware import package_version
+from sdbench.engine.site.hardware import package_version
 from sdbench.provenance import MARK, MEASURED
 
 if TYPE_CHECKING:  # pandas is imported where used: the workflow imports sdbench.bundle at parse time

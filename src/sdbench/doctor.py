@@ -16,7 +16,7 @@ with its checks and their fixes, run in this order:
 * the GPUs (:mod:`sdbench.doctorgpu`, with CUDA engines): GPUs and a driver every engine image
   accepts; then the CPU (:mod:`sdbench.doctorlocal`, with CPU engines): the build of vLLM's CPU
   kernels this host loads; then NVML's energy counter read around ~2 s of matmuls on the first
-  GPU, printed as joules and mean watts (the meter of every timed call, :mod:`sdbench.engine.energy`);
+  GPU, printed as joules and mean watts (the meter of every timed call, :mod:`sdbench.engine.measure.energy`);
 * containers (:mod:`sdbench.doctorcontainers`, with ``software-deployment-method: apptainer``):
   Apptainer (or Singularity) and its version, every image the config needs built
   (``containers/sif/<name>.sif``) from the current definition with the labels of

@@ -1,7 +1,7 @@
 """``sdbench doctor``, the GPUs of this host (with CUDA engines in the grid): GPUs and a driver
 every engine image accepts (:func:`sdbench.gpudriver.driver_check`), and NVML's energy counter read
 around ~2 s of matmuls on the first GPU, printed as joules and mean watts (the meter of every timed
-call, :mod:`sdbench.engine.energy`). The GPUs inside each image are checked with the images
+call, :mod:`sdbench.engine.measure.energy`). The GPUs inside each image are checked with the images
 (:func:`sdbench.doctorcontainers.image_gpus`).
 """
 
@@ -68,8 +68,8 @@ def gpu_meter_check(nvml: Any = None, load: Callable[[float], None] | str | None
     not move; skipped without an NVML library (no driver: the GPU check says so) or without a load."""
     import time
 
-    from sdbench.engine.energy import nvml_meter, nvml_module
-    from sdbench.engine.quietguard import visible_gpus
+    from sdbench.engine.measure.energy import nvml_meter, nvml_module
+    from sdbench.engine.site.quietguard import visible_gpus
 
     nvml = nvml if nvml is not None else nvml_module()
     if nvml is None:

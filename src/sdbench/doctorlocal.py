@@ -168,8 +168,8 @@ CPU_KERNEL_FIX = ("run the CPU engines on an x86-64 CPU with AVX2 (Intel Haswell
 
 def cpu_kernel_check(features: Any = None) -> Result:
     """The build of vLLM's C++ kernels this CPU loads (AVX2, AVX-512, AVX-512 BF16; AMX named), as
-    vLLM's own loader picks it (:mod:`sdbench.engine.cpukernels`); FAILED where no build runs."""
-    from sdbench.engine import cpukernels
+    vLLM's own loader picks it (:mod:`sdbench.engine.release.cpukernels`); FAILED where no build runs."""
+    from sdbench.engine.release import cpukernels
 
     try:
         features = features or cpukernels.cpu_features()

@@ -3,7 +3,7 @@
 ``sdbench doctor`` checks NVML's counter for a grid with CUDA engines (``doctorgpu.gpu_meter_check``);
 this module adds the CPU side: for a grid with CPU engines (``vllm-cpu``), is Linux powercap RAPL
 there and readable (:func:`rapl_check`)? It reads what the run's meter reads
-(:func:`sdbench.engine.energy.rapl_meter`), so the doctor's line and a cell's ``energy_reason``
+(:func:`sdbench.engine.measure.energy.rapl_meter`), so the doctor's line and a cell's ``energy_reason``
 agree. Outcomes:
 
 - ok: the package domains (and their ``dram`` subdomains, or that there are none) read;
@@ -29,7 +29,7 @@ RAPL_FIX = ("make the counters readable: `sudo chmod o+r /sys/class/powercap/int
 
 def rapl_check(root: Path | None = None) -> Result:
     """Whether a CPU engine's RAPL meter reads under ``root`` (default: /sys/class/powercap)."""
-    from sdbench.engine.energy import RAPL_ROOT, MeterUnavailable, rapl_domains, rapl_meter
+    from sdbench.engine.measure.energy import RAPL_ROOT, MeterUnavailable, rapl_domains, rapl_meter
 
     root = RAPL_ROOT if root is None else root
     try:

@@ -1,7 +1,7 @@
 """Files fetched by URL and pinned by sha256: verified while streamed, written atomically.
 
 Used for the paper's published traces (:mod:`sdbench.traces.fetch`), the engine release wheels
-the conformance check reads (:mod:`sdbench.engine.conformance`) and the source archives an image
+the conformance check reads (:mod:`sdbench.engine.release.conformance`) and the source archives an image
 builds (:mod:`sdbench.containercheck`). A file whose hash differs never appears at its path.
 """
 

@@ -15,7 +15,7 @@ import pandas as pd
 from sdbench.config import DRAFTER_METHODS, ConfigError, load_config
 from sdbench import sweeps
 from sdbench.sweeps import is_sampled
-from sdbench.engine.versions import unsupported_reason
+from sdbench.engine.release.versions import unsupported_reason
 
 CELL_KEYS = ("engine", "model", "dataset", "method", "batch_size")
 
@@ -130,7 +130,7 @@ def resolve_cell(config: dict[str, Any], cell: Cell, pairing: bool = True) -> di
         spec["run"] = {**spec["run"], **forced}
     base = baseline_method(config)
     if pairing and config.get("run", {}).get("paired_baseline") and cell.method != base:
-        # Timed in pairs with a no-SD engine in the same process (sdbench.engine.paired).
+        # Timed in pairs with a no-SD engine in the same process (sdbench.engine.measure.paired).
         spec["paired_baseline"] = {"key": base, "method": config["methods"][base]}
     return spec
 
@@ -181,7 +181,7 @@ def engine_group_of(config: dict[str, Any], cell: Cell) -> EngineGroup:
     A sweep's cells that run with their method's engine arguments get one engine per method
     beside the method's own group (share ``<share>-forced``, ``<share>-temperature``), so that
     the grid's cells, and the verdict written from them, never wait for a sweep. A method's forced
-    points share that engine: sdbench.engine.forcing switches the length cell by cell.
+    points share that engine: sdbench.engine.measure.forcing switches the length cell by cell.
     """
     distinct = config.get("run", {}).get("batch_mode", "replicate") == "distinct"
     share = f"bs{cell.batch_size}" if distinct else "all"

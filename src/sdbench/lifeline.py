@@ -97,11 +97,11 @@ def watch_workflow(poll: float = POLL_SECONDS) -> threading.Thread | None:
 # --cleanenv (a host's OMP_NUM_THREADS, PYTHONPATH or LD_LIBRARY_PATH must not reach a pinned
 # image), and Apptainer passes APPTAINERENV_<NAME> into the container as <NAME> even then.
 # Thread pools and compile caches are then set by the engine job itself
-# (sdbench.engine.hardware.job_env), from its own allocation.
+# (sdbench.engine.site.hardware.job_env), from its own allocation.
 CONTAINER_ENV_ALLOW = (
     ENV_WORKFLOW_PID,
     "SDBENCH_QUIET_GUARD",
-    # The job and its devices: the quiet guard judges the job (sdbench.engine.quietguard), the
+    # The job and its devices: the quiet guard judges the job (sdbench.engine.site.quietguard), the
     # engine sees the GPUs SLURM gave the job.
     "SLURM_JOB_ID", "SLURM_JOB_NODELIST", "SLURM_CPUS_ON_NODE", "SLURM_JOB_CPUS_PER_NODE", "SLURM_JOB_GPUS",
     "CUDA_VISIBLE_DEVICES",
@@ -109,9 +109,9 @@ CONTAINER_ENV_ALLOW = (
     # the site's proxies reach the download jobs only (sdbench.models.hub.download_env).
     "TMPDIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
     "SDBENCH_DATA_DIR", "SOURCE_DATE_EPOCH",
-    # Compile caches kept across jobs on a shared path (sdbench.engine.compilecache; bind it in).
+    # Compile caches kept across jobs on a shared path (sdbench.engine.site.compilecache; bind it in).
     "SDBENCH_COMPILE_CACHE",
-    # The job's cgroup, found on the host before its container starts (sdbench.engine.quietguard).
+    # The job's cgroup, found on the host before its container starts (sdbench.engine.site.quietguard).
     "SDBENCH_JOB_CGROUP",
 )  # fmt: skip
 CONTAINER_ENV_PREFIX = "APPTAINERENV_"
@@ -130,8 +130,8 @@ def container_env(environ: dict[str, str] | None = None) -> dict[str, str | None
 def export_workflow_env(quiet_guard: str) -> None:
     """Called by the workflow (common.smk): its jobs inherit its pid, the guard mode, the SLURM
     job's cgroup and, for their containers, the allow-listed environment (:func:`container_env`)."""
-    from sdbench.engine.quietguard import ENV_JOB_CGROUP, ENV_MODE, host_job_cgroup
-    from sdbench.engine.versions import apply_env
+    from sdbench.engine.site.quietguard import ENV_JOB_CGROUP, ENV_MODE, host_job_cgroup
+    from sdbench.engine.release.versions import apply_env
 
     os.environ[ENV_WORKFLOW_PID] = str(os.getpid())
     os.environ[ENV_MODE] = quiet_guard

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-# The per-sequence engine SD counters (sdbench.engine.counters.request_sd_metrics), null where none.
+# The per-sequence engine SD counters (sdbench.engine.measure.counters.request_sd_metrics), null where none.
 SD_COLUMNS = ("sd_num_steps", "sd_num_draft_tokens", "sd_num_accepted_tokens", "sd_mean_acceptance_length")
 # Columns a referring row leaves null: they are on the row its output_slot names.
 OUTPUT_COLUMNS = ("output_token_ids", "output_text")
@@ -104,7 +104,7 @@ class RequestRows:
 
     def records(self, start: int = 0) -> list[dict[str, Any]]:
         """Rows ``start``.. as :meth:`replay` takes them back (a killed cell's saved progress,
-        sdbench.engine.progress): :meth:`add`'s arguments, the SD counters flattened."""
+        sdbench.engine.measure.progress): :meth:`add`'s arguments, the SD counters flattened."""
         out = []
         for row in range(start, len(self)):
             out.append({

@@ -311,7 +311,7 @@ class CellEstimate:
 
 
 def trial_bound(run: dict[str, Any], trial_s: float, fastest_arm_s: float) -> float:
-    """Trials (in units of one trial of every arm) the stopping rule (``sdbench.engine.trials``) can
+    """Trials (in units of one trial of every arm) the stopping rule (``sdbench.engine.measure.trials``) can
     take at most: ``repeats``; with ``target_half_width`` the worst case, ``max(repeats, max_repeats)``;
     with ``min_measured_s``, trials until the fastest arm has that many seconds plus the trial that
     crosses it (``min_measured_s / fastest arm's trial + 1``: a bound even when the real trial is
@@ -621,7 +621,7 @@ class SiteLimits:
     @property
     def reach(self) -> int | None:
         """The most minutes a resumable job can get: the limit times its attempts (a killed cell
-        resumes from its progress, :mod:`sdbench.engine.progress`)."""
+        resumes from its progress, :mod:`sdbench.engine.measure.progress`)."""
         return None if self.max_runtime is None else self.max_runtime * self.attempts
 
 

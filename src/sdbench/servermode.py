@@ -11,7 +11,7 @@ start by start (:func:`start_order`), so SD and no SD are measured side by side 
 node; each arm still writes its own directory, laid out as without it.
 
 Light (standard library and the grid's own imports): the Snakefile reads it while it builds
-the DAG. The job itself is :mod:`sdbench.engine.servegroup`.
+the DAG. The job itself is :mod:`sdbench.engine.serving.servegroup`.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def server_problems(config: dict[str, Any], drafter_methods: frozenset[str]) -> 
 
     ``drafter_methods``: vLLM methods that need a drafter (sdbench.config.DRAFTER_METHODS).
     """
-    from sdbench.engine.versions import unsupported_reason
+    from sdbench.engine.release.versions import unsupported_reason
 
     section = config.get(SECTION)
     if not section:

@@ -15,7 +15,7 @@ parameters), so each point is a dataset entry ``<dataset>.t<T>`` (a copy of the 
 sweep adds one grid block (marked ``sweep: temperature``). The variants run on one engine per
 method beside the method's own (group share ``<share>-temperature``, so the grid's cells never
 wait for them), on the base's prompt table, and a paired no-SD arm runs the very same
-sampled calls (same per-request seeds, sdbench.engine.sampling), so the speedup at T is SD at T
+sampled calls (same per-request seeds, sdbench.engine.measure.sampling), so the speedup at T is SD at T
 over no SD at T.
 
 ``forced_acceptance`` runs each listed SD method at chosen *forced* acceptance lengths: vLLM's
@@ -25,7 +25,7 @@ point is a method entry ``<method>.a<L>`` (``full`` is k + 1: every draft accept
 ceiling), marked ``sweep_of`` and ``forced_acceptance_length``, in one more grid block (``sweep:
 forced_acceptance``) with the no-SD baseline. Its engine arguments are the base method's, and
 one engine per method runs all its forced points, switching the length cell by cell
-(:mod:`sdbench.engine.forcing`; group share ``<share>-forced``). Its cells generate
+(:mod:`sdbench.engine.measure.forcing`; group share ``<share>-forced``). Its cells generate
 ``max_tokens`` tokens (``ignore_eos``, both arms): accepted drafts are the drafter's tokens, so
 the outputs are not the greedy ones and their lengths would otherwise differ between arms.
 """
@@ -168,7 +168,7 @@ def forced_run(config: dict[str, Any], method: str) -> dict[str, Any] | None:
 
 def _forced_problems(config: dict[str, Any]) -> list[str]:
     """Engines without synthetic rejection, methods that draft nothing, lengths beyond k + 1."""
-    from sdbench.engine.versions import quirks_for
+    from sdbench.engine.release.versions import quirks_for
 
     sweep = config[FORCED_ACCEPTANCE]
     problems = []
@@ -323,7 +323,7 @@ def _expand_forced_acceptance(config: dict[str, Any]) -> None:
     for key, (base, length) in points.items():
         if key not in config["methods"]:
             # The same engine arguments as the base method: the length is switched inside the
-            # base method's engine, cell by cell (sdbench.engine.forcing).
+            # base method's engine, cell by cell (sdbench.engine.measure.forcing).
             entry = copy.deepcopy(config["methods"][base])
             entry.update(label=f"{entry.get('label', base)} forced τ={length:g}", sweep_of=base,
                          forced_acceptance_length=length)  # fmt: skip

@@ -62,8 +62,8 @@ def measure(meter: Callable[[Bench], Any], device: str = "cuda", paired: bool = 
     """The tables (``calls``, ``summary``, and ``baseline_calls`` when paired) of the no-SD cells and
     the SD cells at batch sizes 1 and 2; ``meter(bench)`` makes an engine's meter over the bench its
     cell's engines share (None: no meter). Unpaired, the SD cell runs alone on its own engine."""
-    from sdbench.engine.paired import measure_paired
-    from sdbench.engine.trials import measure_cell
+    from sdbench.engine.measure.paired import measure_paired
+    from sdbench.engine.measure.trials import measure_cell
 
     cells = []
     for bs in (1, 2):
@@ -92,7 +92,7 @@ def joined(cells: list[dict[str, pd.DataFrame]]) -> pd.DataFrame:
 def nvml_meter(bench: Bench) -> Any:
     """An NVML meter (the NVML double) over GPUs 0 and 1, the engine's (tensor-parallel 2): GPU 0
     spends three quarters of the bench's energy, GPU 1 a quarter; GPU 2 is another job's and must not count."""
-    from sdbench.engine.energy import meter_for
+    from sdbench.engine.measure.energy import meter_for
 
     def counter(i: int) -> float:
         return (5_000_000 + 750 * bench.joules, 250 * bench.joules, 10**9 + 10**6 * bench.t)[i]

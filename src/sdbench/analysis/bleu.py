@@ -306,7 +306,7 @@ def _cmd_heatmap(args: argparse.Namespace) -> int:
 
 
 # Columns that identify one timed call within a cell's process: the paired no-SD arm timed the
-# same call next to it (sdbench.engine.paired), in the same engine start and trial.
+# same call next to it (sdbench.engine.measure.paired), in the same engine start and trial.
 _CELL_KEYS = ["engine", "model", "dataset", "batch_size"]
 _PAIR_KEYS = ["engine_start", "trial", "call_index", "request_id"]
 
@@ -350,7 +350,7 @@ def measured_bucket_speedups(
     own speedup. ``relative_speedup`` = n-gram speedup / ``versus`` speedup.
 
     ``baseline_calls`` are the paired no-SD arms (``run.paired_baseline``,
-    sdbench.engine.paired): the calls of each SD cell's ``baseline_calls.parquet`` with a
+    sdbench.engine.measure.paired): the calls of each SD cell's ``baseline_calls.parquet`` with a
     ``paired_with`` column naming the SD method whose process timed them. Where both methods'
     cells were paired (``design`` = ``paired``), each speedup divides by the no-SD calls timed
     in its own process, call by call and trial by trial, so the process's speed cancels. Where

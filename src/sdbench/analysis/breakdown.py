@@ -1,5 +1,5 @@
 """Runtime breakdown per stage (paper Sec. 5.1, Fig. 3): stage fractions of the engine steps
-timed in breakdown mode (:mod:`sdbench.engine.steptiming`), and their stacked-bar figure.
+timed in breakdown mode (:mod:`sdbench.engine.measure.steptiming`), and their stacked-bar figure.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sdbench.engine.steptiming import STAGE_COLUMNS
+from sdbench.engine.measure.steptiming import STAGE_COLUMNS
 from sdbench.io import read_csv, read_parquet, write_parquet
 from sdbench.plotting import drawn_table, method_style, save_png, subplots
 
@@ -133,7 +133,7 @@ def plot_breakdown(table: pd.DataFrame, out_png: str | os.PathLike[str], title: 
 
 
 def read_step_tables(paths: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
-    """Concatenate step tables (parquet or CSV) with :data:`sdbench.engine.steptiming.STEP_COLUMNS`
+    """Concatenate step tables (parquet or CSV) with :data:`sdbench.engine.measure.steptiming.STEP_COLUMNS`
     minus ``other_s`` plus ``method`` and ``batch_size``; ``ValueError`` names the file lacking a column."""
     frames = []
     for path in map(Path, paths):

@@ -2,7 +2,7 @@
 
 Every sequence of a cell's ``requests.parquet`` carries the engine's per-request SD counters
 (``sd_num_steps``, ``sd_num_draft_tokens``, ``sd_num_accepted_tokens``; vLLM >= 0.32, see
-``sdbench.engine.counters.request_sd_metrics``); the prompt table gives each ``request_id`` its
+``sdbench.engine.measure.counters.request_sd_metrics``); the prompt table gives each ``request_id`` its
 ``category`` (a SPEED-Bench category or entropy tier, :mod:`sdbench.datasets.speedbench`). Per
 engine x model x dataset x method x batch size x category the table gives:
 

@@ -32,7 +32,7 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     """Concatenate per-cell summaries and add ``speedup`` (and pooled speedup) over ``baseline``.
 
     A cell measured in pairs with a no-SD engine in its own process
-    (``run.paired_baseline``, sdbench.engine.paired) takes its ``speedup`` and interval from
+    (``run.paired_baseline``, sdbench.engine.measure.paired) takes its ``speedup`` and interval from
     the pairs (``speedup_design`` = ``paired``); otherwise ``speedup`` is the ratio over the
     separately measured no-SD cell and ``speedup_ci_low/high`` the interval of the ratio of
     the two cells' bootstrap draws (``independent``; sdbench.analysis.stats).
@@ -131,7 +131,7 @@ REMEASURE_OTHER_HARDWARE = "SDBENCH_REMEASURE_OTHER_HARDWARE=1 snakemake --force
 
 
 def hardware_kind(label: object) -> str:
-    """The part of a ``hardware`` label a number depends on (sdbench.engine.hardware.hardware_class):
+    """The part of a ``hardware`` label a number depends on (sdbench.engine.site.hardware.hardware_class):
     the GPU boards with their memory and count, or the CPU; not the driver, which is provenance."""
     label = "" if label is None or label != label else str(label)  # NaN: unknown
     return label if label.startswith("CPU ") else label.split(", driver ")[0]
@@ -273,7 +273,7 @@ def output_divergence(requests: pd.DataFrame, baseline: str, cells: pd.DataFrame
     differing sequences (a length difference counts at the shorter length). With ``cells``
     (their ``temperature``) each row says what it was compared with (``reference``): greedy
     no SD, or, for a sampled dataset, no SD sampled with the same seeds, which SD matches in
-    distribution but need not reproduce (sdbench.engine.sampling): there a difference is expected.
+    distribution but need not reproduce (sdbench.engine.measure.sampling): there a difference is expected.
     Forced-acceptance cells (``sweep`` ``forced_acceptance`` in ``cells``) are left out: their
     accepted tokens are the drafter's, not the greedy ones, by design. A row that refers to
     another slot's output (``output_slot``, sdbench.requesttable) counts as that slot.

@@ -1,7 +1,7 @@
 """Energy beside throughput: joules per output token per cell, and SD's energy ratio over no SD.
 
 A cell's joules per output token (``joules_per_token`` with its 95% interval, its meter in
-``energy_meter``) comes from its calls (:mod:`sdbench.engine.energy`). The energy ratio of an SD
+``energy_meter``) comes from its calls (:mod:`sdbench.engine.measure.energy`). The energy ratio of an SD
 cell is its joules per token over its no-SD arm's, computed as its speedup is
 (:func:`sdbench.analysis.endtoend.join_cells`): from the paired arms where the cell was timed in pairs
 (``paired_energy_ratio``), else over the separately measured no-SD cell with the interval of the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from sdbench.engine.energy import JOULES_PER_TOKEN, NOT_MEASURED
+from sdbench.engine.measure.energy import JOULES_PER_TOKEN, NOT_MEASURED
 from sdbench.io import read_parquet, write_parquet, write_text
 
 GROUP = ["engine", "model", "dataset", "batch_size"]

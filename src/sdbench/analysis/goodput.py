@@ -10,7 +10,7 @@ per-request timing is ``vllm/benchmarks/lib/endpoint_request_func.py``):
 - goodput is good requests over the benchmark's duration (vLLM: ``good_completed / dur_s``).
   Here the duration is the timed rounds' wall time, first send to last answer, summed over rounds;
 - TTFT, TPOT = (latency - TTFT) / (output tokens - 1), end-to-end latency as the client records
-  them (:mod:`sdbench.engine.loadgen`); ITL as vLLM's: the gaps between consecutive streamed chunks
+  them (:mod:`sdbench.engine.serving.loadgen`); ITL as vLLM's: the gaps between consecutive streamed chunks
   of a request, pooled over requests. With SD a chunk carries all the tokens a step accepted, so an
   ITL is the wait between the chunks a user sees (one per engine step), not a time per token; TPOT
   is the time per token.
@@ -35,7 +35,7 @@ independent draws. Rounds and requests are always drawn per cell. A draw where n
 target counts as ratio 1 (the same goodput), one where only SD does as infinite; the interval's
 bounds are then draws themselves (no interpolation across an infinite draw).
 
-Stream-off control rounds (``stream`` False in the requests table, sdbench.engine.loadgen's plain
+Stream-off control rounds (``stream`` False in the requests table, sdbench.engine.serving.loadgen's plain
 completions) are never part of timed throughput, goodput or latency: :func:`timed_requests` drops them.
 """
 
@@ -51,7 +51,7 @@ from sdbench.analysis.stats import CONFIDENCE, NUM_RESAMPLES
 
 # server.slo key -> the request column it bounds (seconds in the table, ms in the config).
 TARGETS = {"ttft_ms": "ttft_s", "tpot_ms": "tpot_s", "e2e_ms": "latency_s"}
-from sdbench.engine.latencysummary import PERCENTILES, latency_percentiles  # noqa: F401 - a server cell's summary
+from sdbench.engine.measure.latencysummary import PERCENTILES, latency_percentiles  # noqa: F401 - a server cell's summary
 # Where a target lies against no SD at the same concurrency (:func:`region`): the verdict's goodput
 # squares and the frontier's regions (sdbench.analysis.goodputfrontier) use these words.
 SD_BETTER, BASE_BETTER, UNDECIDED, NEITHER = "SD better", "no SD better", "undecided", "neither meets"
@@ -230,7 +230,7 @@ def ratio_interval(numerator: Any, denominator: Any, confidence: float = CONFIDE
 def draw_seed(cell: dict[str, Any], seed: int) -> int:
     """The seed of a server cell's goodput draws (the config seed and its keys): the server table's
     draws and the frontier's (sdbench.analysis.goodputfrontier) are the same resamples."""
-    from sdbench.engine.summary import cell_seed
+    from sdbench.engine.measure.summary import cell_seed
 
     return cell_seed({"seed": seed, "cell": cell})
 

@@ -1,6 +1,6 @@
 """Server mode's latency-throughput trade-off and what a token costs at each concurrency.
 
-Reads the server groups' cell summaries (sdbench.engine.servegroup) into one table, one row per
+Reads the server groups' cell summaries (sdbench.engine.serving.servegroup) into one table, one row per
 engine x model x dataset x method x concurrency, adds goodput under the configured latency targets
 (:mod:`sdbench.analysis.goodput`, from the cells' requests), throughput per device and the cost per
 1M output tokens and per request at the configured price (the same formula as

@@ -12,7 +12,7 @@ gives
 - both speedups (offline with its 95% interval; served with its interval, or range over rounds
   for a one-start table, the verdict's bounds :func:`sdbench.analysis.verdict.server_points`);
 - the stream-off control's speedup: SD's over no SD's output tokens/s in the control rounds of the
-  same servers with streaming off (plain completions, :func:`sdbench.engine.loadgen.run_level`
+  same servers with streaming off (plain completions, :func:`sdbench.engine.serving.loadgen.run_level`
   ``stream=False``; ``stream_off_tokens_per_s`` of the server table);
 - ``reason``, from those numbers, never from a guess (:func:`reason`):
   ``agree`` (the served speedup lies inside the offline interval, or the served interval holds the

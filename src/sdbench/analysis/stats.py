@@ -1,4 +1,4 @@
-"""Uncertainty for the analyses: the measurement's bootstrap (:mod:`sdbench.engine.resampling`,
+"""Uncertainty for the analyses: the measurement's bootstrap (:mod:`sdbench.engine.measure.resampling`,
 where the method is described) and the interval of a ratio of two independent estimates.
 
 The bootstrap lives with the measurement because it decides how many trials a cell takes
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sdbench.engine.resampling import (  # noqa: F401 - the analyses' names for the measurement's estimators
+from sdbench.engine.measure.resampling import (  # noqa: F401 - the analyses' names for the measurement's estimators
     CONFIDENCE,
     NUM_RESAMPLES,
     bootstrap,

@@ -3,7 +3,7 @@
 The cells come from the ``temperature`` sweep (sdbench.sweeps): each SD method and the no-SD
 baseline run on a dataset and on its copies sampled at each temperature (``<dataset>.t<T>``;
 T = 0 is the dataset itself, greedy). A sampled SD cell is timed against a no-SD arm running
-the same calls with the same per-sequence seeds (sdbench.engine.sampling), so its speedup is
+the same calls with the same per-sequence seeds (sdbench.engine.measure.sampling), so its speedup is
 SD at T over no SD at T. Per point the table gives the mean accepted length, the acceptance
 rate, the mean output length (sampling changes how long outputs run, and with it the work per
 request) and the speedup with its 95% interval, judged against 1:

@@ -5,7 +5,7 @@ server group would (:mod:`sdbench.bench.serveparity`'s pieces: the engine argume
 cell, the CPU placement), ``--starts`` times, interleaved: start s of every method before start
 s + 1, so start s of SD and start s of no SD ran next to each other in time. On each start, per
 load (``--loads``, requests in flight): warm-up requests, ``--rounds`` timed streamed rounds
-(:func:`sdbench.engine.loadgen.run_level`), then one stream-off control round of the same requests
+(:func:`sdbench.engine.serving.loadgen.run_level`), then one stream-off control round of the same requests
 (plain completions, ``stream=False``). It writes each arm as a server group's output
 (``<output-dir>/<method>/<dataset>/c<load>/requests.parquet``, ``summary.parquet``, the columns of
 docs/schema.md the analyses read, with ``round_start``, ``start_sequence``, ``job_id``,
@@ -48,7 +48,7 @@ def arm_summary(keys: dict[str, Any], method: dict[str, Any], rows: pd.DataFrame
                 round_start: list[int], sequence: list[int], job_id: str, off_walls: list[float],
                 off_tokens: list[int], drafts: int, accepted: int) -> pd.DataFrame:  # fmt: skip
     """One server cell's summary row from its timed requests (``stream`` True, rounds in wall order)."""
-    from sdbench.engine.latencysummary import latency_percentiles
+    from sdbench.engine.measure.latencysummary import latency_percentiles
 
     timed = rows[rows["stream"]]
     per_round = timed.groupby("round")["num_output_tokens"].sum().to_numpy() / np.asarray(walls)
@@ -97,10 +97,10 @@ def width_rows(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict
 
 def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - starts vLLM servers
     from sdbench.config import load_config
-    from sdbench.datasets.prompts import read_prompt_table
-    from sdbench.engine.engine import build_llm_kwargs
-    from sdbench.engine.loadgen import read_metrics, results_rows, run_level
-    from sdbench.engine.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
+    from sdbench.datasets.prompttable import read_prompt_table
+    from sdbench.engine.measure.engine import build_llm_kwargs
+    from sdbench.engine.serving.loadgen import read_metrics, results_rows, run_level
+    from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 
     config = load_config(args.config)
     methods = list(dict.fromkeys(["none", *args.methods]))

@@ -7,7 +7,7 @@ than vLLM's own tool by more than 3% (ratio of medians >= 0.97).
 
 What is identical on both sides
 
-- engine arguments: the tool gets the runner's ``LLM(**kwargs)`` (``engine.engine.build_llm_kwargs``)
+- engine arguments: the tool gets the runner's ``LLM(**kwargs)`` (``engine.measure.engine.build_llm_kwargs``)
   translated to its command line (``paritytool.engine_cli_args``); the translation is checked
   before any run by building ``EngineArgs`` both ways (``paritytool.engine_args_diff``) and after
   each run by comparing the engines' resolved configs (``str(VllmConfig)`` plus scheduler/cache
@@ -24,7 +24,7 @@ What is identical on both sides
   decodes greedily, and on the tiny CPU target greedy is ~1.2x faster and SD acceptance differs
   at T=1. So the tool's ``SamplingParams`` are replaced by the runner's (temperature 0, the
   cell's seed), nothing else of the tool is touched; ``--vllm-sampling tool`` leaves T=1;
-- process layout (default ``--vllm-env runner``): the runner's engine env (``engine.versions.engine_env``:
+- process layout (default ``--vllm-env runner``): the runner's engine env (``engine.release.versions.engine_env``:
   in-process engine core); ``--vllm-env tool`` runs the tool with the inherited environment
   (multiprocess engine core, the tool's default);
 - timed span: one ``generate`` over all prompts, engine start-up and warm-up excluded on both
@@ -89,7 +89,7 @@ def parity_spec(
 ) -> dict[str, Any]:
     """The run-cell spec of the cell, in ``distinct`` mode with fixed output lengths."""
     from sdbench.errors import ConfigError
-    from sdbench.engine.versions import unsupported_reason
+    from sdbench.engine.release.versions import unsupported_reason
     from sdbench.grid import Cell, resolve_cell
 
     for key, name in (("engines", engine), ("models", model), ("datasets", dataset), ("methods", method)):
@@ -269,9 +269,9 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from sdbench.config import load_config
-    from sdbench.engine.versions import apply_env, engine_env
+    from sdbench.engine.release.versions import apply_env, engine_env
     from sdbench.io import write_parquet
-    from sdbench.engine.engine import build_llm_kwargs
+    from sdbench.engine.measure.engine import build_llm_kwargs
 
     config = load_config(args.config)
     engine = args.engine or next(iter(config["engines"]))

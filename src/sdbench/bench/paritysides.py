@@ -1,7 +1,7 @@
 """The two sides of ``sdbench bench parity``, each run in its own process (a fresh engine):
 ``python -m sdbench.bench.paritysides runner|vllm ...`` writes its result as JSON.
 
-- ``runner``: the cell through :func:`sdbench.engine.trials.run_cell`;
+- ``runner``: the cell through :func:`sdbench.engine.measure.trials.run_cell`;
 - ``vllm``: ``vllm bench throughput`` through its Python entry point (the console script fails
   with the CPU build), with the runner's greedy ``SamplingParams`` unless ``--sampling tool``.
 """
@@ -52,11 +52,11 @@ def _record_engine_config(store: dict[str, Any]) -> None:
 
 
 def _child_runner(args: argparse.Namespace) -> int:
-    from sdbench.engine.versions import apply_env, engine_env
+    from sdbench.engine.release.versions import apply_env, engine_env
 
     spec = json.loads(Path(args.spec).read_text())
     apply_env(engine_env(spec["engine"], spec["method"]))  # before vLLM is imported (run_cell does too)
-    from sdbench.engine.trials import run_cell
+    from sdbench.engine.measure.trials import run_cell
 
     engine: dict[str, Any] = {}
     _record_engine_config(engine)
@@ -165,7 +165,7 @@ if __name__ == "__main__":
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 TOUCHPOINTS = tp.declare(
     __name__,

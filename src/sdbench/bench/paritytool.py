@@ -209,7 +209,7 @@ def engine_args_diff(kwargs: dict[str, Any], argv: Sequence[str], parser: argpar
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 

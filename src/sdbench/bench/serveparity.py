@@ -1,7 +1,7 @@
 """``sdbench bench serve-parity``: the server-mode client against ``vllm bench serve``.
 
-One vLLM server (started as a server group would start it, :mod:`sdbench.engine.servegroup`) is
-driven in turn by sdbench's client (:func:`sdbench.engine.loadgen.run_level`) and by vLLM's own
+One vLLM server (started as a server group would start it, :mod:`sdbench.engine.serving.servegroup`) is
+driven in turn by sdbench's client (:func:`sdbench.engine.serving.loadgen.run_level`) and by vLLM's own
 ``vllm bench serve`` at the same concurrency, with the same prompts, output length
 (``ignore_eos``, so every request decodes exactly ``max_tokens``), greedy sampling and no warm-up
 inside the timed part. Rounds alternate which client goes first. It prints each round and the
@@ -64,8 +64,8 @@ def bench_serve_argv(
 
 
 def _ours(base_url: str, prompts: list[tuple[str, list[int]]], args: argparse.Namespace, round_: int) -> dict[str, float]:
-    from sdbench.engine.loadgen import run_level
-    from sdbench.engine.server import SERVED_MODEL_NAME
+    from sdbench.engine.serving.loadgen import run_level
+    from sdbench.engine.serving.server import SERVED_MODEL_NAME
 
     results, wall = run_level(base_url, prompts, args.max_tokens, args.concurrency, args.num_requests,
                               ignore_eos=True, round_=round_, model=SERVED_MODEL_NAME)  # fmt: skip
@@ -91,7 +91,7 @@ def occupancy(latency_sum_s: float, wall_s: float, concurrency: int) -> float:
 
 
 def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace, scratch: str, round_: int) -> dict[str, float]:
-    from sdbench.engine.server import SERVED_MODEL_NAME
+    from sdbench.engine.serving.server import SERVED_MODEL_NAME
 
     name = f"round{round_}.json"
     argv = bench_serve_argv(base_url, SERVED_MODEL_NAME, tokenizer, str(jsonl), args.num_requests, args.max_tokens,
@@ -113,9 +113,9 @@ def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace,
 
 def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
     from sdbench.config import load_config
-    from sdbench.datasets.prompts import read_prompt_table
-    from sdbench.engine.engine import build_llm_kwargs
-    from sdbench.engine.server import ServerProcess, cpu_placement, free_port, server_argv, server_env
+    from sdbench.datasets.prompttable import read_prompt_table
+    from sdbench.engine.measure.engine import build_llm_kwargs
+    from sdbench.engine.serving.server import ServerProcess, cpu_placement, free_port, server_argv, server_env
 
     config = load_config(args.config)
     for key, section in ((args.engine, "engines"), (args.model, "models"), (args.method, "methods")):
@@ -165,7 +165,7 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 TOUCHPOINTS = tp.declare(
     __name__,

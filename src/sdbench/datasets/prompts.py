@@ -36,6 +36,7 @@ import pandas as pd
 
 from sdbench.datasets.authors import is_valid_sequence, oversample, sharegpt_order, streaming_shuffle
 from sdbench.datasets.chattemplate import FORMS, tokenize_prompt
+from sdbench.datasets.prompttable import PROMPT_COLUMNS, read_prompt_table  # noqa: F401 - re-exported
 from sdbench.errors import ConfigError
 from sdbench.io import write_parquet
 
@@ -588,33 +589,6 @@ def balanced_order(records: list[PromptRecord], default: str) -> list[PromptReco
         by_category.setdefault(default if rec.category is None else rec.category, []).append(rec)
     queues = [by_category[c] for c in sorted(by_category)]
     return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
-
-
-# Columns an engine run needs from a prompt table (prepare() writes more).
-PROMPT_COLUMNS = ("request_id", "prompt_token_ids")
-
-
-def read_prompt_table(path: str | Path) -> pd.DataFrame:
-    """Read a prompt table (:func:`prepare`'s output) for a run; errors name the file.
-
-    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is not a
-    readable parquet, lacks :data:`PROMPT_COLUMNS`, has no rows or has an empty prompt.
-    """
-    from sdbench.io import read_parquet
-
-    df = read_parquet(path, what="prompt table")
-    missing = [c for c in PROMPT_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{path}: prompt table lacks column(s) {', '.join(missing)} (has: {', '.join(df.columns) or 'none'}; "
-            "expected the output of sdbench prepare-dataset)"
-        )
-    if df.empty:
-        raise ValueError(f"{path}: prompt table has no rows (expected one row per prompt)")
-    empty = [str(r) for r, ids in zip(df["request_id"], df["prompt_token_ids"]) if ids is None or len(ids) == 0]
-    if empty:
-        raise ValueError(f"{path}: empty prompt_token_ids for request(s) {', '.join(empty[:5])}")
-    return df
 
 
 def _json_arg(option: str, text: str) -> dict[str, Any]:

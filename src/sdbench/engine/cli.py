@@ -34,7 +34,7 @@ def _add_threads(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="CPUs the job has (its Snakemake threads): the engine's thread pools are sized from them "
-        "outside SLURM (default: the affinity mask; sdbench.engine.hardware.job_cores)",
+        "outside SLURM (default: the affinity mask; sdbench.engine.site.hardware.job_cores)",
     )
 
 
@@ -124,7 +124,7 @@ def add_serve_group(subparsers: argparse._SubParsersAction) -> None:
     _add_quiet_guard(s)
     _add_threads(s)
     # Its own module: the offline engine rules' code digests must not cover the server code.
-    s.set_defaults(func=lazy("sdbench.engine.servegroup", "_cmd_serve_group"))
+    s.set_defaults(func=lazy("sdbench.engine.serving.servegroup", "_cmd_serve_group"))
 
 
 def add_engines(subparsers: argparse._SubParsersAction) -> None:
@@ -145,7 +145,7 @@ def add_engines(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--config", action="append", metavar="CONFIG",
                    help="configs whose pass-through keys are checked (repeatable; default: the shipped ones)")
     c.add_argument("--offline", action="store_true", help="never download: the cache and --source-dir only")
-    c.set_defaults(func=lazy("sdbench.engine.conformance", "_cmd_conformance"))
+    c.set_defaults(func=lazy("sdbench.engine.release.conformance", "_cmd_conformance"))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from sdbench.engine.hardware import engine_job
+from sdbench.engine.site.hardware import engine_job
 from sdbench.engine.groups import (
     CELL_TABLES,
     STEPS_TABLE,
@@ -19,9 +19,9 @@ from sdbench.engine.groups import (
     run_group_starts,
     write_cell_tables,
 )
-from sdbench.engine.preflight import preflight
+from sdbench.engine.site.preflight import preflight
 from sdbench.engine.tracegroup import trace_group
-from sdbench.engine.trials import run_cell
+from sdbench.engine.measure.trials import run_cell
 from sdbench.io import atomic_dir, atomic_path, read_parquet, read_spec, write_parquet
 
 # A trace group's directory: <dataset>/<name>.parquet per traced dataset.
@@ -108,7 +108,7 @@ def _cmd_trace_tables(args: argparse.Namespace) -> int:
 @engine_job
 def _cmd_run_cell(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
-    from sdbench.engine.quietguard import Contaminated, mode_from_env
+    from sdbench.engine.site.quietguard import Contaminated, mode_from_env
 
     watch_workflow()
     spec = read_spec(args.spec)
@@ -134,7 +134,7 @@ def _cmd_run_cell(args: argparse.Namespace) -> int:
 @engine_job
 def _cmd_run_group(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
-    from sdbench.engine.quietguard import Contaminated, mode_from_env
+    from sdbench.engine.site.quietguard import Contaminated, mode_from_env
 
     watch_workflow()
     group = read_spec(args.spec)
@@ -161,7 +161,7 @@ def _cmd_run_group(args: argparse.Namespace) -> int:
 def _dry_run_group(group: dict, args: argparse.Namespace) -> int:
     """``run-group --dry-run``: how many of the group's cells (in every engine start) its run would
     measure, the others being re-used from the checkpoint store; one line on stdout."""
-    from sdbench.engine.quietguard import mode_from_env
+    from sdbench.engine.site.quietguard import mode_from_env
 
     multi = args.engine_start is None and engine_starts(group["cells"]) > 1 and not args.breakdown
     starts = range(engine_starts(group["cells"])) if multi else [args.engine_start]

@@ -3,7 +3,7 @@
 A group's directory holds ``<dataset>/bs<N>/{requests,calls,baseline_calls,summary}.parquet``
 per cell (:data:`CELL_TABLES`); ``sdbench cell-tables`` copies one cell's tables out of it.
 With ``run.paired_baseline`` an SD group's process also hosts a no-SD engine, and each SD
-cell's calls are timed in pairs with it (:mod:`sdbench.engine.paired`).
+cell's calls are timed in pairs with it (:mod:`sdbench.engine.measure.paired`).
 
 Each cell is written when it finishes to the checkpoint store (``--checkpoint-dir``,
 :data:`sdbench.workflow.paths.GROUP_CHECKPOINT_DIR`: one per engine x model x method, whatever
@@ -18,7 +18,7 @@ columns) and the log names both. A paired cell's checkpoint holds both arms, tim
 the process that measured it: a re-used speedup still compares SD and no-SD calls of one process on
 one node. Under ``run.engine_starts`` a cell's starts share hardware (:func:`reusable_cells`).
 
-A cell killed inside its timed part keeps the calls it finished (:mod:`sdbench.engine.progress`):
+A cell killed inside its timed part keeps the calls it finished (:mod:`sdbench.engine.measure.progress`):
 the group's next run resumes it at the next call.
 """
 
@@ -35,11 +35,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.paired import baseline_spec, is_paired, measure_paired, paired_columns
-from sdbench.engine.engine import start_engine
-from sdbench.engine.preflight import preflight
-from sdbench.engine.summary import cell_seed, summarise
-from sdbench.engine.trials import measure_cell
+from sdbench.engine.measure.paired import baseline_spec, is_paired, measure_paired, paired_columns
+from sdbench.engine.measure.engine import start_engine
+from sdbench.engine.site.preflight import preflight
+from sdbench.engine.measure.summary import cell_seed, summarise
+from sdbench.engine.measure.trials import measure_cell
 from sdbench.io import write_parquet
 from sdbench.requesttable import same_outputs
 
@@ -49,9 +49,9 @@ log = logging.getLogger(__name__)
 # Written in this order: summary marks completion. ``baseline_calls`` is the paired no-SD
 # arm's calls (no rows when the cell was not measured in pairs).
 CELL_TABLES = ("requests", "calls", "baseline_calls", "summary")
-# A breakdown group's cells also hold their per-step stage timings (sdbench.engine.steptiming).
+# A breakdown group's cells also hold their per-step stage timings (sdbench.engine.measure.steptiming).
 STEPS_TABLE = "steps"
-# Beside a checkpoint's tables: what it was measured on (sdbench.engine.hardware.hardware) and the cell.
+# Beside a checkpoint's tables: what it was measured on (sdbench.engine.site.hardware.hardware) and the cell.
 HARDWARE_FILE = "hardware.json"
 CELL_FILE = "cell.json"
 # Set to 1: a checkpoint measured on another kind of machine is measured again (:func:`reusable_cells`).
@@ -60,7 +60,7 @@ REMEASURE_OTHER_HARDWARE = "SDBENCH_REMEASURE_OTHER_HARDWARE"
 
 def cell_subdir(method: str, dataset: str, batch_size: int) -> str:
     """Where a cell's tables sit inside its engine group's directory (a group also holds its
-    method's forced-acceptance points, sdbench.engine.forcing)."""
+    method's forced-acceptance points, sdbench.engine.measure.forcing)."""
     return f"{method}/{dataset}/bs{int(batch_size)}"
 
 
@@ -97,7 +97,7 @@ def measurement_context(
     the model and drafter files, the measurement's code (:mod:`sdbench.engine.scope`: not the
     trainers', tracers' or analyses') and the software (not the hardware, which
     :func:`reusable_cells` checks, nor the host)."""
-    from sdbench.engine.hardware import software
+    from sdbench.engine.site.hardware import software
     from sdbench.engine.scope import measurement_digest
 
     prompts = {d: hashlib.sha256(Path(p).read_bytes()).hexdigest() for d, p in sorted(prompt_paths.items())}
@@ -149,7 +149,7 @@ def reusable_cells(
     measured again because of its hardware.
 
     One engine start (``start_keys`` None): every complete checkpoint, on whatever kind of machine
-    (:func:`sdbench.engine.hardware.same_hardware`), unless ``$SDBENCH_REMEASURE_OTHER_HARDWARE``
+    (:func:`sdbench.engine.site.hardware.same_hardware`), unless ``$SDBENCH_REMEASURE_OTHER_HARDWARE``
     is 1: then a cell measured on another kind is measured again here (what the join's
     ``hardware_mismatch`` line proposes, so that both arms of a speedup share a kind).
     Several (``start_keys[i]``: the keys of cell i in every start): a cell's starts are resampled
@@ -157,7 +157,7 @@ def reusable_cells(
     on one kind of node, or if it was measured on this job's kind of node (the others are then
     measured here); else it is measured again here.
     """
-    from sdbench.engine.hardware import describe_hardware, same_hardware
+    from sdbench.engine.site.hardware import describe_hardware, same_hardware
 
     only_here = os.environ.get(REMEASURE_OTHER_HARDWARE, "") == "1"
     found: dict[str, dict[str, Any]] = {}
@@ -197,7 +197,7 @@ def merge_engine_starts(starts: list[dict[str, pd.DataFrame]], spec: dict[str, A
 
     ``calls`` gets an ``engine_start`` column and keeps every trial of every start; the
     summary's throughput and interval are recomputed over all of them (the bootstrap
-    resamples engine starts, then trials: sdbench.engine.resampling). ``requests`` are the first
+    resamples engine starts, then trials: sdbench.engine.measure.resampling). ``requests`` are the first
     start's; ``outputs_stable`` also requires every start to produce them. Contamination
     of any start marks the cell; start-up and warm-up are the starts' means, peaks their maxima.
     """
@@ -315,17 +315,17 @@ def run_group(
     be (the paper's driver does the same). Each cell is written to ``checkpoint_dir`` as it
     finishes, and cells found there under their :func:`checkpoint_key` are re-used, not
     measured (:func:`reusable_cells`; no engine starts when every cell is there). A cell killed
-    inside its timed part resumes at its next call (:mod:`sdbench.engine.progress`; not in
+    inside its timed part resumes at its next call (:mod:`sdbench.engine.measure.progress`; not in
     breakdown mode). The group's directory holds the :data:`CELL_TABLES` of each cell under
     ``<dataset>/bs<N>/`` and is complete or absent: it is assembled beside the destination and
     renamed. The checkpoints are kept (a later split of the group re-uses them). With
-    ``breakdown`` every engine step is timed by stage (sdbench.engine.steptiming) and each cell's
+    ``breakdown`` every engine step is timed by stage (sdbench.engine.measure.steptiming) and each cell's
     directory also gets its timed steps (:data:`STEPS_TABLE`). ``dry_run``: log which cells would
     be measured and which re-used, and stop there (no engine, nothing written).
     """
     import tempfile
 
-    from sdbench.engine.hardware import describe_hardware, hardware, same_hardware
+    from sdbench.engine.site.hardware import describe_hardware, hardware, same_hardware
 
     out = Path(output_dir)
     prompts = {d: preflight(cell_specs[0], p, model_dir, drafter_dir) for d, p in sorted(prompt_paths.items())}
@@ -408,8 +408,8 @@ def _measure_cells(
 ) -> None:
     """Start the group's engine(s) and measure ``todo`` (spec, checkpoint key) one cell after
     the other, each written to ``store/<key>`` (atomically) as soon as it is measured, with the
-    hardware ``here`` it ran on; its calls are saved as they finish (sdbench.engine.progress)."""
-    from sdbench.engine.progress import PROGRESS_DIR, Progress
+    hardware ``here`` it ran on; its calls are saved as they finish (sdbench.engine.measure.progress)."""
+    from sdbench.engine.measure.progress import PROGRESS_DIR, Progress
     from sdbench.io import atomic_dir
 
     first = todo[0][0]

@@ -8,7 +8,7 @@ process runs: :data:`ENTRIES` (the engine commands, and the vLLM plugins that vL
 engine by entry point, never imported by name) and everything they import, transitively
 (:func:`sdbench.codedigest.module_closure`), but :data:`OUTSIDE`: modules the process runs that
 cannot change a number, each with its reason. The intervals a cell records are in the scope
-(:mod:`sdbench.engine.resampling`): with ``run.target_half_width`` they decide how many trials
+(:mod:`sdbench.engine.measure.resampling`): with ``run.target_half_width`` they decide how many trials
 a cell takes.
 
 Everything computed from the recorded tables afterwards (analyses, figures, the simulator), and
@@ -29,17 +29,17 @@ from sdbench.codedigest import code_digest, module_closure
 ENTRIES: tuple[str, ...] = (
     "sdbench.engine.cli",
     "sdbench.engine.commands",
-    "sdbench.engine.acceptancetrace",
-    "sdbench.engine.steptiming",
-    "sdbench.engine.enginefixes",
-    "sdbench.engine.workerprobe",
-    "sdbench.engine.forcing",
+    "sdbench.engine.release.acceptancetrace",
+    "sdbench.engine.measure.steptiming",
+    "sdbench.engine.release.enginefixes",
+    "sdbench.engine.release.workerprobe",
+    "sdbench.engine.measure.forcing",
 )
 # Server mode's process runs these as well (``sdbench serve-group``).
-SERVER_ENTRIES: tuple[str, ...] = ("sdbench.engine.servegroup", "sdbench.engine.server", "sdbench.engine.loadgen")
+SERVER_ENTRIES: tuple[str, ...] = ("sdbench.engine.serving.servegroup", "sdbench.engine.serving.server", "sdbench.engine.serving.loadgen")
 # Modules the engine process runs that cannot change a measured number (module -> why).
 OUTSIDE: dict[str, str] = {
-    "sdbench.engine.preflight": (
+    "sdbench.engine.site.preflight": (
         "reads and checks a cell's inputs before the engine starts (prompt-table columns, model and "
         "drafter files): it hands on the prompt table as read or stops the job, and the table's bytes "
         "are keyed on their own (sdbench.engine.groups.measurement_context)"

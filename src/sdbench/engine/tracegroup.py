@@ -2,7 +2,7 @@
 
 Apart from the timed part because nothing here is timed: the engine commits one token per step
 and records, per step, how many drafted tokens the target would accept
-(:mod:`sdbench.engine.acceptancetrace`).
+(:mod:`sdbench.engine.release.acceptancetrace`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.engine import build_llm_kwargs, start_rehearsal_engine
-from sdbench.engine.hardware import job_env
-from sdbench.engine.trials import _select_prompts
-from sdbench.engine.versions import apply_env, engine_env
+from sdbench.engine.measure.engine import build_llm_kwargs, start_rehearsal_engine
+from sdbench.engine.site.hardware import job_env
+from sdbench.engine.measure.trials import _select_prompts
+from sdbench.engine.release.versions import apply_env, engine_env
 
 
 def _match_trace_ids(output_ids: list[str], traced: dict[str, Any]) -> dict[str, str]:
@@ -44,7 +44,7 @@ def trace_group(
     on_dataset: Callable[[str, tuple[pd.DataFrame, pd.DataFrame]], None] | None = None,
 ) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
     """In-engine acceptance traces of one method on several prompt sets, on one engine
-    (see sdbench.engine.acceptancetrace).
+    (see sdbench.engine.release.acceptancetrace).
 
     ``specs`` are the method's resolved cells, one per dataset, and ``prompts`` their prompt
     tables by dataset. The engine proposes up to ``num_speculative_tokens`` per step but
@@ -55,7 +55,7 @@ def trace_group(
     generate seconds go into ``totals``; every table says whether it was measured. ``on_dataset``
     gets each dataset's tables as soon as they are traced (the command keeps them).
     """
-    from sdbench.engine.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
+    from sdbench.engine.release.acceptancetrace import ENV_TRACE_DIR, read_trace_dir
     from sdbench.traces.records import MethodTrace, make_trace_table
 
     specs = [json.loads(json.dumps(s)) for s in specs]  # private copies
@@ -132,7 +132,7 @@ def trace_group(
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 TOUCHPOINTS = tp.declare(

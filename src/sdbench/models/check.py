@@ -280,3 +280,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
         detail = f"{len(safetensors)} safetensors file(s), every tensor a {args.role} needs present"
     print(f"{args.directory}: ok ({args.role}: {detail})")
     return 0
+
+
+def compare_tensors(
+    what: str,
+    expected: dict[str, tuple[int, ...]],
+    shapes: dict[str, tuple[int, ...]] | Any,
+    missing_why: str,
+    unexpected_why: str,
+) -> None:
+    """Raise ``ValueError`` naming the first tensor of ``what`` that is missing, mis-shaped or
+    unexpected (``expected`` and ``shapes``: name -> shape), with the reason vLLM makes it matter."""
+    for name, shape in expected.items():
+        if name not in shapes:
+            raise ValueError(f"{what}: tensor {name!r} is missing{missing_why}")
+        if tuple(shapes[name]) != shape:
+            raise ValueError(f"{what}: tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}")
+    for name in sorted(set(shapes) - set(expected)):
+        raise ValueError(f"{what}: unexpected tensor {name!r} ({unexpected_why})")

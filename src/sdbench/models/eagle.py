@@ -41,7 +41,8 @@ from typing import Any
 from sdbench.models.headconfig import EAGLE_KINDS as KINDS
 from sdbench.models.headconfig import HeadConfig
 from sdbench.models.headtraining import TargetFeatures as _TargetFeatures
-from sdbench.models.headtraining import compare_tensors, load_frozen_target, optimize, prepare_run, run_record
+from sdbench.models.check import compare_tensors
+from sdbench.models.headtraining import load_frozen_target, optimize, prepare_run, run_record
 
 ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3", "mtp": "MiMoForCausalLM"}
 # Files besides the weights that make an MTP output a loadable model (copied from the target).

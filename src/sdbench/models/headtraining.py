@@ -126,19 +126,3 @@ def run_record(target_dir: Path, t0: float, c0: float, train_s: float, train_cpu
     }
 
 
-def compare_tensors(
-    what: str,
-    expected: dict[str, tuple[int, ...]],
-    shapes: dict[str, tuple[int, ...]] | Any,
-    missing_why: str,
-    unexpected_why: str,
-) -> None:
-    """Raise ``ValueError`` naming the first tensor of ``what`` that is missing, mis-shaped or
-    unexpected (``expected`` and ``shapes``: name -> shape), with the reason vLLM makes it matter."""
-    for name, shape in expected.items():
-        if name not in shapes:
-            raise ValueError(f"{what}: tensor {name!r} is missing{missing_why}")
-        if tuple(shapes[name]) != shape:
-            raise ValueError(f"{what}: tensor {name!r} has shape {list(shapes[name])}, expected {list(shape)}")
-    for name in sorted(set(shapes) - set(expected)):
-        raise ValueError(f"{what}: unexpected tensor {name!r} ({unexpected_why})")

@@ -162,7 +162,7 @@ class RehearsalLLM:
         self.totals = _Totals(accepted_per_pos=[0] * self.k)
         self._next_id = 0
         self._plans: dict[tuple[bytes, int, bool, float | None], tuple[np.ndarray, int]] = {}
-        from sdbench.engine.versions import quirks_for
+        from sdbench.engine.release.versions import quirks_for
 
         self.per_request = quirks_for(spec["engine"]["vllm_version"]).per_request_spec_metrics and self.method != "none"
         self.memory = _memory(spec, model_dir, drafter_dir)
@@ -256,8 +256,8 @@ class RehearsalLLM:
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
         """The worker methods the engine code calls by name: the memory report, forced acceptance."""
-        from sdbench.engine.forcing import RPC_METHOD as FORCE
-        from sdbench.engine.workerprobe import RPC_METHOD as MEMORY
+        from sdbench.engine.measure.forcing import RPC_METHOD as FORCE
+        from sdbench.engine.release.workerprobe import RPC_METHOD as MEMORY
 
         tp = max(1, int(self.spec["model"].get("tensor_parallel_size", 1)))
         if method == MEMORY:

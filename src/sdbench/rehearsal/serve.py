@@ -1,13 +1,13 @@
 """Server mode in a rehearsal: no HTTP server, the rehearsal engine serves each level.
 
-:class:`RehearsalClient` stands in for the streaming client (:mod:`sdbench.engine.loadgen`) and the
+:class:`RehearsalClient` stands in for the streaming client (:mod:`sdbench.engine.serving.loadgen`) and the
 server's ``/metrics``: a level keeps ``concurrency`` requests in flight, the next one sent when one
 finishes (a closed loop, prompts cycled in order), on the rehearsal engine with ``max_num_seqs`` =
 the group's largest concurrency; its requests' times come from the modelled steps
 (:func:`sdbench.rehearsal.steps.run`): TTFT = first token - send, latency = last token - send,
 TPOT = (latency - TTFT) / (tokens - 1), one streamed chunk per step that emits tokens. HTTP,
 detokenisation and the client's own time are not modelled. The real level loop, summary and
-tables (:func:`sdbench.engine.servegroup.measure_levels`) run unchanged on it.
+tables (:func:`sdbench.engine.serving.servegroup.measure_levels`) run unchanged on it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sdbench.engine.counters import SDCounters, read_counters
-from sdbench.engine.loadgen import RequestResult
+from sdbench.engine.measure.counters import SDCounters, read_counters
+from sdbench.engine.serving.loadgen import RequestResult
 from sdbench.rehearsal.steps import Plan, counters, run
 from sdbench.rehearsal.workload import budget, prompt_key
 
@@ -45,7 +45,7 @@ class RehearsalClient:
     def run_level(self, base_url: str, prompts: list[tuple[Any, ...]], max_tokens: int, concurrency: int,
                   num_requests: int, ignore_eos: bool = False, timeout_s: float = 600.0, round_: int = 0,
                   model: str = "", stream: bool = True) -> tuple[list[RequestResult], float]:  # fmt: skip
-        """``num_requests`` requests, ``concurrency`` at a time (as :func:`sdbench.engine.loadgen.run_level`;
+        """``num_requests`` requests, ``concurrency`` at a time (as :func:`sdbench.engine.serving.loadgen.run_level`;
         ``stream`` False, the stream-off control: the same steps, TTFT, TPOT and chunk gaps NaN/empty)."""
         if concurrency < 1 or num_requests < 1 or not prompts:
             raise ValueError(f"concurrency {concurrency}, num_requests {num_requests}, {len(prompts)} prompts: need >= 1 each")

@@ -18,7 +18,7 @@ per-step bookkeeping (``overhead_per_step``: kept from a base cost model).
 
 Time and energy come from the **same window**: a window replays the step back to back for at
 least ``--window-s`` seconds between two synchronisations, and the energy meter
-(:mod:`sdbench.engine.energy`: NVML on CUDA, RAPL on the CPU where readable) is read at its two
+(:mod:`sdbench.engine.measure.energy`: NVML on CUDA, RAPL on the CPU where readable) is read at its two
 ends. Of ``--windows`` windows per point the row keeps the one of median time, with its own
 energy; without a meter the joules are NaN and ``energy_meter`` says ``not measured`` (never 0).
 
@@ -497,7 +497,7 @@ def calibrate(
     """Time every component at every grid point (module docstring): one row each, :data:`COLUMNS`."""
     import torch
 
-    from sdbench.engine.energy import meter_for
+    from sdbench.engine.measure.energy import meter_for
 
     torch_dtype = getattr(torch, dtype)
     cuda = device.startswith("cuda")

@@ -467,7 +467,7 @@ class Plan(TracePlan, SimulatorPlan):
         ]  # fmt: skip
 
     def _per_request_counters(self, cell: Cell) -> bool:
-        from sdbench.engine.versions import quirks_for
+        from sdbench.engine.release.versions import quirks_for
 
         return quirks_for(self.config["engines"][cell.engine]["vllm_version"]).per_request_spec_metrics
 

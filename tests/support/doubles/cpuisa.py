@@ -3,7 +3,7 @@
 vLLM's CPU kernel loader (``CpuPlatform.import_kernels``) asks torch which ISA the CPU has
 (``torch.cpu._is_avx512_supported`` and kin). :func:`pretend` makes those answers say less, so
 that the loader takes the build such a CPU would load (``_C_AVX2`` for ``avx2``) and
-``sdbench.engine.cpukernels`` reports it. The build then runs on this CPU, which has what it
+``sdbench.engine.release.cpukernels`` reports it. The build then runs on this CPU, which has what it
 needs. :data:`ENV` also brings torch's own kernels down to the level in a process started with
 it (ATen's dispatch and oneDNN read these variables at start-up).
 

@@ -1,12 +1,12 @@
 """Test double of a started ``vllm.LLM`` for the timed part of a cell: no engine, known costs.
 
-``LLMDouble`` answers the calls :class:`sdbench.engine.trials.CellRun` makes (``generate``,
+``LLMDouble`` answers the calls :class:`sdbench.engine.measure.trials.CellRun` makes (``generate``,
 ``get_metrics``): each prompt of a call gets ``tokens(prompt)`` output tokens, and the call advances
 a shared :class:`Bench` by ``seconds(prompt, batch)`` of its clock and ``joules(prompt, batch)`` of
 its energy account, where ``prompt`` is the call's first prompt's first token id (tests give prompt
 ``i`` the token ids ``[i]``) and ``batch`` the number of sequences. An energy meter double (the NVML
 double, a RAPL tree) reads the account; :func:`engine` wraps the double as an
-:class:`sdbench.engine.engine.Engine` timed by the bench's clock.
+:class:`sdbench.engine.measure.engine.Engine` timed by the bench's clock.
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ class LLMDouble:
         return []
 
     def collective_rpc(self, method: Any, args: tuple[Any, ...] = ()) -> list[Any]:
-        return []  # no workers: no memory report (sdbench.engine.versions.engine_memory)
+        return []  # no workers: no memory report (sdbench.engine.release.versions.engine_memory)
 
 
 def engine(llm: LLMDouble, meter: Any = None) -> Any:
     """An ``Engine`` around the double, timed by its bench's clock, reading ``meter`` (None: no meter)."""
-    from sdbench.engine.engine import Engine
-    from sdbench.engine.energy import NoMeter
+    from sdbench.engine.measure.engine import Engine
+    from sdbench.engine.measure.energy import NoMeter
 
     return Engine(llm, {}, 0.0, layout="inprocess", clock=llm.bench.clock, meter=meter or NoMeter())

@@ -1,11 +1,11 @@
 """Test double of the NVML Python binding (pynvml): GPUs cannot exist here.
 
-``NVMLDouble(devices)`` answers the calls :func:`sdbench.engine.quietguard.nvml_gpu_processes` and
-:func:`sdbench.engine.hardware.gpu_inventory` make, for devices given as ``(uuid, [pids],
+``NVMLDouble(devices)`` answers the calls :func:`sdbench.engine.site.quietguard.nvml_gpu_processes` and
+:func:`sdbench.engine.site.hardware.gpu_inventory` make, for devices given as ``(uuid, [pids],
 free_mib)`` or ``(uuid, [pids], free_mib, name, total_mib)``, in index order; ``name``,
 ``total_mib`` and ``driver`` default to an H100 SXM board (what NVML reports for one). With
 ``energy_mj`` (device index -> its total-energy counter in millijoules now) it answers the energy
-meter's (:mod:`sdbench.engine.energy`); without it the counter is unsupported, as on GPUs before
+meter's (:mod:`sdbench.engine.measure.energy`); without it the counter is unsupported, as on GPUs before
 Volta: :class:`NVMLNotSupported` (pynvml's ``NVMLError_NotSupported``).
 """
 

@@ -1,7 +1,7 @@
 """vLLM's speculative-decoding counters: the engine-wide cumulative counts read around a timed call,
 and the per-request ones on each output.
 
-Apart from the trial loop because the server-mode client (:mod:`sdbench.engine.loadgen`) reads
+Apart from the trial loop because the server-mode client (:mod:`sdbench.engine.serving.loadgen`) reads
 the same counters from ``/metrics`` and the summary row derives acceptance from them.
 """
 
@@ -95,11 +95,11 @@ def request_sd_metrics(completion: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 def _per_request_versions() -> list[str]:
-    from sdbench.engine.versions import _KNOWN
+    from sdbench.engine.release.versions import _KNOWN
 
     return [q.version for q in _KNOWN.values() if q.per_request_spec_metrics]
 

@@ -25,7 +25,7 @@ are paired by index (independent runs, independent resamples) and the ratio's
 percentiles are its interval. The draws are seeded: the same calls give the same interval.
 
 Joules per output token and the paired energy ratio are estimated the same way, on another
-per-call column (``column``; sdbench.engine.energy).
+per-call column (``column``; sdbench.engine.measure.energy).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def paired_bootstrap(
     """Bootstrap draws of the ratio of two arms measured in pairs (a paired speedup).
 
     Both arms timed the same calls, interleaved in the same process(es)
-    (sdbench.engine.paired): each resample draws engine starts and then trials once and
+    (sdbench.engine.measure.paired): each resample draws engine starts and then trials once and
     applies the same draw to both arms, so what the two arms shared (the process's speed,
     a slow minute) cancels in the ratio instead of widening it.
     """

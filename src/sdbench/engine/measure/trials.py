@@ -2,10 +2,10 @@
 trials under the quiet-machine guard, giving the cell's requests, calls and summary tables
 (schema in docs/schema.md).
 
-It runs on a started engine (:mod:`sdbench.engine.engine`: ``max_num_seqs`` = batch size, prefix
+It runs on a started engine (:mod:`sdbench.engine.measure.engine`: ``max_num_seqs`` = batch size, prefix
 caching off), greedy or at the dataset's temperature with fixed per-sequence seeds
-(:mod:`sdbench.engine.sampling`); the SD counters it diffs around each call and the summary row it
-ends with are :mod:`sdbench.engine.counters` and :mod:`sdbench.engine.summary`. An engine group's
+(:mod:`sdbench.engine.measure.sampling`); the SD counters it diffs around each call and the summary row it
+ends with are :mod:`sdbench.engine.measure.counters` and :mod:`sdbench.engine.measure.summary`. An engine group's
 cells share one engine (:mod:`sdbench.engine.groups`); the commands are in :mod:`sdbench.engine.commands`.
 """
 
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.counters import read_counters, request_sd_metrics
-from sdbench.engine.engine import Engine, start_engine
-from sdbench.engine.hardware import provenance
-from sdbench.engine.summary import PAIRED_COLUMNS, cell_seed, summarise
-from sdbench.engine.versions import engine_memory
+from sdbench.engine.measure.counters import read_counters, request_sd_metrics
+from sdbench.engine.measure.engine import Engine, start_engine
+from sdbench.engine.site.hardware import provenance
+from sdbench.engine.measure.summary import PAIRED_COLUMNS, cell_seed, summarise
+from sdbench.engine.release.versions import engine_memory
 from sdbench.requesttable import RequestRows
 
 if TYPE_CHECKING:
-    from sdbench.engine.progress import Progress
+    from sdbench.engine.measure.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ def _trial_plan(run: dict[str, Any]) -> tuple[int, float, int, float | None]:
 
 def _precise_enough(arms: list[CellRun], target: float | None, seed: int) -> bool:
     """Whether the cell's interval is narrow enough: the paired speedup's with two arms
-    (baseline first), the throughput's with one (sdbench.engine.resampling.relative_half_width)."""
+    (baseline first), the throughput's with one (sdbench.engine.measure.resampling.relative_half_width)."""
     if target is None:
         return True
-    from sdbench.engine import resampling as stats
+    from sdbench.engine.measure import resampling as stats
 
     calls = [pd.DataFrame(arm.call_rows)[["call_index", "trial", "tokens_per_s"]] for arm in arms]
     return stats.relative_half_width(calls, seed) <= target
@@ -80,7 +80,7 @@ def run_cell(
     """Run one cell on its own engine; returns (requests, calls, summary, steps) tables.
 
     See :func:`measure_cell`. With ``steps_dir`` the run is in breakdown mode
-    (sdbench.engine.steptiming): every engine step of the timed calls is timed by stage,
+    (sdbench.engine.measure.steptiming): every engine step of the timed calls is timed by stage,
     with device synchronisation; ``steps`` is then one row per step, else ``None``.
     """
     engine = start_engine(spec, model_dir, drafter_dir, steps_dir, prompts={spec["cell"]["dataset"]: prompts})
@@ -100,14 +100,14 @@ def measure_cell(
     The timed workload (every prompt once, one ``generate`` call each, replicated
     batch-size times in replicate mode) runs in repeated trials (``run.repeats``,
     ``run.min_measured_s``), watched by the quiet-machine guard (``guard_mode``,
-    sdbench.engine.quietguard): ``calls`` has one row per call and trial, ``requests`` the
+    sdbench.engine.site.quietguard): ``calls`` has one row per call and trial, ``requests`` the
     first trial's sequences (outputs, greedy or sampled with fixed seeds, are checked to be
     identical in every trial). Warm-up (``run.warmup_requests`` calls at the cell's batch size) stays
     outside the timed part. A forced-acceptance cell is forced from its warm-up to its last call
-    (sdbench.engine.forcing). With ``progress`` a cell whose job was killed resumes after its
+    (sdbench.engine.measure.forcing). With ``progress`` a cell whose job was killed resumes after its
     last saved call (:func:`timed_part`).
     """
-    from sdbench.engine.forcing import forced_acceptance, forced_length_of
+    from sdbench.engine.measure.forcing import forced_acceptance, forced_length_of
 
     with forced_acceptance(engine.llm, forced_length_of(spec)):
         run = CellRun(engine, spec, prompts, steps_dir)
@@ -118,17 +118,17 @@ def measure_cell(
 def timed_part(arms: list[CellRun], run: dict[str, Any], guard_mode: str, progress: Progress | None = None) -> Any:
     """Time the arms' calls in trials under one quiet-machine guard; returns the guard's report.
 
-    Several arms (an SD cell and its paired no-SD arm, sdbench.engine.paired) time each call
+    Several arms (an SD cell and its paired no-SD arm, sdbench.engine.measure.paired) time each call
     one after the other, the order alternating call by call so that no arm always goes
     second. Trials follow ``run.repeats`` / ``run.min_measured_s`` (the slowest arm decides),
     then continue while the interval is wider than ``run.target_half_width`` (relative; of
     ``arms[1] / arms[0]`` with two arms), all within ``run.max_repeats``.
 
-    With ``progress`` (sdbench.engine.progress) the arms' rows are written to the cell's partial
+    With ``progress`` (sdbench.engine.measure.progress) the arms' rows are written to the cell's partial
     checkpoint as calls finish, and a cell whose job was killed resumes at the next call: the
     rules above decide on the restored rows as they would have without the interruption.
     """
-    from sdbench.engine.quietguard import QuietGuard
+    from sdbench.engine.site.quietguard import QuietGuard
 
     check_layouts(arms)
     min_trials, min_seconds, max_trials, target = _trial_plan(run)
@@ -184,11 +184,11 @@ class CellRun:
     """One cell's timed workload on a started engine, one ``generate`` call at a time.
 
     Calls are timed one by one so that two engines (an SD engine and its paired no-SD
-    baseline, :mod:`sdbench.engine.paired`) can interleave theirs.
+    baseline, :mod:`sdbench.engine.measure.paired`) can interleave theirs.
     """
 
     def __init__(self, engine: Engine, spec: dict[str, Any], prompts: pd.DataFrame, steps_dir: str | None = None):
-        from sdbench.engine.sampling import call_sampling_params, temperature
+        from sdbench.engine.measure.sampling import call_sampling_params, temperature
 
         self.engine, self.spec, self.steps_dir = engine, spec, steps_dir
         self.prompts = _select_prompts(prompts, spec)
@@ -211,14 +211,14 @@ class CellRun:
         self.timed_s = 0.0
         self.warmup_s = 0.0
         self.warmup_steps = 0
-        # Times the timed part was resumed in a new engine process (sdbench.engine.progress).
+        # Times the timed part was resumed in a new engine process (sdbench.engine.measure.progress).
         self.num_resumes = 0
 
     def _sampling_for(self, rows: list[int]) -> Any:
-        """Sampling parameters of a call over prompt rows ``rows`` (sdbench.engine.sampling)."""
+        """Sampling parameters of a call over prompt rows ``rows`` (sdbench.engine.measure.sampling)."""
         if self.sampling is not None:
             return self.sampling
-        from sdbench.engine.sampling import call_sampling_params
+        from sdbench.engine.measure.sampling import call_sampling_params
 
         budgets = [self.budgets[i] for i in rows] if self.budgets else None
         return call_sampling_params(self.spec, [str(self.prompts.at[i, "request_id"]) for i in rows], budgets)
@@ -249,7 +249,7 @@ class CellRun:
         # tenths of a second, which neither arm's engine spends on the GPU.
         call_prompts = self._call_prompts(rows)
         before = read_counters(llm.get_metrics())
-        e0 = self.engine.meter.read()  # joules (sdbench.engine.energy; NaN without a meter)
+        e0 = self.engine.meter.read()  # joules (sdbench.engine.measure.energy; NaN without a meter)
         d0 = getattr(self.engine.meter, "dram_j", math.nan)  # its DRAM part (RAPL dram domains)
         t0 = self.engine.clock()
         outputs = llm.generate(call_prompts, sampling, use_tqdm=False)
@@ -309,7 +309,7 @@ class CellRun:
         keys = {k: spec["cell"][k] for k in ("engine", "model", "dataset", "method", "batch_size")}
         steps = None
         if self.steps_dir is not None:
-            from sdbench.engine.steptiming import read_step_dir
+            from sdbench.engine.measure.steptiming import read_step_dir
 
             steps = read_step_dir(self.steps_dir).iloc[self.warmup_steps :].reset_index(drop=True)
             for i, (k, v) in enumerate(keys.items()):
@@ -339,13 +339,13 @@ class CellRun:
             speculative_config=json.dumps(engine.kwargs.get("speculative_config"), sort_keys=True),
             **provenance(gpus=engine.measured and self.spec.get("engine", {}).get("device") != "cpu",
                          rehearsal=not engine.measured),
-            **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.paired when paired
+            **{c: np.nan for c in PAIRED_COLUMNS},  # set by sdbench.engine.measure.paired when paired
             paired_baseline_num_preemptions=0,
             # The paired no-SD arm's engine start and warm-up (sdbench.bench.timeline's breakdown).
             paired_baseline_startup_s=np.nan,
             paired_baseline_warmup_s=np.nan,
             # A rehearsal's modelled seconds of this cell on its engine: warm-up and timed calls
-            # (sdbench.engine.paired adds the no-SD arm's); NaN when measured.
+            # (sdbench.engine.measure.paired adds the no-SD arm's); NaN when measured.
             modelled_s=np.nan if engine.measured else self.warmup_s + self.timed_s,
         )
         return requests, calls, summary, steps
@@ -354,13 +354,13 @@ class CellRun:
 def _steps_so_far(steps_dir: str | None) -> int:
     if steps_dir is None:
         return 0
-    from sdbench.engine.steptiming import read_step_dir
+    from sdbench.engine.measure.steptiming import read_step_dir
 
     return len(read_step_dir(steps_dir))
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 def _row_truncations(src: tp.SourceTree, target: str) -> list[int]:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sdbench.engine import touchpoints as tp
+from sdbench.engine.release import touchpoints as tp
 
 # The builds vLLM's CPU loader chooses between, by the ISA each needs.
 AVX512_BF16_BUILD = "_C"
@@ -119,7 +119,7 @@ def _check_loader(src: tp.SourceTree) -> str | None:
 
 
 def _cpu_versions() -> list[str]:
-    from sdbench.engine.versions import _KNOWN
+    from sdbench.engine.release.versions import _KNOWN
 
     return [q.version for q in _KNOWN.values() if q.cpu_spec_decode]
 

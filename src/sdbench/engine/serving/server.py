@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sdbench.engine.versions import engine_env, quirks_for
+from sdbench.engine.release.versions import engine_env, quirks_for
 
 HOST = "127.0.0.1"
 # The name requests use for the model (the directory path would also do, but is long).
@@ -83,10 +83,10 @@ def server_env(engine: dict[str, Any], method: dict[str, Any], tensor_parallel_s
     event loop must stay free), so the offline runner's in-process setting is dropped; the
     workflow's thread-count variables are dropped too (:data:`WORKFLOW_THREAD_VARS`), leaving
     the engine its own thread placement (an engine entry's ``env`` may still set them). As for
-    offline engine jobs (:func:`sdbench.engine.hardware.job_env`), a GPU server's thread pools get
+    offline engine jobs (:func:`sdbench.engine.site.hardware.job_env`), a GPU server's thread pools get
     the job's cores per tensor-parallel worker, and under SLURM its compile caches are per job.
     """
-    from sdbench.engine.hardware import job_env
+    from sdbench.engine.site.hardware import job_env
 
     env = {k: v for k, v in os.environ.items() if k not in WORKFLOW_THREAD_VARS}
     for key, value in [*job_env(engine, tensor_parallel_size).items(), *engine_env(engine, method).items()]:
@@ -232,7 +232,7 @@ class ServerProcess:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 _FRONTEND_MODULES = ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args")
 

@@ -5,7 +5,7 @@ and the parameters or result layout the hook reads, a keyword passed to ``vllm.L
 ``speculative_config`` key, a metric name, an environment variable, the server module and its
 flags, the plugin entry-point group, how ``collective_rpc`` carries a call. Each module that
 relies on vLLM declares its touchpoints (``TOUCHPOINTS = declare(__name__, ...)``); the
-conformance check (:mod:`sdbench.engine.conformance`, ``sdbench engines conformance``) evaluates
+conformance check (:mod:`sdbench.engine.release.conformance`, ``sdbench engines conformance``) evaluates
 every one of them against the *source* of every engine build the config can name, without
 importing it (no GPU, no matching torch needed).
 
@@ -30,21 +30,21 @@ from pathlib import Path
 
 # Modules that declare touchpoints (imported by registry()); a test keeps it complete.
 DECLARING_MODULES: tuple[str, ...] = (
-    "sdbench.engine.versions",
-    "sdbench.engine.counters",
-    "sdbench.engine.engine",
-    "sdbench.engine.trials",
+    "sdbench.engine.release.versions",
+    "sdbench.engine.measure.counters",
+    "sdbench.engine.measure.engine",
+    "sdbench.engine.measure.trials",
     "sdbench.engine.tracegroup",
-    "sdbench.engine.sampling",
-    "sdbench.engine.acceptancetrace",
-    "sdbench.engine.steptiming",
-    "sdbench.engine.enginefixes",
-    "sdbench.engine.workerprobe",
-    "sdbench.engine.forcing",
-    "sdbench.engine.server",
-    "sdbench.engine.loadgen",
-    "sdbench.engine.energy",
-    "sdbench.engine.cpukernels",
+    "sdbench.engine.measure.sampling",
+    "sdbench.engine.release.acceptancetrace",
+    "sdbench.engine.measure.steptiming",
+    "sdbench.engine.release.enginefixes",
+    "sdbench.engine.release.workerprobe",
+    "sdbench.engine.measure.forcing",
+    "sdbench.engine.serving.server",
+    "sdbench.engine.serving.loadgen",
+    "sdbench.engine.measure.energy",
+    "sdbench.engine.release.cpukernels",
     "sdbench.bench.paritytool",
     "sdbench.bench.paritysides",
     "sdbench.bench.serveparity",
@@ -55,7 +55,7 @@ class SourceTree:
     """The Python source of one vLLM build (a directory holding ``vllm/``), read without importing.
 
     ``label`` names the build in reports (``0.11.1``); ``version`` is the release whose quirks
-    apply (:func:`sdbench.engine.versions.quirks_for`).
+    apply (:func:`sdbench.engine.release.versions.quirks_for`).
     """
 
     def __init__(self, root: str | Path, version: str, label: str | None = None) -> None:

@@ -1,11 +1,11 @@
 """One server job (sdbench.servermode): its arms' vLLM servers, every dataset x concurrency on each.
 
-The job starts a server (:mod:`sdbench.engine.server`) with the engine arguments an offline
+The job starts a server (:mod:`sdbench.engine.serving.server`) with the engine arguments an offline
 cell of the same engine, model and method gets (``max_num_seqs`` = the largest concurrency),
 waits for ``/health``, then per dataset and concurrency level: ``warmup_requests`` untimed
 requests, then this start's share of the ``rounds`` timed rounds of ``requests_per_level``
 requests at that concurrency (round r in start r % ``starts``;
-:func:`sdbench.engine.loadgen.run_level`), the server's SD counters read before and after, the
+:func:`sdbench.engine.serving.loadgen.run_level`), the server's SD counters read before and after, the
 energy meter at each round's start and end, the quiet-machine guard watching; at a
 ``stream_control`` level one more round of the same requests with streaming off (a control, never
 in the timed figures). It stops the server and starts the next one in
@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.latencysummary import latency_percentiles
-from sdbench.engine.hardware import engine_job, provenance
-from sdbench.engine.loadgen import RequestFailed, read_metrics, results_rows, run_level
-from sdbench.engine.counters import SDCounters, acceptance_stats
-from sdbench.engine.engine import build_llm_kwargs
-from sdbench.engine.server import (
+from sdbench.engine.measure.latencysummary import latency_percentiles
+from sdbench.engine.site.hardware import engine_job, provenance
+from sdbench.engine.serving.loadgen import RequestFailed, read_metrics, results_rows, run_level
+from sdbench.engine.measure.counters import SDCounters, acceptance_stats
+from sdbench.engine.measure.engine import build_llm_kwargs
+from sdbench.engine.serving.server import (
     SERVED_MODEL_NAME,
     ServerError,
     ServerProcess,
@@ -83,7 +83,7 @@ def summarise_level(
         "requests_per_s": float(np.median(reqs_per_s)),
         "mean_output_tokens": float(requests["num_output_tokens"].mean()),
         "mean_prompt_tokens": float(requests["num_prompt_tokens"].mean()),
-        **latency_percentiles(requests),  # TTFT, TPOT, E2E, ITL (sdbench.engine.latencysummary)
+        **latency_percentiles(requests),  # TTFT, TPOT, E2E, ITL (sdbench.engine.measure.latencysummary)
         # Each round's wall time: goodput under the config's targets divides by it (sdbench latency).
         "round_wall_s": [float(w) for w in walls],
         "num_drafts": delta.num_drafts,
@@ -134,11 +134,11 @@ def measure_start(
     arm's, :func:`sdbench.servermode.arm_spec`) on a ready server; cell subdir -> its part.
 
     ``client`` sends a level's requests and reads the server's SD counters (``run_level``,
-    ``read_metrics``, as :mod:`sdbench.engine.loadgen`); ``meter`` (``read()`` in joules,
-    :mod:`sdbench.engine.energy`) is read at each timed round's start and end.
+    ``read_metrics``, as :mod:`sdbench.engine.serving.loadgen`); ``meter`` (``read()`` in joules,
+    :mod:`sdbench.engine.measure.energy`) is read at each timed round's start and end.
     """
-    from sdbench.engine.energy import NoMeter
-    from sdbench.engine.quietguard import QuietGuard
+    from sdbench.engine.measure.energy import NoMeter
+    from sdbench.engine.site.quietguard import QuietGuard
 
     section, run = spec["server"], spec["run"]
     rounds, starts, _, control = server_settings(section)
@@ -196,7 +196,7 @@ def assemble_cell(
     (in round order), the control rounds beside them; ``job``: the arm's job-level summary columns
     (``starts``, ``interleaved``, ``start_sequence``, ``job_id``, ``energy_meter``, ``energy_reason``,
     ``server_startup_s``)."""
-    from sdbench.engine.quietguard import merge_reports
+    from sdbench.engine.site.quietguard import merge_reports
 
     parts = sorted(parts, key=lambda p: p.start)
     walls = {r: w for p in parts for r, w in p.walls.items()}
@@ -282,7 +282,7 @@ def run_server_group(
     Raises :class:`ServerError` (with the server log's tail) if a server fails to start or dies
     during a cell; then nothing is written.
     """
-    from sdbench.engine.energy import NoMeter, engine_meter
+    from sdbench.engine.measure.energy import NoMeter, engine_meter
 
     methods = list(spec["group"]["methods"])
     _, starts, interleave, _ = server_settings(spec["server"])
@@ -303,7 +303,7 @@ def run_server_group(
             out.write(f"=== sdbench: server start {position} of the job: {method}, its start {start} ===\n")
         if rehearsed:  # no server: the rehearsal engine serves the levels (sdbench.rehearsal.serve)
             from sdbench import rehearsal
-            from sdbench.engine.engine import start_rehearsal_engine
+            from sdbench.engine.measure.engine import start_rehearsal_engine
 
             if method not in engines:
                 engines[method] = start_rehearsal_engine(server_cell_spec(aspec), model_dir, drafter_dirs.get(method),
@@ -386,7 +386,7 @@ def _write_group(
 @engine_job
 def _cmd_serve_group(args: argparse.Namespace) -> int:
     from sdbench.lifeline import watch_workflow
-    from sdbench.engine.quietguard import Contaminated, mode_from_env
+    from sdbench.engine.site.quietguard import Contaminated, mode_from_env
 
     watch_workflow()
     spec = read_spec(args.spec)
@@ -394,7 +394,7 @@ def _cmd_serve_group(args: argparse.Namespace) -> int:
     missing = sorted(set(spec["datasets"]) - set(paths))
     if missing:
         raise ValueError(f"--prompts: no prompt table for dataset(s) {', '.join(missing)}")
-    from sdbench.engine.preflight import preflight
+    from sdbench.engine.site.preflight import preflight
 
     methods = list(spec["group"]["methods"])
     if len(args.output_dir) != len(methods):

@@ -13,14 +13,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sdbench.engine.energy import REHEARSAL_NOT_METERED, Meter, NoMeter, engine_meter
-from sdbench.engine.hardware import job_env
-from sdbench.engine.versions import apply_env, engine_env, quirks_for, speculative_config
+from sdbench.engine.measure.energy import REHEARSAL_NOT_METERED, Meter, NoMeter, engine_meter
+from sdbench.engine.site.hardware import job_env
+from sdbench.engine.release.versions import apply_env, engine_env, quirks_for, speculative_config
 
 log = logging.getLogger(__name__)
 
 # Keyword arguments build_llm_kwargs() may write (engine.llm_kwargs adds the config's own;
-# sdbench.engine.conformance checks those).
+# sdbench.engine.release.conformance checks those).
 LLM_KWARGS = (
     "model", "tokenizer", "dtype", "tensor_parallel_size", "max_num_seqs", "enable_prefix_caching",
     "disable_log_stats", "seed", "max_model_len", "speculative_config", "async_scheduling",
@@ -69,7 +69,7 @@ class Engine:
     # What times a call: the wall clock on a real engine; a stand-in engine (a test's fake, the
     # rehearsal engine) brings its own, so the code that times and counts is the same.
     clock: Callable[[], float] = time.perf_counter
-    # What a timed call's joules are read from (sdbench.engine.energy): NVML, RAPL or none.
+    # What a timed call's joules are read from (sdbench.engine.measure.energy): NVML, RAPL or none.
     meter: Meter = field(default_factory=NoMeter)
     # False for a stand-in whose times are modelled, not measured (the rehearsal engine): every
     # table of its cells says so (``measured`` columns).
@@ -85,7 +85,7 @@ class Engine:
 def engine_layout_of(llm: Any, env: dict[str, str | None]) -> str:
     """Where a started engine's core runs: ``inprocess`` (vLLM's in-process client) or
     ``multiprocess``; from the client vLLM built, else from the environment it was given."""
-    from sdbench.engine.versions import layout_of_env
+    from sdbench.engine.release.versions import layout_of_env
 
     client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if client is None:
@@ -114,7 +114,7 @@ def start_engine(
             raise ValueError("rehearsal engine: start_engine needs the job's prompt tables")
         return start_rehearsal_engine(spec, model_dir, drafter_dir, prompts, steps_dir, max_num_seqs)
     if steps_dir is not None:
-        from sdbench.engine.steptiming import ENV_STEP_TIMING_DIR
+        from sdbench.engine.measure.steptiming import ENV_STEP_TIMING_DIR
 
         os.environ[ENV_STEP_TIMING_DIR] = steps_dir
     apply_env(job_env(spec["engine"], int(spec["model"].get("tensor_parallel_size", 1))))
@@ -156,7 +156,7 @@ def start_rehearsal_engine(
     on the job's prompt tables (``prompts``, by dataset), its virtual clock the engine's clock,
     ``measured`` False. ``steps_dir`` / ``trace_dir``: breakdown / trace mode (the plugins' records)."""
     from sdbench import rehearsal
-    from sdbench.engine.versions import engine_layout
+    from sdbench.engine.release.versions import engine_layout
 
     llm_module = rehearsal.module("llm")
 
@@ -172,7 +172,7 @@ def start_rehearsal_engine(
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 def _check_llm_kwargs(src: tp.SourceTree) -> str | None:

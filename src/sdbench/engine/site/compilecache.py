@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 ENV_COMPILE_CACHE = "SDBENCH_COMPILE_CACHE"
-# The caches a job compiles into (sdbench.engine.hardware.CACHE_VARS): these are kept; the others
+# The caches a job compiles into (sdbench.engine.site.hardware.CACHE_VARS): these are kept; the others
 # (hf-xet's download chunks) stay the job's own.
 COMPILED = ("inductor", "triton", "vllm", "flashinfer", "nv", "torch_extensions")
 CURRENT, COMPLETE, BAD = "current", "COMPLETE", "BAD"

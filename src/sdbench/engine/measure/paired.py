@@ -6,7 +6,7 @@ speedup taken between two separately started processes carries both. With
 ``run.paired_baseline`` an SD engine group's process also starts a no-SD engine with the
 same engine arguments, and every timed call of an SD cell is timed next to the same call
 on that baseline (the order alternates, so neither arm always runs second). The ratio of
-the two arms then cancels what they shared; :func:`sdbench.engine.resampling.paired_bootstrap`
+the two arms then cancels what they shared; :func:`sdbench.engine.measure.resampling.paired_bootstrap`
 resamples both arms together for the interval.
 
 The SD cell's tables gain ``baseline_calls`` (the baseline arm's calls, same schema as
@@ -22,9 +22,9 @@ from typing import Any
 
 import pandas as pd
 
-from sdbench.engine.energy import paired_energy_columns
-from sdbench.engine.summary import PAIRED_COLUMNS, cell_seed
-from sdbench.engine.trials import CellRun, timed_part
+from sdbench.engine.measure.energy import paired_energy_columns
+from sdbench.engine.measure.summary import PAIRED_COLUMNS, cell_seed
+from sdbench.engine.measure.trials import CellRun, timed_part
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def baseline_spec(spec: dict[str, Any]) -> dict[str, Any]:
 def paired_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int) -> dict[str, float]:
     """Summary columns of a paired cell: the baseline arm's throughput, the speedup and its 95% interval
     (and the energy ratio with its interval)."""
-    from sdbench.engine import resampling as stats
+    from sdbench.engine.measure import resampling as stats
 
     if baseline_calls.empty:
         return {c: float("nan") for c in PAIRED_COLUMNS}
@@ -74,13 +74,13 @@ def measure_paired(
 ) -> dict[str, pd.DataFrame]:
     """Measure an SD cell and its no-SD arm call by call; returns the cell's tables.
 
-    Both arms time each call in turn (:func:`sdbench.engine.trials.timed_part`); one
+    Both arms time each call in turn (:func:`sdbench.engine.measure.trials.timed_part`); one
     quiet-machine guard watches both, and its verdict applies to both. A forced-acceptance
-    cell's SD engine is forced from its warm-up to its last call (sdbench.engine.forcing).
-    With ``progress`` (sdbench.engine.progress) both arms are saved together as calls finish
+    cell's SD engine is forced from its warm-up to its last call (sdbench.engine.measure.forcing).
+    With ``progress`` (sdbench.engine.measure.progress) both arms are saved together as calls finish
     and resume together: one partial checkpoint, on one hardware, holds the pair.
     """
-    from sdbench.engine.forcing import forced_acceptance, forced_length_of
+    from sdbench.engine.measure.forcing import forced_acceptance, forced_length_of
 
     sd = CellRun(engine, spec, prompts)
     base = CellRun(baseline_engine, baseline_spec(spec), prompts)

@@ -1,8 +1,8 @@
 """``sdbench engines conformance``: every engine touchpoint checked against the real vLLM sources.
 
-The touchpoints (:mod:`sdbench.engine.touchpoints`) are declared by the modules that rely on them;
+The touchpoints (:mod:`sdbench.engine.release.touchpoints`) are declared by the modules that rely on them;
 this command evaluates each one against the Python source of every engine release the config
-can name (:func:`sdbench.engine.versions.known_versions`), without importing it. The sources are
+can name (:func:`sdbench.engine.release.versions.known_versions`), without importing it. The sources are
 the released wheels, pinned by exact URL and sha256 in ``containers/images.yaml``
 (``engine_sources``, next to the image pins): each is downloaded once, checked, and only its
 ``vllm/**/*.py`` and metadata kept in the cache directory. ``--source-dir VERSION=DIR`` reads an
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from sdbench.engine import touchpoints as tp
+from sdbench.engine.release import touchpoints as tp
 from sdbench.errors import ConfigError
 
 DEFAULT_IMAGES = Path("containers/images.yaml")
@@ -215,7 +215,7 @@ def run(
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
-    from sdbench.engine.versions import known_versions
+    from sdbench.engine.release.versions import known_versions
 
     t0 = time.perf_counter()
     pins = load_pins(args.images)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sdbench.engine import touchpoints as tp
+from sdbench.engine.release import touchpoints as tp
 
 ENV_TRACE_DIR = "SDBENCH_TRACE_DIR"
 

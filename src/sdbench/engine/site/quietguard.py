@@ -466,7 +466,7 @@ class QuietGuard:
 
     def interim(self) -> GuardReport:
         """What the guard has seen so far, judged as :meth:`stop` would, without stopping or raising
-        (a cell's partial checkpoint keeps it: sdbench.engine.progress)."""
+        (a cell's partial checkpoint keeps it: sdbench.engine.measure.progress)."""
         return self._judge()
 
     def stop(self, earlier: Sequence[GuardReport] = ()) -> GuardReport:

@@ -12,7 +12,7 @@ group ``<share>-forced`` of :func:`sdbench.grid.engine_group_of`).
 
 The setter is a *method of the worker wrapper* added by this vLLM general plugin (entry point
 ``sdbench_forced_acceptance``), called by name through ``LLM.collective_rpc``, which reaches
-the runner of every worker on every engine client (see :mod:`sdbench.engine.workerprobe` for
+the runner of every worker on every engine client (see :mod:`sdbench.engine.release.workerprobe` for
 why a name, not a function). The rates come from vLLM's own functions (length -> unconditional
 rates -> the conditional rates the kernels read), as the engine argument would compute them.
 """
@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from sdbench.engine.workerprobe import add_worker_method
+from sdbench.engine.release.workerprobe import add_worker_method
 
 RPC_METHOD = "sdbench_force_acceptance"
 _SPEC_CONFIG = "vllm.config:SpeculativeConfig"
@@ -98,7 +98,7 @@ def forced_acceptance(llm: Any, length: float | None) -> Iterator[None]:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 def _check_sampler_reads_attributes(src: tp.SourceTree) -> str | None:
@@ -112,7 +112,7 @@ def _check_sampler_reads_attributes(src: tp.SourceTree) -> str | None:
 
 
 def _synthetic_versions() -> list[str]:
-    from sdbench.engine.versions import synthetic_versions
+    from sdbench.engine.release.versions import synthetic_versions
 
     return synthetic_versions()
 

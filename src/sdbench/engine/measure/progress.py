@@ -1,6 +1,6 @@
 """Progress inside a cell: the timed calls a cell has finished, kept when its job is killed.
 
-A cell's timed part (:func:`sdbench.engine.trials.timed_part`) can outlast its job's time limit
+A cell's timed part (:func:`sdbench.engine.measure.trials.timed_part`) can outlast its job's time limit
 (long prompts, long outputs, large batches). Every :data:`PROGRESS_EVERY_S` seconds of timed calls it
 writes what its arms recorded since the last write to a numbered shard under the cell's checkpoint
 key, ``<checkpoints>/.progress/<key>/<NNNNNN>/`` (one directory, written atomically):
@@ -9,7 +9,7 @@ key, ``<checkpoints>/.progress/<key>/<NNNNNN>/`` (one directory, written atomica
   request rows with their outputs, that later trials are compared with (arm 0 is the paired no-SD
   arm when there are two, as in ``timed_part``);
 - ``state.json``: where the timed part stood (trial, call), each arm's timed seconds and
-  ``outputs_stable``, the hardware (:func:`sdbench.engine.hardware.hardware`), which engine
+  ``outputs_stable``, the hardware (:func:`sdbench.engine.site.hardware.hardware`), which engine
   process wrote it (``segment``: 0 for the first, 1 after one resume, ...), and what the
   quiet-machine guard had seen in that process so far.
 
@@ -38,8 +38,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from sdbench.engine.hardware import describe_hardware, same_hardware
-from sdbench.engine.quietguard import GuardReport
+from sdbench.engine.site.hardware import describe_hardware, same_hardware
+from sdbench.engine.site.quietguard import GuardReport
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ PROGRESS_EVERY_S = 300.0
 # Overrides PROGRESS_EVERY_S for the process (seconds, e.g. ``SDBENCH_PROGRESS_EVERY_S=1``).
 ENV_PROGRESS_EVERY_S = "SDBENCH_PROGRESS_EVERY_S"
 STATE = "state.json"
-# CellRun's cumulative fields a shard carries (the names sdbench.engine.trials.CellRun keeps): its
+# CellRun's cumulative fields a shard carries (the names sdbench.engine.measure.trials.CellRun keeps): its
 # call rows (a list) and its request rows (sdbench.requesttable.RequestRows, saved as records).
 ROW_LISTS = ("call_rows", "request_rows")
 TABLE_OF = {"call_rows": "calls", "request_rows": "requests"}

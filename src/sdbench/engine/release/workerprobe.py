@@ -7,7 +7,7 @@ does so for every SD cell) or with tensor parallelism (one process per rank).
 
 So the report is a *method of the worker wrapper*, added by this vLLM general plugin (entry point
 ``sdbench_worker_probe``, loaded in every engine-core and worker process), and
-:func:`sdbench.engine.versions.engine_memory` calls it by name: ``llm.collective_rpc(RPC_METHOD)``.
+:func:`sdbench.engine.release.versions.engine_memory` calls it by name: ``llm.collective_rpc(RPC_METHOD)``.
 A name travels through every client. A function would not: vLLM's multiprocess client encodes
 requests with msgpack and refuses a function unless ``VLLM_ALLOW_INSECURE_SERIALIZATION=1``
 (``v1/serial_utils.py``), which would also let the engine core unpickle whatever reaches its
@@ -110,7 +110,7 @@ def register() -> None:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 
 def _check_wrapper(src: tp.SourceTree) -> str | None:

@@ -1,7 +1,7 @@
 """Energy meters: joules a timed call cost, read from a hardware counter before and after it.
 
 A meter is a cumulative counter in joules (:meth:`Meter.read`); a timed call's energy is
-``meter.read()`` after it minus before it (:meth:`sdbench.engine.trials.CellRun.time_call`).
+``meter.read()`` after it minus before it (:meth:`sdbench.engine.measure.trials.CellRun.time_call`).
 
 - ``nvml``: on a GPU engine, NVML's total-energy counter (``nvmlDeviceGetTotalEnergyConsumption``,
   millijoules since the driver loaded; Volta and later) summed over the engine's GPUs: the first
@@ -54,7 +54,7 @@ RAPL_FIX = ("root-only since CVE-2020-8694; to meter, make it readable: "
             "(until reboot) or a udev rule, see docs/measurement.md, Energy")
 MIXED_METERS = "mixed meters across trials"
 REHEARSAL_NOT_METERED = "rehearsal: nothing ran to meter"  # a rehearsed cell's energy_reason
-# The per-call column a cell's energy is bootstrapped on (sdbench.engine.resampling, column=...).
+# The per-call column a cell's energy is bootstrapped on (sdbench.engine.measure.resampling, column=...).
 JOULES_PER_TOKEN = "joules_per_token"
 # Summary columns of a paired cell's energy (set by paired_energy_columns; NaN when not paired).
 PAIRED_ENERGY_COLUMNS = (
@@ -227,7 +227,7 @@ def meter_for(
     """The meter of an engine (config ``engines.<name>``): NVML on ``device: cuda``, RAPL on a CPU
     engine, else :class:`NoMeter` with its reason (logged). Never raises: a missing meter must not
     fail a run."""
-    from sdbench.engine.quietguard import visible_gpus
+    from sdbench.engine.site.quietguard import visible_gpus
 
     try:
         if engine.get("device") == "cuda":
@@ -292,7 +292,7 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
     """A cell's energy summary columns (docs/schema.md): joules per output token as throughput is
     estimated (mean over prompts of each prompt's median over trials) with its 95% bootstrap
     interval and draws, the energy of the timed calls and their mean power; NaN without a meter."""
-    from sdbench.engine import resampling as stats
+    from sdbench.engine.measure import resampling as stats
 
     meter = meter_of(calls)
     nan = math.nan
@@ -320,7 +320,7 @@ def energy_columns(calls: pd.DataFrame, seed: int) -> dict[str, Any]:
 def paired_energy_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, seed: int) -> dict[str, float]:
     """A paired cell's energy ratio (SD joules/token over its no-SD arm's), as the paired speedup
     is computed: both arms resampled with the same draws; NaN where either arm had no meter."""
-    from sdbench.engine import resampling as stats
+    from sdbench.engine.measure import resampling as stats
 
     if baseline_calls.empty or NOT_MEASURED in (meter_of(calls), meter_of(baseline_calls)):
         return {c: math.nan for c in PAIRED_ENERGY_COLUMNS}
@@ -336,7 +336,7 @@ def paired_energy_columns(calls: pd.DataFrame, baseline_calls: pd.DataFrame, see
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 # The NVML binding vLLM ships, the meter's fallback where pynvml is not installed on its own.
 TOUCHPOINTS = tp.declare(__name__, tp.defined("energy.nvml_binding", "vllm.third_party:pynvml"))

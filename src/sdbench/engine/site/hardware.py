@@ -47,7 +47,7 @@ def _text(value: Any) -> str:
 
 def _nvml_gpus(nvml: Any, devices: list[str] | None) -> tuple[list[tuple[str, int]], str]:
     """(name, total MiB) of the job's devices and the driver version, through an NVML module."""
-    from sdbench.engine.quietguard import device_selected
+    from sdbench.engine.site.quietguard import device_selected
 
     nvml.nvmlInit()
     try:
@@ -64,7 +64,7 @@ def _nvml_gpus(nvml: Any, devices: list[str] | None) -> tuple[list[tuple[str, in
 
 def _smi_gpus(devices: list[str] | None) -> tuple[list[tuple[str, int]], str]:
     """The same through ``nvidia-smi`` (empty without it)."""
-    from sdbench.engine.quietguard import device_selected
+    from sdbench.engine.site.quietguard import device_selected
 
     if not shutil.which("nvidia-smi"):
         return [], ""
@@ -101,7 +101,7 @@ def gpu_inventory(nvml: Any = None, env: dict[str, str] | None = None) -> tuple[
     when unset) and the driver version: through NVML (``nvml``, else pynvml when it imports), else
     nvidia-smi, else torch (no driver); ``([], "")`` without GPUs. Names are the boards' own
     (``NVIDIA H100 80GB HBM3`` for SXM, ``NVIDIA H100 PCIe``, ``NVIDIA H100 NVL``)."""
-    from sdbench.engine.quietguard import visible_gpus
+    from sdbench.engine.site.quietguard import visible_gpus
 
     devices = visible_gpus(env)
     if nvml is None:
@@ -240,7 +240,7 @@ THREAD_VARS = (
 # Caches an engine job writes, per job on node-local disk under its scratch (job_scratch), removed
 # when the job ends: in the container's home (the shared working directory) concurrent jobs would
 # write the same files, and nothing would ever remove them. With $SDBENCH_COMPILE_CACHE the compiled
-# ones start from, and are published to, a shared snapshot (sdbench.engine.compilecache).
+# ones start from, and are published to, a shared snapshot (sdbench.engine.site.compilecache).
 CACHE_VARS = {
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
     "TRITON_CACHE_DIR": "triton",
@@ -314,7 +314,7 @@ def engine_job(command: Callable[[argparse.Namespace], int]) -> Callable[[argpar
     """An engine command (``run-cell``, ``run-group``, ``trace-group``, ``serve-group``) run in its
     job's :func:`job_scratch`, with the job's threads from its ``--threads``; the outermost one of
     an isolated job with ``$SDBENCH_COMPILE_CACHE`` starts from, and publishes, the shared compile
-    caches (:mod:`sdbench.engine.compilecache`)."""
+    caches (:mod:`sdbench.engine.site.compilecache`)."""
 
     @functools.wraps(command)
     def run(args: argparse.Namespace) -> int:
@@ -330,7 +330,7 @@ def engine_job(command: Callable[[argparse.Namespace], int]) -> Callable[[argpar
 
 def compile_cache_key(env: dict[str, str] | None = None) -> str:
     """This job's compile-cache key: its image (``host`` outside one), vLLM version and device kind."""
-    from sdbench.engine.compilecache import cache_key
+    from sdbench.engine.site.compilecache import cache_key
 
     env = os.environ if env is None else env  # type: ignore[assignment]
     container = env.get("APPTAINER_CONTAINER") or env.get("SINGULARITY_CONTAINER") or ""
@@ -345,7 +345,7 @@ def _with_compile_cache(command: Callable[[argparse.Namespace], int], args: argp
     """Restore the shared snapshot, run, then publish (success) or discard (failure) it."""
     import sys
 
-    from sdbench.engine import compilecache
+    from sdbench.engine.site import compilecache
 
     key = compile_cache_key()
     print(compilecache.restore(shared, key, scratch), file=sys.stderr, flush=True)

@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sdbench.engine.counters import SD_COUNTERS, SD_PER_POS, SDCounters
+from sdbench.engine.measure.counters import SD_COUNTERS, SD_PER_POS, SDCounters
 
 
 class RequestFailed(RuntimeError):
@@ -263,7 +263,7 @@ def read_metrics(base_url: str, timeout_s: float = 30.0) -> SDCounters:
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 ROUTES = ("/health", "/metrics", "/v1/completions")
 

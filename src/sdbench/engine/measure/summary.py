@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sdbench.engine.counters import SDCounters, acceptance_stats
-from sdbench.engine.energy import PAIRED_ENERGY_COLUMNS, energy_columns
+from sdbench.engine.measure.counters import SDCounters, acceptance_stats
+from sdbench.engine.measure.energy import PAIRED_ENERGY_COLUMNS, energy_columns
 from sdbench.provenance import frame_measured
 
-# Summary columns of a cell timed in pairs with a no-SD engine (sdbench.engine.paired).
+# Summary columns of a cell timed in pairs with a no-SD engine (sdbench.engine.measure.paired).
 PAIRED_COLUMNS = (
     "paired_baseline_tokens_per_s",
     "paired_speedup",
@@ -47,7 +47,7 @@ def summarise(
         tuple(int(x) for x in _sum_lists(calls["accepted_per_pos"])),
     )
     acc = acceptance_stats(total)
-    from sdbench.engine import resampling as stats
+    from sdbench.engine.measure import resampling as stats
 
     draws = stats.bootstrap(calls, cell_seed(spec))
     low, high = stats.interval(draws)
@@ -66,7 +66,7 @@ def summarise(
         "num_calls": len(calls),
         "num_sequences": len(requests),
         # Paper's metric (mean over calls of output tokens / wall time of the call),
-        # with each prompt's median over trials; 95% bootstrap interval (sdbench.engine.resampling).
+        # with each prompt's median over trials; 95% bootstrap interval (sdbench.engine.measure.resampling).
         "tokens_per_s": stats.point_estimate(calls),
         "tokens_per_s_ci_low": low,
         "tokens_per_s_ci_high": high,
@@ -83,7 +83,7 @@ def summarise(
         # Timed calls during which the scheduler preempted requests (the KV cache was full).
         "num_preemptions": int(calls["num_preemptions"].sum()) if "num_preemptions" in calls else 0,
         **acc,
-        # Joules per output token [95% interval] and the meter ("not measured": NaN; sdbench.engine.energy).
+        # Joules per output token [95% interval] and the meter ("not measured": NaN; sdbench.engine.measure.energy).
         **energy_columns(calls, cell_seed(spec)),
         # False for a rehearsal (a stand-in engine, spec engine_mode; or rows it wrote): never a measurement.
         "measured": spec.get("engine_mode", "measured") != "rehearsal"

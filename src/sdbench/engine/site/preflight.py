@@ -18,7 +18,7 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     vLLM leaves a tensor a checkpoint lacks uninitialized without an error, so the
     weights are checked here (sdbench.models.check), not discovered as garbage output.
     """
-    from sdbench.datasets.prompts import read_prompt_table
+    from sdbench.datasets.prompttable import read_prompt_table
     from sdbench.models.check import check_model_dir
 
     prompts = read_prompt_table(prompts_path)
@@ -36,7 +36,7 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     if drafter_dir and role:
         check_model_dir(drafter_dir, role)
     if drafter_dir and spec["method"]["method"] == "medusa":
-        from sdbench.models.medusa import check_medusa_dir
+        from sdbench.models.medusaformat import check_medusa_dir
 
         check_medusa_dir(drafter_dir, int(spec["method"]["num_speculative_tokens"]))
     return prompts
