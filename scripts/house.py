@@ -4,7 +4,7 @@ and the engine job's import closure of a checkout of ``src/sdbench``, as Markdow
     python scripts/house.py [CHECKOUT]      # default: this checkout
 
 Definitions (``import`` means an import of an ``sdbench`` module, resolved as
-``tests/test_imports.py`` resolves it: ``from sdbench import x`` imports ``sdbench.x``):
+``tests/package/test_imports.py`` resolves it: ``from sdbench import x`` imports ``sdbench.x``):
 
 * **room**: the package a module sits in (``sdbench.engine.measure``, ``sdbench.engine`` for the
   engine's job drivers, ``sdbench`` itself for its top-level modules); its files and lines (``wc -l``).

@@ -2,7 +2,7 @@
 
 A table's module declares its columns as a tuple beside the code that builds it, and the builder
 returns :func:`conform` of its frame: a column renamed, added or dropped in the code and not in
-the declaration fails there, and ``tests/test_schema_names.py`` checks every declaration against
+the declaration fails there, and ``tests/analysis/test_schema_names.py`` checks every declaration against
 docs/schema.md (each declared column documented, each documented one declared or in the code).
 """
 

@@ -49,7 +49,7 @@ class DeviceCosts:
 
 
 # CUDA: the published cost model of the paper's simulator (Llama-3.1-8B-Instruct on one H100,
-# vLLM 0.10.1.1; tests/test_scheduling.py checks these against the shipped YAML): c_fixed,
+# vLLM 0.10.1.1; tests/workflow/test_scheduling.py checks these against the shipped YAML): c_fixed,
 # overhead_per_step, c_compute, c_kv. Start-up: 20 minutes, an allowance (minutes per start on
 # a GPU node: load, compile, graph capture). Per call: 0.2 s, an allowance.
 # CPU: the project's small models on vLLM's CPU build. Measured (docs/results/2026-11-26-default-in-

@@ -5,7 +5,7 @@ the verdict's rule), never by the package function that computed the figure.
 
 :func:`check_run` checks every PNG under ``results/paper/`` and returns, per item, the marks
 checked; a PNG without its CSV, or of an item without a checker here, is an error. The end-to-end
-test (tests/test_pipeline_e2e.py) runs it on the pipeline's output; tests/test_drawncheck.py on a
+test (tests/e2e/test_pipeline_e2e.py) runs it on the pipeline's output; tests/analysis/test_drawncheck.py on a
 small hand-made run directory.
 """
 

@@ -45,7 +45,7 @@ refuse_kv_shortfalls(config)
 export_workflow_env(config["quiet_guard"])
 PLAN = Plan(config)
 # The rules that reach the network run here, on the submitting host (compute nodes may have no
-# internet): PLAN.network_rules(), checked by tests/test_hub.py. They alone get the hub token
+# internet): PLAN.network_rules(), checked by tests/site/test_hub.py. They alone get the hub token
 # (HF_TOKEN, else huggingface_hub's token file, which a job in an image whose home is the working
 # directory would not see) and the site's proxy, CA and hub-endpoint settings: these leave this
 # process's environment, which every other job inherits (sbatch --export=ALL), and reach the

@@ -3,7 +3,7 @@ model, ``costmodel power``), ``sdbench validate-simulator``, ``sdbench calibrate
 
 Argument parsing only (argparse and the standard library); each command's implementation is
 imported when it runs (:mod:`sdbench.lazy`). Choices and defaults are plain constants here, the
-same as the implementation's (tests/test_cli.py checks that they match).
+same as the implementation's (tests/package/test_cli.py checks that they match).
 """
 
 from __future__ import annotations

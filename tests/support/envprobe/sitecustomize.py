@@ -1,6 +1,6 @@
 """Test probe, not part of sdbench: with ``SDBENCH_ENV_PROBE_DIR`` set, every Python process that
 starts with this directory on ``PYTHONPATH`` writes ``<dir>/<pid>.json``: its command line and the
-hub and network variables of its environment (tests/test_hub.py: what a job's process really got).
+hub and network variables of its environment (tests/site/test_hub.py: what a job's process really got).
 """
 
 import json

