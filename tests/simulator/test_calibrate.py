@@ -182,6 +182,22 @@ def test_the_fit_recovers_a_known_hinge_and_prefers_it_to_the_line() -> None:
     assert result.power is None and "no energy" in result.power_reason
 
 
+def test_a_given_overhead_replaces_the_bases_and_is_recorded() -> None:
+    from sdbench.simulator.costmodel import load_cost_model
+
+    base = load_cost_model("llama3.1-8b-h100").overhead_per_step
+    assert base > 0  # the published model splits its step into a pass and 1.21 ms of overhead
+    result = calfit.fit_calibration(_hinge_table(), "synthetic", source="synthetic", overhead_s=0.0)
+    assert result.model.overhead_per_step == 0.0
+    assert "overhead_per_step" not in result.model.fit["not_calibrated"]
+    assert result.model.fit["overhead_per_step"] == {"seconds": 0.0, "from": "--overhead-ms", "base_had": base}
+    assert any("0 ms as given (--overhead-ms)" in line for line in result.lines)
+    kept = calfit.fit_calibration(_hinge_table(), "synthetic", source="synthetic")
+    assert kept.model.overhead_per_step == base and "overhead_per_step" not in kept.model.fit
+    with pytest.raises(ValueError, match="--overhead-ms: expected a time >= 0, got -1"):
+        calfit.fit_calibration(_hinge_table(), "synthetic", source="synthetic", overhead_s=-1e-3)
+
+
 def test_hold_out_rules_are_stated_and_deterministic() -> None:
     table = _hinge_table()
     every = calfit.holdout_mask(table, "every-4th")

@@ -51,6 +51,18 @@ def test_step_errors_price_the_target_and_the_whole_step_per_step_and_per_cell()
     assert by.loc["ngram-k3", "step_error"] == pytest.approx(1.74 / 2.0 - 1)
     assert not by.loc["eagle3-k3", "priced"]
     assert list(cells.columns) == list(chk.STEP_CHECK_COLUMNS)
+    # without a propose_s column the measured overhead is not known; the model's is 0.2 ms
+    assert cells["overhead_measured_ms"].isna().all() and by.loc["none", "overhead_model_ms"] == pytest.approx(0.2)
+
+
+def test_the_measured_overhead_is_the_step_less_verify_and_propose() -> None:
+    steps = _steps().assign(propose_s=[None, None, 0.3e-3, 0.5e-3])
+    per_step, cells = chk.step_errors(MODEL, steps)
+    # 1.3 - 1.1, 2.4 - 2.2, 2.0 - 1.4 - 0.3, 4.0 - 2.8 - 0.5 ms (no proposal: nothing subtracted)
+    assert (per_step["overhead_measured_s"] * 1e3).tolist() == pytest.approx([0.2, 0.2, 0.3, 0.7])
+    by = cells.set_index("method")
+    assert by.loc["ngram-k3", "overhead_measured_ms"] == pytest.approx(0.3)
+    assert by.loc["eagle3-k3", "overhead_measured_ms"] == pytest.approx(0.7)
 
 
 def test_the_summary_gives_median_and_largest_with_its_sign() -> None:

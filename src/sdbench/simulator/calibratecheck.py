@@ -38,6 +38,9 @@ STEP_CHECK_COLUMNS: tuple[str, ...] = (
     "engine", "model", "dataset", "method", "batch_size", "sd_method", "steps", "priced",
     "verify_measured_ms", "verify_predicted_ms", "verify_error",  # cell means; error: predicted / measured - 1
     "step_measured_ms", "step_predicted_ms", "step_error",
+    # the step outside the target's pass and the drafter's proposal: measured (step - verify - propose,
+    # NaN without a propose_s column) and the model's overhead_per_step
+    "overhead_measured_ms", "overhead_model_ms",
 )  # fmt: skip
 
 
@@ -70,6 +73,8 @@ def step_errors(model: CostModel, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd
     df["priced"] = priced
     df["verify_error"] = verify / df["verify_s"].to_numpy(float) - 1.0
     df["step_error"] = df["step_predicted_s"] / df["step_s"] - 1.0
+    propose = df["propose_s"].fillna(0.0) if "propose_s" in df else math.nan
+    df["overhead_measured_s"] = df["step_s"] - df["verify_s"] - propose
     keys = [k for k in ("engine", "model", "dataset", "method", "batch_size") if k in df.columns]
     rows = []
     for key, g in df.groupby(keys, sort=True) if keys else [((), df)]:
@@ -79,7 +84,8 @@ def step_errors(model: CostModel, steps: pd.DataFrame) -> tuple[pd.DataFrame, pd
         rows.append({**dict(zip(keys, key)), "sd_method": str(g["sd_method"].iloc[0]), "steps": len(g),
                      "priced": bool(g["priced"].all()), "verify_measured_ms": vm, "verify_predicted_ms": vp,
                      "verify_error": vp / vm - 1.0, "step_measured_ms": sm, "step_predicted_ms": sp,
-                     "step_error": sp / sm - 1.0})  # fmt: skip
+                     "step_error": sp / sm - 1.0, "overhead_measured_ms": g["overhead_measured_s"].median() * 1e3,
+                     "overhead_model_ms": model.overhead_per_step * 1e3})  # fmt: skip
     cells = pd.DataFrame(rows).reindex(columns=list(STEP_CHECK_COLUMNS))
     return df, cells
 
@@ -187,6 +193,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     priced = per_step["priced"]
     lines.append(f"  whole step vs step_s, per step: {error_summary(per_step.loc[priced, 'step_error'])}")
     lines.append(f"  whole step vs step_s, cell means: {error_summary(cells.loc[cells['priced'], 'step_error'])}")
+    measured_overhead = per_step["overhead_measured_s"].dropna()
+    if len(measured_overhead):
+        by_batch = per_step.dropna(subset=["overhead_measured_s"]).groupby("batch_size")["overhead_measured_s"]
+        lines.append(f"  per-step overhead (step - verify - propose, median): measured "
+                     f"{measured_overhead.median() * 1e3:.3g} ms (by batch size: "
+                     + ", ".join(f"{b}: {v * 1e3:.3g}" for b, v in by_batch.median().items())
+                     + f"); the model's overhead_per_step {model.overhead_per_step * 1e3:.3g} ms "
+                     "(`calibrate fit --overhead-ms` sets it)")  # fmt: skip
     if (~cells["priced"]).any():
         lines.append("  not priced (no such drafter in the model): "
                      + ", ".join(sorted(set(cells.loc[~cells["priced"], "sd_method"]))))  # fmt: skip

@@ -14,6 +14,7 @@ The table comes from :mod:`sdbench.simulator.calibrate` (the timing harness).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -212,12 +213,15 @@ def fit_calibration(
     base: str = "llama3.1-8b-h100",
     board_limit_w: float | None = None,
     statistic: str = "median",
+    overhead_s: float | None = None,
 ) -> CalibrationFit:
     """The cost model (and power model) of a calibration table (module docstring).
 
     ``statistic``: ``median`` fits each point's window of median time (``ms``); ``min`` its fastest
     window (``ms_min``: on a shared CPU the least disturbed one), whose energy was not read with
-    it (its rows are then not same-window: no power model from them).
+    it (its rows are then not same-window: no power model from them). ``overhead_s``: the per-step
+    overhead outside the forward pass (None: the base's, listed as not calibrated); a base that
+    splits one timed pass into pass + overhead would otherwise count that part twice.
     """
     from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost, load_cost_model
     from sdbench.simulator.powermodel import PowerModel, fit_power_model
@@ -293,7 +297,9 @@ def fit_calibration(
     # Drafter rows: a linear drafter (c_fixed + c_spec x proposed + c_kv x kv), held out the same way.
     base_model = load_cost_model(base)
     drafters = dict(base_model.drafters)
-    not_calibrated = ["overhead_per_step", "switching_overhead"]
+    if overhead_s is not None and not (math.isfinite(overhead_s) and overhead_s >= 0):
+        raise ValueError(f"--overhead-ms: expected a time >= 0, got {overhead_s * 1e3:g}")
+    not_calibrated = (["overhead_per_step"] if overhead_s is None else []) + ["switching_overhead"]
     dfit = None
     draft_rows = frame[frame["component"] == "drafter"].reset_index(drop=True)
     if not draft_rows.empty:
@@ -310,6 +316,9 @@ def fit_calibration(
         lines.append(f"  drafter: not in the table (not covered): drafters {', '.join(kept)} from {base_model.name}")
     not_calibrated += [f"drafters.{m}" for m in kept]
     lines.append(f"  not calibrated (from {base_model.name}): {', '.join(not_calibrated)}")
+    if overhead_s is not None:
+        lines.append(f"  overhead_per_step: {overhead_s * 1e3:g} ms as given (--overhead-ms), not the base's "
+                     f"{base_model.overhead_per_step * 1e3:g} ms")  # fmt: skip
 
     c = tfit.coef
     tc = TargetCost(c_kv=float(c["c_kv"]), c_compute=float(c["c_compute"]), c_fixed=float(c["c_fixed"]),
@@ -326,6 +335,9 @@ def fit_calibration(
         "not_calibrated": not_calibrated,
         "base": base_model.name,
     }
+    if overhead_s is not None:
+        fit["overhead_per_step"] = {"seconds": float(overhead_s), "from": "--overhead-ms",
+                                    "base_had": float(base_model.overhead_per_step)}  # fmt: skip
     if energy is not None:
         fit["energy"] = {**_fit_record(energy), "unit": "joules per step"}
     if dfit is not None:
@@ -337,7 +349,7 @@ def fit_calibration(
         name=name,
         target=tc,
         drafters=drafters,
-        overhead_per_step=base_model.overhead_per_step,
+        overhead_per_step=base_model.overhead_per_step if overhead_s is None else float(overhead_s),
         switching_overhead=base_model.switching_overhead,
         description=f"calibrated target step ({tfit.chosen}) from {Path(source).name}; "
         f"drafters and overhead as noted in fit.not_calibrated",
@@ -383,7 +395,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
     frame = read_calibration_table(args.table)
     result = fit_calibration(frame, args.name, source=str(args.table), holdout=args.holdout, seed=args.seed,
-                             base=args.base, board_limit_w=args.board_limit_w, statistic=args.statistic)  # fmt: skip
+                             base=args.base, board_limit_w=args.board_limit_w, statistic=args.statistic,
+                             overhead_s=None if args.overhead_ms is None else args.overhead_ms / 1e3)  # fmt: skip
     save_cost_model(result.model, args.output)
     print("\n".join(result.lines))
     wrote = [str(args.output)]

@@ -280,6 +280,10 @@ def add_calibrate(subparsers: argparse._SubParsersAction) -> None:
     fit.add_argument("--base", default=DEFAULT_COST_MODEL,
                      help="cost model whose drafters and per-step overhead are kept where the table has none "
                      "(default: llama3.1-8b-h100)")  # fmt: skip
+    fit.add_argument("--overhead-ms", type=float, metavar="MS",
+                     help="per-step overhead (ms) outside the forward pass, instead of the base's: 0 where the base "
+                     "split what the calibration times as one pass (the published H100 model), or what `calibrate "
+                     "check` measured on a run (step - verify - propose)")  # fmt: skip
     fit.add_argument("--board-limit-w", type=float, help="the board's power limit, to check implied watts against "
                      "(default: the table's power_limit_w)")  # fmt: skip
     fit.set_defaults(func=lazy("sdbench.simulator.calibratefit", "_cmd_fit"))
