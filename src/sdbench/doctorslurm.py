@@ -65,7 +65,7 @@ def plan_jobs(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) 
     """Every engine job of the plan (as :func:`job_asks` sizes them, one by one) and
     one entry per other rule the profile sizes."""
     from sdbench import scheduling
-    from sdbench.workflow.plan import NETWORK_RULES
+    from sdbench.workflow.rulenames import NETWORK_RULES
 
     config = dict(config)
     defaults = resource_map(profile.get("default-resources"))
@@ -414,7 +414,7 @@ def job_asks(config: Mapping[str, Any], plan: Any, profile: Mapping[str, Any]) -
         gpus = max(g for _, g in jobs)
         asks.append(JobAsk(rule, str(res.get("slurm_partition", "")), first, last, attempts, gpus,
                            res.get("gpu_model") if gpus else None))
-    from sdbench.workflow.plan import NETWORK_RULES
+    from sdbench.workflow.rulenames import NETWORK_RULES
 
     for rule, res in sorted(per_rule.items()):
         # Network rules are local rules: they run on the submitting host, never through sbatch.

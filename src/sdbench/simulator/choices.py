@@ -56,3 +56,14 @@ def validation_targets(config: dict[str, Any], traces: Iterable[Any]) -> dict[tu
         if entry["drafters"]:
             entry["drafter"] = entry["drafters"][0]
     return {k: v for k, v in sorted(kinds.items()) if "ngram" in v and "drafter" in v}
+
+
+# ----------------------------------------------------------------------------- adaptive policies
+ADAPTIVE_SPECS: tuple[str, ...] = (
+    "combined:adaptive",
+    "combined:learned",
+    "combined:trust",
+    "combined:ngram-else-eagle",
+    "eagle:adaptive",
+    "eagle:dynamic-k",
+)

@@ -32,7 +32,7 @@ MODES: tuple[str, ...] = ("compat", "exact")  # core.MODES
 BATCHING: tuple[str, ...] = ("replicated", "continuous")  # core.BATCHING
 COMPAT_NUM_REQUESTS = 300  # compat.COMPAT_NUM_REQUESTS
 COMPAT_SEED = 42  # compat.COMPAT_SEED
-ADAPTIVE_SPECS: tuple[str, ...] = (  # reports.ADAPTIVE_SPECS
+ADAPTIVE_SPECS: tuple[str, ...] = (  # choices.ADAPTIVE_SPECS
     "combined:adaptive",
     "combined:learned",
     "combined:trust",

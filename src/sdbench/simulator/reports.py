@@ -22,6 +22,7 @@ from sdbench.simulator.core import (
 from sdbench.simulator.costmodel import CostModel
 from sdbench.simulator.policytypes import COMPAT, EXACT, PROPOSERS, Fidelity
 from sdbench.simulator.tracesets import TraceSet, with_ngram_proposals
+from sdbench.simulator.choices import ADAPTIVE_SPECS
 
 
 # Each correction of exact mode alone on top of compat, then all of them (exact).
@@ -74,14 +75,6 @@ def compare_modes(
 
 
 # ----------------------------------------------------------------------------- adaptive policies
-ADAPTIVE_SPECS: tuple[str, ...] = (
-    "combined:adaptive",
-    "combined:learned",
-    "combined:trust",
-    "combined:ngram-else-eagle",
-    "eagle:adaptive",
-    "eagle:dynamic-k",
-)
 FIXED_GRID: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("eagle", ("fixed-1", "fixed-3", "fixed-5")),
     ("ngram", ("fixed-1", "fixed-3", "fixed-5")),

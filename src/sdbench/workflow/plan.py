@@ -59,11 +59,8 @@ from sdbench.servermode import (
 from sdbench.workflow import paths as P
 from sdbench.workflow.plansim import SimulatorPlan
 from sdbench.workflow.plantraces import OFFLINE_SUFFIX_METHOD, TracePlan
+from sdbench.workflow.rulenames import NETWORK_RULES
 
-# The rules that reach the network (hub models, tokenizers and drafters; hub dataset repositories;
-# the paper's published traces): local rules, run by the workflow process on the submitting host
-# (compute nodes of a cluster may have no internet). Every other rule is a job of its own.
-NETWORK_RULES = ("download_model", "download_dataset", "fetch_published_traces")
 # Snakemake priority of the jobs the verdict and Fig. 1 wait for; every other job has 0, so among
 # jobs ready at once these run first (Plan.engine_priority).
 FIRST = 10

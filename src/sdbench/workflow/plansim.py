@@ -126,9 +126,8 @@ class SimulatorPlan:
         if published_scope(scope) is not None:
             if len(self.published.get("datasets") or []) >= 2:
                 return None
-            from sdbench.simulator.reports import ADAPTIVE_SPECS
-
-            return [], [s for s in ADAPTIVE_SPECS if s not in simulator_choices.CROSS_DATASET_POLICIES]
+            specs = simulator_choices.ADAPTIVE_SPECS
+            return [], [s for s in specs if s not in simulator_choices.CROSS_DATASET_POLICIES]
         key = tuple(scope.split("/"))
         sizes = sorted({c.batch_size for c in self.cells if (c.engine, c.model) == key})
         return sizes, simulator_choices.adaptive_policies(self.config, len(self.adaptive_cell_targets()[key]))
