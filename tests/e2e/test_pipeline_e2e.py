@@ -316,12 +316,18 @@ def test_breakdown_memory_bleu_and_simulator_validation(pipeline: Path) -> None:
     vs_best = (adaptive["speedup"] / adaptive["best_fixed"]).rename("vs_best_fixed").to_frame()
     pd.testing.assert_frame_equal(adaptive[["vs_best_fixed"]], vs_best, rtol=1e-5, atol=0)
     # gap_closed is defined where oracle-combine beats the best fixed policy (sdbench.simulator.reports),
-    # NaN elsewhere. On these tiny CPU models it beat the best fixed policy at no point of a run
-    # (equal or below it: learned drafters cost more than they save), so the NaN half is what runs.
+    # NaN elsewhere. On these tiny CPU models it is mostly equal or below (learned drafters cost more
+    # than they save); where it is above, it is by a hair (0.024 in a run of 2026-11-29).
     has_gap = adaptive["oracle_combine"] > adaptive["best_fixed"]
     gap = adaptive[has_gap]
-    closed = ((gap["speedup"] - gap["best_fixed"]) / (gap["oracle_combine"] - gap["best_fixed"])).rename("gap_closed")
-    pd.testing.assert_frame_equal(gap[["gap_closed"]], closed.to_frame(), rtol=1e-5, atol=0)
+    den = gap["oracle_combine"] - gap["best_fixed"]
+    closed = (gap["speedup"] - gap["best_fixed"]) / den
+    # Each column is rounded to 6 decimals (off by <= 5e-7), so a difference of two is off by <= 1e-6
+    # and the ratio by <= (1e-6 + |closed| 1e-6) / |den|, plus the stored value's own rounding: where
+    # oracle-combine beats the best fixed policy by a hair, a relative tolerance is not enough.
+    bound = (1e-6 + closed.abs() * 1e-6) / den.abs() + 5e-7
+    assert ((gap["gap_closed"] - closed).abs() <= bound).all(), pd.DataFrame({"stored": gap["gap_closed"],
+                                                                             "recomputed": closed, "bound": bound})
     assert adaptive.loc[~has_gap, "gap_closed"].isna().all()
 
 
