@@ -132,3 +132,12 @@ def slurm_cluster():
     with live_cluster() as cluster:
         yield cluster
     print(f"\n[slurm timing] stop: {cluster.timings.get('stop', 0.0):.1f} s")
+
+
+@pytest.fixture(scope="session")
+def tiny_target_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tokenizer and tiny-target of .test/config/faults.yaml, built once for every slow test
+    whose config builds them alike (support/tinybuild.py; ``seed`` copies them into a workdir)."""
+    from support import tinybuild
+
+    return tinybuild.build(tmp_path_factory.mktemp("tiny-target-build"))

@@ -251,9 +251,13 @@ def _snakemake(workdir: Path, *args: str, timeout: float = 1500) -> subprocess.C
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The server-mode outputs of the test config, made by the real pipeline."""
+def served(tmp_path_factory: pytest.TempPathFactory, tiny_target_build: Path) -> Path:
+    """The server-mode outputs of the test config, made by the real pipeline (the tiny target as
+    the session built it: support/tinybuild.py)."""
+    from support.tinybuild import seed
+
     workdir = tmp_path_factory.mktemp("server")
+    seed(workdir, tiny_target_build, CONFIG)
     done = _snakemake(workdir, "results/paper/ext11_latency_throughput.md")
     assert done.returncode == 0, done.stderr[-4000:]
     return workdir

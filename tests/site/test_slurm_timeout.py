@@ -37,8 +37,12 @@ def cells_logged(log: str, what: str) -> list[int]:
     return sorted(int(bs) for bs in re.findall(rf"cell none/code-edit/bs(\d+): {what}\b", log))
 
 
-def test_a_group_killed_by_its_time_limit_reruns_only_its_missing_cells(slurm_cluster, tmp_path: Path) -> None:
+def test_a_group_killed_by_its_time_limit_reruns_only_its_missing_cells(slurm_cluster, tmp_path: Path,
+                                                                        tiny_target_build: Path) -> None:  # fmt: skip
+    from support.tinybuild import seed
+
     workdir = tmp_path
+    seed(workdir, tiny_target_build, CONFIG)  # the builds are not what this test is about
     # The engine job asks SLURM for 2 minutes (build_model keeps the CI profile's memory).
     killed = snakemake_slurm(
         slurm_cluster, workdir, *cell_targets(),

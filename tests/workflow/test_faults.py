@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from support.require import require
+from support.tinybuild import seed
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -71,7 +72,9 @@ def finished(workdir: Path) -> dict[str, int]:
     return {c: (workdir / c / "summary.parquet").stat().st_mtime_ns for c in CELLS if (workdir / c / "summary.parquet").exists()}
 
 
-def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp_path: Path) -> None:
+def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp_path: Path,
+                                                                            tiny_target_build: Path) -> None:  # fmt: skip
+    seed(tmp_path, tiny_target_build, CONFIG)
     # A new moment each run (the fault explores), reproducible from the printed seed.
     seed = int(os.environ.get("SDBENCH_FAULT_SEED") or random.randrange(1000))
     print(f"fault seed {seed} (replay the same moment: SDBENCH_FAULT_SEED={seed})")
@@ -106,7 +109,8 @@ def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
-def test_kill_9_of_the_engine_fails_the_job_and_the_retry_succeeds(tmp_path: Path) -> None:
+def test_kill_9_of_the_engine_fails_the_job_and_the_retry_succeeds(tmp_path: Path, tiny_target_build: Path) -> None:
+    seed(tmp_path, tiny_target_build, CONFIG)
     target = tmp_path / CELLS[0] / "summary.parquet"
     log = tmp_path / "logs/run_engine/vllm-cpu/tiny-target/ngram-k3/all.log"
     proc = subprocess.Popen(snakemake_cmd(tmp_path, str(target.relative_to(tmp_path))), cwd=tmp_path, env=env(),
@@ -180,8 +184,11 @@ def busy_neighbour():
     os.kill(pid, signal.SIGKILL)
 
 
-def test_busy_machine_is_flagged_locally_and_refused_in_refuse_mode(tmp_path: Path, busy_neighbour: int) -> None:
+def test_busy_machine_is_flagged_locally_and_refused_in_refuse_mode(tmp_path: Path, busy_neighbour: int,
+                                                                   tiny_target_build: Path) -> None:  # fmt: skip
     import pandas as pd
+
+    seed(tmp_path, tiny_target_build, CONFIG)
 
     target = f"{CELLS[2]}/summary.parquet"  # none, bs1
     flagged = subprocess.run(snakemake_cmd(tmp_path, target), cwd=tmp_path, env=env(),

@@ -65,7 +65,10 @@ def run(workdir: Path, *args: str, timeout: int = 1800) -> str:
     return out
 
 
-def test_a_new_max_runtime_re_splits_groups_but_measures_no_cell_again(tmp_path: Path) -> None:
+def test_a_new_max_runtime_re_splits_groups_but_measures_no_cell_again(tmp_path: Path, tiny_target_build: Path) -> None:
+    from support.tinybuild import seed
+
+    seed(tmp_path, tiny_target_build, CONFIG)
     sized = sized_config(tmp_path)
     first = run(tmp_path, *TARGETS)
     assert first.count("rule run_engine:") == 1
