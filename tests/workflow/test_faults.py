@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from support.require import require
-from support.tinybuild import seed
+from support.tinybuild import seed as seed_tiny_target
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -74,7 +74,7 @@ def finished(workdir: Path) -> dict[str, int]:
 
 def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp_path: Path,
                                                                             tiny_target_build: Path) -> None:  # fmt: skip
-    seed(tmp_path, tiny_target_build, CONFIG)
+    seed_tiny_target(tmp_path, tiny_target_build, CONFIG)
     # A new moment each run (the fault explores), reproducible from the printed seed.
     seed = int(os.environ.get("SDBENCH_FAULT_SEED") or random.randrange(1000))
     print(f"fault seed {seed} (replay the same moment: SDBENCH_FAULT_SEED={seed})")
@@ -110,7 +110,7 @@ def test_kill_9_of_snakemake_leaves_no_engine_and_rerun_keeps_finished_cells(tmp
 
 
 def test_kill_9_of_the_engine_fails_the_job_and_the_retry_succeeds(tmp_path: Path, tiny_target_build: Path) -> None:
-    seed(tmp_path, tiny_target_build, CONFIG)
+    seed_tiny_target(tmp_path, tiny_target_build, CONFIG)
     target = tmp_path / CELLS[0] / "summary.parquet"
     log = tmp_path / "logs/run_engine/vllm-cpu/tiny-target/ngram-k3/all.log"
     proc = subprocess.Popen(snakemake_cmd(tmp_path, str(target.relative_to(tmp_path))), cwd=tmp_path, env=env(),
@@ -188,7 +188,7 @@ def test_busy_machine_is_flagged_locally_and_refused_in_refuse_mode(tmp_path: Pa
                                                                    tiny_target_build: Path) -> None:  # fmt: skip
     import pandas as pd
 
-    seed(tmp_path, tiny_target_build, CONFIG)
+    seed_tiny_target(tmp_path, tiny_target_build, CONFIG)
 
     target = f"{CELLS[2]}/summary.parquet"  # none, bs1
     flagged = subprocess.run(snakemake_cmd(tmp_path, target), cwd=tmp_path, env=env(),
