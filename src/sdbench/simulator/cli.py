@@ -22,6 +22,7 @@ from sdbench.cliargs import (
     add_table_outputs,
 )
 from sdbench.lazy import lazy
+from sdbench.simulator.choices import ADAPTIVE_SPECS  # standard library only: no start-up cost
 
 COMMANDS = "sdbench.simulator.commands"
 
@@ -32,14 +33,6 @@ MODES: tuple[str, ...] = ("compat", "exact")  # core.MODES
 BATCHING: tuple[str, ...] = ("replicated", "continuous")  # core.BATCHING
 COMPAT_NUM_REQUESTS = 300  # compat.COMPAT_NUM_REQUESTS
 COMPAT_SEED = 42  # compat.COMPAT_SEED
-ADAPTIVE_SPECS: tuple[str, ...] = (  # choices.ADAPTIVE_SPECS
-    "combined:adaptive",
-    "combined:learned",
-    "combined:trust",
-    "combined:ngram-else-eagle",
-    "eagle:adaptive",
-    "eagle:dynamic-k",
-)
 STEP_COLUMNS: tuple[str, ...] = (  # costmodel.STEP_COLUMNS
     "method",
     "batch_size",
