@@ -189,6 +189,7 @@ def test_the_check_reads_every_breakdown_table_of_the_plan_and_says_what_it_coul
                               "sd_method": sd, "num_batched_tokens": [1, 4], "num_kv_tokens": 10,
                               "num_proposed_tokens": 0, "verify_s": [1.1e-3 * 1.1, 1.4e-3 * 1.1],
                               "step_s": 5e-3})  # fmt: skip
+        steps["propose_s"] = steps["step_s"] - steps["verify_s"] - 2e-3  # 2 ms of the step is neither
         (tmp_path / path).parent.mkdir(parents=True)
         steps.to_parquet(tmp_path / path)
     argv = ["calibrate", "check", "--cost-model", str(model), "--results", str(tmp_path / "results"),
@@ -198,5 +199,7 @@ def test_the_check_reads_every_breakdown_table_of_the_plan_and_says_what_it_coul
     assert "step times: 20 steps in 10 breakdown cells (10 tables)" in out
     assert f"per step: median |error| {1 - 1 / 1.1:.1%}, largest {1 - 1 / 1.1:.1%} (under), n=20" in out
     assert "not priced (no such drafter in the model): draft_model, eagle, eagle3" in out
+    assert "per-step overhead (step - verify - propose, median): measured 2 ms (by batch size: 1: 2, 8: 2); " \
+        "the model's overhead_per_step 0.2 ms" in out
     assert "speedups: not checked:" in out and "cells.parquet does not exist" in out
     assert len(pd.read_parquet(tmp_path / "steps.parquet")) == 10
