@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sdbench.errors import ConfigError
-from sdbench.models import medusa
+from sdbench.models import medusa, medusaformat
 from sdbench.models.headconfig import HeadConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ TARGET = {  # a small Llama target's config.json (as train-model writes it)
 
 def _random_heads(num_heads: int = 3) -> tuple[dict, dict]:
     """(config, state) of heads with random blocks and LM heads (zero blocks would hide the math)."""
-    config = medusa.medusa_config(TARGET, num_heads)
+    config = medusaformat.medusa_config(TARGET, num_heads)
     gen = torch.Generator().manual_seed(0)
     heads = medusa.MedusaHeads(config, torch.randn(TARGET["vocab_size"], TARGET["hidden_size"], generator=gen))
     state = {k: torch.randn(v.shape, generator=gen) * 0.3 for k, v in heads.params.items()}
@@ -81,13 +81,13 @@ def test_the_written_heads_are_what_vllms_medusa_loads(tmp_path: Path, monkeypat
     assert (hf_config.num_heads, hf_config.num_hidden_layers, hf_config.hidden_size) == (3, 1, 32)
     assert hf_config.vocab_size == hf_config.truncated_vocab_size == 96
     assert hf_config.medusa_fc_bias is True and hf_config.original_lm_head is False
-    assert hf_config.architectures == [medusa.ARCHITECTURE]
+    assert hf_config.architectures == [medusaformat.ARCHITECTURE]
 
     from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
 
-    assert _SPECULATIVE_DECODING_MODELS[medusa.ARCHITECTURE][1] == "Medusa"
+    assert _SPECULATIVE_DECODING_MODELS[medusaformat.ARCHITECTURE][1] == "Medusa"
     params = dict(model.named_parameters())
-    assert {k: tuple(v.shape) for k, v in params.items()} == medusa.expected_tensors(config)
+    assert {k: tuple(v.shape) for k, v in params.items()} == medusaformat.expected_tensors(config)
     weights = load_file(str(directory / "model.safetensors"))
     loaded = model.load_weights(weights.items())
     assert loaded == set(params) == set(weights)  # every parameter filled, no checkpoint key dropped
@@ -110,19 +110,19 @@ def test_vllm_runs_the_first_k_heads_and_cannot_run_more(tmp_path: Path, monkeyp
     weights = load_file(str(directory / "model.safetensors"))
     fewer, _ = _vllm_medusa(directory, 2, monkeypatch)
     assert fewer.load_weights(weights.items()) == {n for n, _ in fewer.named_parameters()}
-    medusa.check_medusa_dir(directory, num_speculative_tokens=3)
+    medusaformat.check_medusa_dir(directory, num_speculative_tokens=3)
     more, _ = _vllm_medusa(directory, 4, monkeypatch)
     unfilled = {n for n, _ in more.named_parameters()} - more.load_weights(weights.items())
     assert "blocks.3.layers.0.weight" in unfilled  # vLLM's loader then refuses to start
     with pytest.raises(ConfigError, match="fewer than num_speculative_tokens 4"):
-        medusa.check_medusa_dir(directory, num_speculative_tokens=4)
+        medusaformat.check_medusa_dir(directory, num_speculative_tokens=4)
 
 
 def test_head_i_at_p_is_scored_against_the_target_at_p_plus_1_plus_i() -> None:
     """Hidden state p is one-hot(p); head i's LM head maps it to token p+1+i, and the target's
     distribution at position q peaks on token q: every head agrees only with the right offset."""
     n, k = 12, 3
-    config = medusa.medusa_config({**TARGET, "hidden_size": n, "vocab_size": n}, k)
+    config = medusaformat.medusa_config({**TARGET, "hidden_size": n, "vocab_size": n}, k)
     heads = medusa.MedusaHeads(config, torch.zeros(n, n))  # blocks start at zero: the identity
     for i in range(k):
         heads.params[f"lm_heads.{i}.weight"] = torch.roll(torch.eye(n), shifts=1 + i, dims=0) * 20
@@ -137,7 +137,7 @@ def test_head_i_at_p_is_scored_against_the_target_at_p_plus_1_plus_i() -> None:
 
 
 def test_zero_blocks_start_as_the_targets_next_token() -> None:
-    config = medusa.medusa_config(TARGET, 2)
+    config = medusaformat.medusa_config(TARGET, 2)
     lm_head = torch.randn(96, 32)
     heads = medusa.MedusaHeads(config, lm_head)
     hidden = torch.randn(4, 32)
@@ -164,7 +164,7 @@ def test_a_broken_directory_is_refused_naming_what(tmp_path: Path, edit, match: 
     (tmp_path / "config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ConfigError, match=match):
-        medusa.check_medusa_dir(tmp_path)
+        medusaformat.check_medusa_dir(tmp_path)
 
 
 def test_options_and_config_entry() -> None:

@@ -37,16 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sdbench.models.headconfig import HeadConfig
-from sdbench.models.medusaformat import (  # noqa: F401 - the format, re-exported for its callers
-    ARCHITECTURE,
-    LAYERS_PER_HEAD,
-    MODEL_TYPE,
-    check_medusa_dir,
-    check_medusa_tensors,
-    config_problems,
-    expected_tensors,
-    medusa_config,
-)
+from sdbench.models.medusaformat import check_medusa_dir, check_medusa_tensors, expected_tensors, medusa_config
 
 
 class MedusaHeads:
