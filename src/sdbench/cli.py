@@ -391,5 +391,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
+def entry() -> None:
+    """The ``sdbench`` console script and ``python -m sdbench.cli``: :func:`main` on the process's
+    arguments; an engine command's process then ends without the interpreter's teardown
+    (:func:`sdbench.processexit.end`: seconds per engine start)."""
+    from sdbench.engine.site.quietguard import ENGINE_COMMANDS
+
+    code = main()
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    if command in ENGINE_COMMANDS:
+        from sdbench.processexit import end
+
+        end(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -139,9 +139,9 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     assert (sd["mean_acceptance_length"].isna() == (sd["num_drafts"] == 0)).all()
     assert sd["mean_acceptance_length"].dropna().between(1.0, 4.0).all()
     assert (pipeline / "results/paper/fig01_end_to_end.png").stat().st_size > 10_000
-    # Two trials per start, and a third because no cell met the 1e-9 half-width target
+    # Two trials, and a third because no cell met the 1e-9 half-width target
     # (max_repeats 3): every throughput and speedup has a 95% interval around it.
-    assert (cells["num_trials"] == 6).all() and (cells["num_engine_starts"] == 2).all()
+    assert (cells["num_trials"] == 3).all() and (cells["num_engine_starts"] == 1).all()
     # Greedy outputs repeat exactly; a sampled SD cell may not (sdbench.engine.measure.sampling).
     assert cells.loc[cells["temperature"] == 0, "outputs_stable"].all()  # forced at 1 and k + 1: no draw decides
     assert (cells["tokens_per_s_ci_low"] <= cells["tokens_per_s"]).all()
@@ -149,14 +149,15 @@ def test_outputs_are_complete(pipeline: Path) -> None:
     assert ((sd["speedup_ci_low"] <= sd["speedup"]) & (sd["speedup"] <= sd["speedup_ci_high"])).all()
     assert {"contaminated", "contamination", "guard_load_max"} <= set(cells.columns)
     calls = pd.read_parquet(pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/none/bs1/calls.parquet")
-    # 2 engine starts x 3 trials x 2 prompts
-    assert sorted(set(calls["trial"])) == [0, 1, 2] and sorted(set(calls["engine_start"])) == [0, 1] and len(calls) == 12
+    # 1 engine start x 3 trials x 2 prompts (two starts: tests/engine/test_enginestarts.py)
+    assert sorted(set(calls["trial"])) == [0, 1, 2] and len(calls) == 6
+    assert "engine_start" not in calls  # one start: merged starts carry the column
     # Paired no-SD arm: every SD cell's calls were also timed on a no-SD engine in its process.
     assert (sd["speedup_design"] == "paired").all()
     base_calls = pd.read_parquet(
         pipeline / "results/runs/vllm-cpu/tiny-target/code-edit/ngram-k3/bs1/baseline_calls.parquet"
     )
-    assert len(base_calls) == 12 and set(base_calls["method"]) == {"none"}
+    assert len(base_calls) == 6 and set(base_calls["method"]) == {"none"}
     assert "±" in (pipeline / "results/paper/tab01_generation_length.md").read_text()
     assert "paired" in (pipeline / "results/paper/ext01_speedups.md").read_text()
     requests = pd.read_parquet(
@@ -447,14 +448,14 @@ def assert_fig8_measured_is_paired(pipeline: Path) -> None:
     assert set(table["design"]) == {"paired"} and sorted(table["batch_size"].unique()) == [1, 2]
     assert table.groupby("batch_size")["n"].sum().tolist() == [2, 2]
     bucket_of = dict(zip(buckets["request_id"], buckets["bucket"]))
-    keys = ["engine_start", "trial", "call_index"]
+    keys = ["trial", "call_index"]  # one engine start
     for row in table.itertuples():
         speedup = {}
         for method in ("ngram-k3", "eagle-k3"):
             sd = calls[(calls.method == method) & (calls.batch_size == row.batch_size)]
             base = paired[(paired.paired_with == method) & (paired.batch_size == row.batch_size)]
             pairs = sd.merge(base, on=[*keys, "request_id"], suffixes=("", "_base"), validate="one_to_one")
-            assert len(pairs) == len(sd) == len(base) == 2 * 3 * 2  # starts x trials x prompts
+            assert len(pairs) == len(sd) == len(base) == 3 * 2  # trials x prompts
             pairs = pairs[pairs["request_id"].map(bucket_of) == row.bucket]
             medians = pairs.groupby("request_id")[["tokens_per_s", "tokens_per_s_base"]].median()
             speedup[method] = medians["tokens_per_s"].mean() / medians["tokens_per_s_base"].mean()
