@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support import tinybuild
 from support.require import import_or_fail
 import yaml
 
@@ -218,23 +219,20 @@ def _sdbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_parity_end_to_end(tmp_path: Path) -> None:
-    """Both sides run the same work on a tiny model; no timing assertion (not a timed test)."""
+def test_parity_end_to_end(tmp_path: Path, tiny_target_build: Path) -> None:
+    """Both sides run the same work on a tiny model; no timing assertion (not a timed test). The
+    model is the session's shared tiny target (support/tinybuild.py), its tokenizer beside it."""
     d = tmp_path
-    _sdbench("build-tokenizer", "--output", str(d / "tok"), "--seed", "42", cwd=d)
-    _sdbench("train-model", "--tokenizer", str(d / "tok"), "--output", str(d / "model"), "--seed", "42",
-             "--threads", "2", "--layers", "2", "--hidden", "64", "--heads", "2", "--kv-heads", "2",
-             "--intermediate", "128", "--steps", "20", "--batch-size", "2", "--seq-len", "128", "--lr", "3e-3",
-             cwd=d)  # fmt: skip
+    tok, model = (tiny_target_build / out for out in tinybuild.OUTPUTS)
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     entry = {**config["datasets"]["code-edit"], "num_prompts": 4}
-    _sdbench("prepare-dataset", "--name", "code-edit", "--entry", json.dumps(entry), "--tokenizer", str(d / "tok"),
+    _sdbench("prepare-dataset", "--name", "code-edit", "--entry", json.dumps(entry), "--tokenizer", str(tok),
              "--seed", "42", "--output", str(d / "prompts.parquet"), cwd=d)  # fmt: skip
     config["engines"]["vllm-cpu"]["llm_kwargs"]["kv_cache_memory_bytes"] = 268435456
     (d / "config.yaml").write_text(yaml.safe_dump(config))
     out = _sdbench("bench", "parity", "--config", str(d / "config.yaml"), "--model", "tiny-target",
                    "--dataset", "code-edit", "--method", "ngram-k3", "--batch-size", "4",
-                   "--model-dir", str(d / "model"), "--prompts", str(d / "prompts.parquet"),
+                   "--model-dir", str(model), "--prompts", str(d / "prompts.parquet"),
                    "--max-tokens", "16", "--repeats", "1", "--workdir", str(d / "work"),
                    "--output-json", str(d / "parity.json"), cwd=d)  # fmt: skip
     report = json.loads((d / "parity.json").read_text())

@@ -47,6 +47,12 @@ def test_a_plain_exit_tears_down(tmp_path: Path) -> None:
     assert marks == {"atexit", "teardown"}
 
 
+def test_a_closed_stdout_does_not_stop_the_end(tmp_path: Path) -> None:
+    done, marks = run(tmp_path, "import io; sys.stdout = io.StringIO(); sys.stdout.close()\n"
+                                "from sdbench.processexit import end; end(3)")  # fmt: skip
+    assert done.returncode == 3 and marks == {"atexit"}, done.stderr
+
+
 def test_a_live_child_process_gets_the_plain_exit(tmp_path: Path) -> None:
     setup = "import subprocess; child = subprocess.Popen(['sleep', '30'])"
     done, marks = run(tmp_path, "from sdbench.processexit import end\ntry:\n    end(4)\nfinally:\n    child.kill()",
@@ -66,6 +72,10 @@ def test_only_an_engine_command_ends_at_once(tmp_path: Path) -> None:
     engine, marks = run(tmp_path, "sys.argv = ['sdbench', 'run-group', '--spec', '@missing.json', '--model-dir', 'm',"
                                   " '--output-dir', 'o']\nfrom sdbench.cli import entry; entry()")  # fmt: skip
     assert engine.returncode == 2 and marks == {"atexit"}, engine.stderr
+    (tmp_path / "atexit").unlink()
+    debug, marks = run(tmp_path, "sys.argv = ['sdbench', '--debug', 'run-group', '--spec', '@missing.json',"
+                                 " '--model-dir', 'm', '--output-dir', 'o']\nfrom sdbench.cli import entry; entry()")  # fmt: skip
+    assert debug.returncode == 2 and marks == {"atexit"}, debug.stderr  # the command after a global option
     (tmp_path / "atexit").unlink()
     other, marks = run(tmp_path, "sys.argv = ['sdbench', 'check-config', 'missing.yaml']\n"
                                  "from sdbench.cli import entry; entry()")  # fmt: skip

@@ -1,8 +1,8 @@
 """An engine group killed by its SLURM time limit keeps the cells it finished.
 
-A real single-node SLURM (tests/support/slurm_cluster.py) runs one engine group of ten cells
+A real single-node SLURM (tests/support/slurm_cluster.py) runs one engine group of twelve cells
 (.test/config/slurm-timeout.yaml: the tiny model on real vLLM for CPU, each cell timed for at
-least 15 s) with a 2-minute time limit, shorter than the group. SLURM kills the job; Snakemake
+least 8 s) with a 1-minute time limit, shorter than the group. SLURM kills the job; Snakemake
 deletes the group's directory, not its checkpoints (results/engine_checkpoints/). The rerun,
 without the limit, measures only the cells the killed job had not finished, and Snakemake then
 sees every cell as done; the checkpoints stay for any later split of the group.
@@ -22,7 +22,7 @@ from tests.e2e.test_slurm_pipeline import snakemake_slurm
 pytestmark = pytest.mark.slow
 
 CONFIG = REPO / ".test" / "config" / "slurm-timeout.yaml"
-BATCH_SIZES = list(range(1, 11))
+BATCH_SIZES = list(range(1, 13))
 GROUP = "results/engines/vllm-cpu/tiny-target/none/all"
 CHECKPOINTS = "results/engine_checkpoints/vllm-cpu/tiny-target/none"
 LOG = "logs/run_engine/vllm-cpu/tiny-target/none/all.log"
@@ -43,10 +43,10 @@ def test_a_group_killed_by_its_time_limit_reruns_only_its_missing_cells(slurm_cl
 
     workdir = tmp_path
     seed(workdir, tiny_target_build, CONFIG)  # the builds are not what this test is about
-    # The engine job asks SLURM for 2 minutes (build_model keeps the CI profile's memory).
+    # The engine job asks SLURM for 1 minute (build_model keeps the CI profile's memory).
     killed = snakemake_slurm(
         slurm_cluster, workdir, *cell_targets(),
-        "--set-resources", "run_engine:runtime=2", "build_model:mem_mb=4000",
+        "--set-resources", "run_engine:runtime=1", "build_model:mem_mb=4000",
         configfile=CONFIG,
     )  # fmt: skip
     first_log = (workdir / LOG).read_text()
@@ -73,7 +73,7 @@ def test_a_group_killed_by_its_time_limit_reruns_only_its_missing_cells(slurm_cl
     second, reused = cells_logged(second_log, "measured"), cells_logged(second_log, "re-used")
     print(f"rerun measured bs {second}, re-used bs {reused}")
     assert reused == first and second == sorted(set(BATCH_SIZES) - set(first)), second_log[-3000:]
-    assert f"group: {len(second)} of 10 cell(s) to measure, {len(first)} re-used" in second_log
+    assert f"group: {len(second)} of {len(BATCH_SIZES)} cell(s) to measure, {len(first)} re-used" in second_log
     # A re-used cell's tables are the killed run's, byte for byte; every cell's tables exist.
     for bs in BATCH_SIZES:
         cell = workdir / f"results/runs/vllm-cpu/tiny-target/code-edit/none/bs{bs}"

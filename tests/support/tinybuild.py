@@ -7,7 +7,8 @@ those two jobs once, with the real workflow; :func:`seed` copies their outputs i
 workdir, mtimes kept, before the test's own run. Snakemake then sees the outputs present and newer
 than their input (no metadata is copied: without a record no params or code trigger fires, as for
 any output made elsewhere), so the run starts at the prompts. A config whose model or tokenizer
-inputs differ from the build's is refused, never seeded with the wrong model.
+inputs differ from the build's is refused, never seeded with the wrong model. ``test_parity``
+reads the build in place (any tiny Llama serves it: both sides run the model they are given).
 """
 
 from __future__ import annotations
