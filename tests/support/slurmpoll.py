@@ -41,5 +41,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    del sys.path[0]  # this script's folder: its test modules are not Snakemake's imports
     sys.exit(main(sys.argv[1:]))
