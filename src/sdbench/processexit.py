@@ -2,9 +2,9 @@
 
 A process that held a vLLM engine spends seconds after its last table is written: vLLM's own
 shutdown (its ``weakref.finalize`` callbacks, at exit), then the interpreter freeing torch, vLLM
-and every module one object at a time. On the CPU default's tiny models that second part is
-1.8 s of a start's 12 (measured: ``import`` 5.8 s, engine 2.2 s, exit 2.5 s with one engine;
-0.08 s by ``os._exit``), paid by every engine start of every job.
+and every module one object at a time. On the CPU default's tiny models a paired start (two
+engines) spent 3.7 s from its last log line to its end, 1.8 s with :func:`end` (of 14.8 s and 12.4 s
+in all), paid by every engine start of every job.
 
 :func:`end` runs the ``atexit`` callbacks (vLLM's engine shutdown, logging's flush, the step
 timings' last records), flushes stdout and stderr, and ends the process with ``os._exit``, but only

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+from sdbench.cli import entry
 from sdbench.processexit import live_children, other_threads
 
 # A script's process: an ``atexit`` callback and an object whose ``__del__`` runs only in the
@@ -48,7 +49,7 @@ def test_a_plain_exit_tears_down(tmp_path: Path) -> None:
 
 
 def test_a_closed_stdout_does_not_stop_the_end(tmp_path: Path) -> None:
-    done, marks = run(tmp_path, "import io; sys.stdout = io.StringIO(); sys.stdout.close()\n"
+    done, marks = run(tmp_path, "import os; sys.stdout = open(os.devnull, 'w'); sys.stdout.close()\n"
                                 "from sdbench.processexit import end; end(3)")  # fmt: skip
     assert done.returncode == 3 and marks == {"atexit"}, done.stderr
 
@@ -80,6 +81,13 @@ def test_only_an_engine_command_ends_at_once(tmp_path: Path) -> None:
     other, marks = run(tmp_path, "sys.argv = ['sdbench', 'check-config', 'missing.yaml']\n"
                                  "from sdbench.cli import entry; entry()")  # fmt: skip
     assert other.returncode == 2 and marks == {"atexit", "teardown"}, other.stderr
+
+
+def test_the_console_script_is_the_entry_that_ends_engine_commands() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["sdbench"] == f"{entry.__module__}:{entry.__name__}"
 
 
 def test_live_children_reads_every_threads_children(tmp_path: Path) -> None:
