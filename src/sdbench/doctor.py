@@ -43,6 +43,7 @@ import sys
 from pathlib import Path
 
 from sdbench import doctormeters
+from sdbench.cli import one_line
 from sdbench.doctorcontainers import apptainer_checks
 from sdbench.doctorcore import Result, failed, ok
 from sdbench.doctorgpu import energy_meter_checks, host_gpu_checks
@@ -81,8 +82,6 @@ def config_check(site: Site) -> Result:
                                           source=f"{site.config_path} + {site.profile_dir}")  # fmt: skip
         site.plan = Plan(site.config)
     except (ValueError, OSError) as exc:  # a bad config (ConfigError): every error names its key
-        from sdbench.cli import one_line
-
         return failed(check, one_line(str(exc)), "fix the named key (docs/configuration.md)")
     return ok(f"{check} ({len(site.plan.cells)} cells)")
 

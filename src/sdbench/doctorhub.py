@@ -13,6 +13,7 @@ from typing import Any
 
 from sdbench.doctorcore import Result, failed, ok, skipped
 from sdbench.doctorsite import Site
+from sdbench.models import hub
 
 
 HUB_DIR = Path("resources/hub")
@@ -110,8 +111,6 @@ def repo_files(repo: HubRepo, token: str | None, endpoint: str | None = None) ->
 def model_selection() -> Callable[[list[str]], list[str]]:
     """The files of a model repository a download takes: :func:`sdbench.models.hub.select_model_files`
     when the hub module has it (what vLLM loads), else every file (a whole snapshot)."""
-    from sdbench.models import hub
-
     select = getattr(hub, "select_model_files", None)
     if select is None:
         return list
@@ -142,8 +141,6 @@ def dataset_selection(entry: Mapping[str, Any], name: str, card: str | None = No
     ``select_dataset_files`` when it has one (with the dataset ``card``; without it every file of
     a repository whose card would narrow it down, an upper bound), else the entry's ``data_files``
     or every data file."""
-    from sdbench.models import hub
-
     select = getattr(hub, "select_dataset_files", None)
     files = entry.get("data_files")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from sdbench.containercheck import lock_versions
 from sdbench.doctorcore import Result, failed, ok, skipped
 from sdbench.doctorsite import Site, grid_uses
 from sdbench.gpudriver import version_tuple as _version_tuple
@@ -69,8 +70,6 @@ def project_venv(root: Path, prefix: str = sys.prefix, base_prefix: str = sys.ba
 
 def read_lock(path: Path) -> dict[str, str]:
     """``requirements/lock.txt`` as canonical name -> pinned version."""
-    from sdbench.containercheck import lock_versions
-
     return lock_versions(path)
 
 

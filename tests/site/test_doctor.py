@@ -879,3 +879,13 @@ def test_partitions_say_why_slurm_did_not_answer(monkeypatch: pytest.MonkeyPatch
                            "controller")  # fmt: skip
         else:
             assert got == {"gpu": {"PartitionName": "gpu", "Nodes": "n[1-2]", "MaxTime": "2-00:00:00"}}
+
+
+def test_the_doctors_parts_import_without_the_heavy_packages() -> None:
+    # Why the parts defer the plan and the scheduler (tests/package/test_house.py): with pandas,
+    # numpy, pyarrow, torch or jsonschema broken, `sdbench doctor` still starts and says so.
+    code = ("import sys\nfor m in ('pandas', 'numpy', 'pyarrow', 'torch', 'jsonschema'): sys.modules[m] = None\n"
+            "from sdbench import doctor, doctorcontainers, doctorcostmodel, doctorgpu, doctorhub, doctorlocal, doctorslurm\n"
+            "print('imported')\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "imported", proc.stderr[-2000:]

@@ -36,6 +36,8 @@ from sacrebleu.metrics import BLEU
 
 from sdbench.io import write_parquet
 from sdbench.plotting import drawn_table, pyplot, save_png
+from sdbench.simulator.core import simulate
+from sdbench.simulator.tracesets import load_traces, with_ngram_proposals
 
 DEFAULT_ORDER = 4
 MAX_ORDER = 10
@@ -442,9 +444,6 @@ def simulated_bucket_speedups(
     are left out. Columns: ``bucket, batch_size, n, ngram_policy, versus_policy, mode, cost_model,
     ngram_speedup, versus_speedup, relative_speedup``.
     """
-    from sdbench.simulator.core import simulate
-    from sdbench.simulator.tracesets import with_ngram_proposals
-
     bucket_by_id = dict(zip(buckets["request_id"].astype(str), buckets["bucket"]))
     missing = [r.request_id for r in traces.requests if r.request_id not in bucket_by_id]
     if missing:
@@ -487,7 +486,6 @@ def simulated_bucket_speedups(
 def _cmd_simulated(args: argparse.Namespace) -> int:
     from sdbench.io import read_parquet
     from sdbench.simulator.costmodel import load_cost_model
-    from sdbench.simulator.tracesets import load_traces
 
     traces = load_traces(args.traces)
     buckets = read_parquet(args.buckets, what="buckets table")

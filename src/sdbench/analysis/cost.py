@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sdbench.analysis.endtoend import grid_cells
 from sdbench.columns import conform
 from sdbench.io import read_parquet, write_parquet, write_text
 
@@ -139,7 +140,6 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     bad = {k: v for k, v in prices.items() if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0}
     if bad:
         raise ValueError(f"cost.price_per_device_hour: not a price: {bad}")
-    from sdbench.analysis.endtoend import grid_cells
 
     table = cost_table(grid_cells(read_parquet(args.cells, what="cells table")), prices, devices, args.currency)
     write_parquet(table, args.output)

@@ -51,6 +51,7 @@ from sdbench.analysis.goodput import (
     server_draws,
 )
 from sdbench.analysis.stats import CONFIDENCE, NUM_RESAMPLES
+from sdbench.analysis.verdictpoints import server_points
 from sdbench.io import write_parquet, write_text
 from sdbench.servermode import SERVER_CELL_KEYS
 
@@ -175,8 +176,6 @@ def _pairs(found: dict[tuple, Arm]) -> list[tuple[Arm, Arm]]:
 
 def _flags(cells: pd.DataFrame) -> dict[tuple, str]:
     """The verdict's flags per SD point (contaminated either arm, hardware mismatch), by cell keys."""
-    from sdbench.analysis.verdictpoints import server_points
-
     points = server_points(cells)
     return {(r.engine, r.model, r.dataset, r.method, int(r.load)): r.flags for r in points.itertuples(index=False)}
 

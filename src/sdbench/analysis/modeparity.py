@@ -34,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.analysis.verdictpoints import judged_bounds, server_points
 from sdbench.io import read_parquet, write_parquet, write_text
 
 AGREE, CLIENT, LAYOUT, NO_CONTROL = "agree", "client streaming", "server layout", "no control"
@@ -61,8 +62,6 @@ def reason(offline: float, offline_low: float, offline_high: float, served: floa
 
 def modes_table(cells: pd.DataFrame, server: pd.DataFrame) -> pd.DataFrame:
     """Every offline SD cell with a served cell at the same load (:data:`COLUMNS`), sorted."""
-    from sdbench.analysis.verdictpoints import judged_bounds, server_points
-
     nan = math.nan
     if server is None or not len(server) or not len(cells):
         return pd.DataFrame(columns=list(COLUMNS))

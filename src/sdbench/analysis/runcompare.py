@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sdbench.config import load_config
+from sdbench.plotting import drawn_table, figure_legend, method_styles, save_png, subplots
 from sdbench.provenance import MEASURED
 
 KEY = ["engine", "model", "dataset", "method", "batch_size"]
@@ -242,8 +244,6 @@ def format_summary(s: dict[str, float | int | bool], threshold: float | None = N
 def plot(table: pd.DataFrame, out_png: str | Path, names: tuple[str, str] = ("A", "B")) -> pd.DataFrame:
     """Speedup and throughput of B against A per cell (95% intervals both ways), y = x dashed;
     regressed cells ringed in red. Returns the drawn table (x run A's value, y run B's)."""
-    from sdbench.plotting import drawn_table, figure_legend, method_styles, save_png, subplots
-
     fig, axes = subplots(1, 2, figsize=(11, 5.2), squeeze=False)
     drawn = drawn_table(fig)
     styles = method_styles(table)
@@ -320,8 +320,6 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     table = compare(a, b, (str(a_path), str(b_path)), args.common, args.threshold, args.gate)
     labels = {}
     if args.config:
-        from sdbench.config import load_config
-
         labels = {k: v.get("label", k) for k, v in load_config(args.config)["methods"].items()}
     text = markdown(table, labels)
     s = summary(table, args.max_half_width)

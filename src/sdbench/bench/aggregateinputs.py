@@ -32,6 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from sdbench.config import load_config
+from sdbench.workflow.plan import Plan
+
 # Mean prompt / output tokens per dataset (the base dataset of a temperature variant).
 PROMPT_MEANS = {"gsm8k": 94, "instructcoder": 171, "sharegpt": 300, "sharegpt-random": 300, "cnn": 800,
                 "aime": 150, "gpqa": 250, "speed-bench-qualitative": 600, "speed-bench-throughput-1k": 1024,
@@ -171,8 +174,6 @@ def write_inputs(config: dict[str, Any], out: Path, full_rows: bool, seed: int,
                  select: dict[str, list[str]]) -> dict[str, Any]:  # fmt: skip
     """Write the selected cells' ``summary.parquet`` and ``requests.parquet`` under ``out`` (laid out
     as results/runs/) and the lists ``summaries.txt`` / ``requests.txt``; returns counts."""
-    from sdbench.workflow.plan import Plan
-
     plan = Plan(config)
     cells = [c for c in plan.cells if all(not v or str(getattr(c, k)) in v for k, v in select.items())]
     if not cells:
@@ -228,8 +229,6 @@ def write_inputs(config: dict[str, Any], out: Path, full_rows: bool, seed: int,
 
 
 def _cmd_aggregate_inputs(args: argparse.Namespace) -> int:
-    from sdbench.config import load_config
-
     select = {"engine": args.engines, "model": args.models, "dataset": args.datasets, "method": args.methods,
               "batch_size": [str(b) for b in args.batch_sizes or []]}  # fmt: skip
     totals = write_inputs(load_config(args.config), Path(args.output_dir), args.full_rows, args.seed, select)

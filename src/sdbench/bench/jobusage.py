@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sdbench.io import write_parquet, write_text
+
 # The records' format (written by tests/support/slurm_usage.py).
 RECORD_VERSION = 1
 # States of a job that has not ended (squeue's long names).
@@ -310,12 +312,8 @@ def _cmd_bench_job_usage(args: argparse.Namespace) -> int:
     report = format_report(table)
     print(report, end="")
     if args.markdown:
-        from sdbench.io import write_text
-
         write_text(report, args.markdown)
     if args.output:
-        from sdbench.io import write_parquet
-
         write_parquet(table, args.output)
     problem = verdict(table)
     if problem:

@@ -32,6 +32,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.analysis.latency import read_server_cells, read_server_requests
+from sdbench.analysis.verdict import server_points
+from sdbench.engine.measure.engine import build_llm_kwargs
+from sdbench.engine.measure.latencysummary import latency_percentiles
+from sdbench.engine.serving.loadgen import read_metrics, results_rows, run_level
+from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 from sdbench.io import write_parquet, write_text
 
 
@@ -48,8 +54,6 @@ def arm_summary(keys: dict[str, Any], method: dict[str, Any], rows: pd.DataFrame
                 round_start: list[int], sequence: list[int], job_id: str, off_walls: list[float],
                 off_tokens: list[int], drafts: int, accepted: int) -> pd.DataFrame:  # fmt: skip
     """One server cell's summary row from its timed requests (``stream`` True, rounds in wall order)."""
-    from sdbench.engine.measure.latencysummary import latency_percentiles
-
     timed = rows[rows["stream"]]
     per_round = timed.groupby("round")["num_output_tokens"].sum().to_numpy() / np.asarray(walls)
     tokens_off = [t / w for t, w in zip(off_tokens, off_walls)]
@@ -77,7 +81,6 @@ def width_rows(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict
     rounds only (the same data, the same seeds)."""
     from sdbench.analysis.goodput import ROUNDS_ONLY, STARTS, add_goodput
     from sdbench.analysis.stats import ratio_interval
-    from sdbench.analysis.verdict import server_points
 
     out = []
     tables = {mode: add_goodput(cells, requests, slos, seed, resample=mode) for mode in (STARTS, ROUNDS_ONLY)}
@@ -98,15 +101,10 @@ def width_rows(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict
 def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - starts vLLM servers
     from sdbench.config import load_config
     from sdbench.datasets.prompttable import read_prompt_table
-    from sdbench.engine.measure.engine import build_llm_kwargs
-    from sdbench.engine.serving.loadgen import read_metrics, results_rows, run_level
-    from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 
     config = load_config(args.config)
     methods = list(dict.fromkeys(["none", *args.methods]))
     if args.analyse_only:  # a finished measurement's directories: the report alone
-        from sdbench.analysis.latency import read_server_cells, read_server_requests
-
         groups = [Path(args.output_dir) / m for m in methods]
         report(read_server_cells(groups), read_server_requests(groups), args, config)
         return 0

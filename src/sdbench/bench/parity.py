@@ -57,6 +57,9 @@ from typing import Any
 import pandas as pd
 
 from sdbench.bench.paritytool import engine_args_diff, prompt_texts, vllm_bench_argv, vllm_bench_parser, write_sharegpt
+from sdbench.engine.measure.engine import build_llm_kwargs
+from sdbench.engine.release.versions import apply_env, engine_env, unsupported_reason
+from sdbench.grid import Cell, resolve_cell
 
 DEFAULT_REPEATS = 3
 RATIO_BOUND = 0.03  # runner may be at most 3% slower than vLLM's tool
@@ -89,8 +92,6 @@ def parity_spec(
 ) -> dict[str, Any]:
     """The run-cell spec of the cell, in ``distinct`` mode with fixed output lengths."""
     from sdbench.errors import ConfigError
-    from sdbench.engine.release.versions import unsupported_reason
-    from sdbench.grid import Cell, resolve_cell
 
     for key, name in (("engines", engine), ("models", model), ("datasets", dataset), ("methods", method)):
         if name not in config.get(key, {}):
@@ -269,9 +270,7 @@ def _cmd_bench_parity(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
     from sdbench.config import load_config
-    from sdbench.engine.release.versions import apply_env, engine_env
     from sdbench.io import write_parquet
-    from sdbench.engine.measure.engine import build_llm_kwargs
 
     config = load_config(args.config)
     engine = args.engine or next(iter(config["engines"]))

@@ -20,6 +20,7 @@ import pandas as pd
 
 from sdbench.bench.paritytool import vllm_bench_parser
 from sdbench.cliargs import add_model_dirs, add_prompts
+from sdbench.engine.measure.trials import run_cell
 from sdbench.requesttable import expand_outputs, with_prompt_ids
 
 
@@ -56,7 +57,6 @@ def _child_runner(args: argparse.Namespace) -> int:
 
     spec = json.loads(Path(args.spec).read_text())
     apply_env(engine_env(spec["engine"], spec["method"]))  # before vLLM is imported (run_cell does too)
-    from sdbench.engine.measure.trials import run_cell
 
     engine: dict[str, Any] = {}
     _record_engine_config(engine)

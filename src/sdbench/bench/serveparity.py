@@ -64,9 +64,6 @@ def bench_serve_argv(
 
 
 def _ours(base_url: str, prompts: list[tuple[str, list[int]]], args: argparse.Namespace, round_: int) -> dict[str, float]:
-    from sdbench.engine.serving.loadgen import run_level
-    from sdbench.engine.serving.server import SERVED_MODEL_NAME
-
     results, wall = run_level(base_url, prompts, args.max_tokens, args.concurrency, args.num_requests,
                               ignore_eos=True, round_=round_, model=SERVED_MODEL_NAME)  # fmt: skip
     tpots = [r.tpot_s for r in results if r.num_output_tokens > 1]
@@ -91,8 +88,6 @@ def occupancy(latency_sum_s: float, wall_s: float, concurrency: int) -> float:
 
 
 def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace, scratch: str, round_: int) -> dict[str, float]:
-    from sdbench.engine.serving.server import SERVED_MODEL_NAME
-
     name = f"round{round_}.json"
     argv = bench_serve_argv(base_url, SERVED_MODEL_NAME, tokenizer, str(jsonl), args.num_requests, args.max_tokens,
                             args.concurrency, scratch, name, args.seed)  # fmt: skip
@@ -112,10 +107,7 @@ def _vllms(base_url: str, tokenizer: str, jsonl: Path, args: argparse.Namespace,
 
 
 def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
-    from sdbench.config import load_config
     from sdbench.datasets.prompttable import read_prompt_table
-    from sdbench.engine.measure.engine import build_llm_kwargs
-    from sdbench.engine.serving.server import ServerProcess, cpu_placement, free_port, server_argv, server_env
 
     config = load_config(args.config)
     for key, section in ((args.engine, "engines"), (args.model, "models"), (args.method, "methods")):
@@ -165,7 +157,11 @@ def _cmd_bench_serve_parity(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- touchpoints
+from sdbench.config import load_config
+from sdbench.engine.measure.engine import build_llm_kwargs
 from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
+from sdbench.engine.serving.loadgen import run_level
+from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 
 TOUCHPOINTS = tp.declare(
     __name__,

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from sdbench.io import write_parquet
+
 # Stage of each rule; earlier stages take precedence when jobs overlap. Rules not named
 # here are analyses (joins, tracing replays, simulator, figures).
 STAGES: dict[str, tuple[str, ...]] = {
@@ -180,8 +182,6 @@ def _cmd_bench_timeline(args: argparse.Namespace) -> int:
         cells = pd.concat([pd.read_parquet(p, columns=["num_trials"]) for p in summaries]) if summaries else None
         print(format_engine_breakdown(table, cells))
     if args.output:
-        from sdbench.io import write_parquet
-
         write_parquet(jobs, args.output)
     return 0
 

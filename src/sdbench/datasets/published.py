@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sdbench.config import load_config
+from sdbench.datasets.prompts import ROW_FORMATS, SHAREGPT_FORMAT
 from sdbench.errors import ConfigError
 
 # Published dataset name (combined_<name>.jsonl) -> the builder that makes its prompts.
@@ -108,7 +110,6 @@ def check(
     Raises ``ValueError`` when a prompt is not a Llama-3 chat prompt (the check is for those).
     """
     from sdbench.datasets.chattemplate import tokenize_prompt
-    from sdbench.datasets.prompts import ROW_FORMATS, SHAREGPT_FORMAT
 
     builder = entry.get("builder", "")
     fmt = SHAREGPT_FORMAT if builder == "sharegpt" else ROW_FORMATS.get(builder)
@@ -186,7 +187,6 @@ def report(outcomes: list[Outcome], tokenizer: Any, show: int, out: Any) -> int:
 
 
 def _cmd_check_published(args: argparse.Namespace) -> int:
-    from sdbench.config import load_config
     from sdbench.datasets.chattemplate import resolve_template
 
     config = load_config(args.config)

@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.datasets.speedbench import ENTROPY_TIERS, QUALITATIVE_CATEGORIES
 from sdbench.rehearsal import MARKER, is_standin, standins
+from sdbench.rehearsal.llm import model_facts
 from sdbench.rehearsal.workload import OUTPUT_COLUMN, TRACE_COLUMN, stable_index, trace_for
 
 # config.json model_type / architectures of each architecture YAML kind.
@@ -127,8 +129,6 @@ def rehearsal_prompts(
     """The rehearsal prompt table of dataset ``name`` (module docstring); ``traces``: the published
     traces by name (:func:`sdbench.rehearsal.workload.load_traces`), ``matched``: a random-token
     dataset's matched table."""
-    from sdbench.datasets.speedbench import ENTROPY_TIERS, QUALITATIVE_CATEGORIES
-
     n = int(entry["num_prompts"])
     rng = np.random.default_rng(_seed(seed, name))
     category = str(entry.get("category", ""))
@@ -197,7 +197,6 @@ def _cmd_prepare(args: Any) -> int:
     from sdbench.datasets.prompts import _cmd_prepare as prepare_real
     from sdbench.datasets.prompts import _json_arg, model_context, read_prompt_table
     from sdbench.io import write_parquet
-    from sdbench.rehearsal.llm import model_facts
     from sdbench.rehearsal.workload import load_traces
 
     entry = _json_arg("--entry", args.entry)

@@ -17,15 +17,17 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench import scheduling
+from sdbench.config import load_config, validate_config
+from sdbench.plotting import PNG_MARK_KEY
 from sdbench.rehearsal.totals import JOB_FILE, group_seconds, write_group_total, write_job_total  # noqa: F401
+from sdbench.workflow.plan import Plan, profile_config
 
 
 def estimates_table(config: dict[str, Any], root: str | Path = ".") -> pd.DataFrame:
     """Per engine job of ``config``: the runtime its rule requests (first attempt, minutes) and the
     rehearsal's modelled minutes (NaN where the job has no ``rehearsal.json`` under ``root``)."""
-    from sdbench import scheduling
     from sdbench.workflow import paths as P
-    from sdbench.workflow.plan import Plan
 
     plan = Plan(config)
     jobs: list[tuple[str, str, str, float]] = []
@@ -55,9 +57,6 @@ def estimates_table(config: dict[str, Any], root: str | Path = ".") -> pd.DataFr
 
 def _cmd_estimates(args: argparse.Namespace) -> int:
     import yaml
-
-    from sdbench.config import load_config, validate_config
-    from sdbench.workflow.plan import profile_config
 
     load_config(args.config)  # errors name the file and key
     raw = yaml.safe_load(Path(args.config).read_text())
@@ -94,7 +93,6 @@ def marks_table(paper_dir: str | Path) -> pd.DataFrame:
     from PIL import Image
 
     from sdbench.figureindex import PUBLISHED_SCOPE
-    from sdbench.plotting import PNG_MARK_KEY
     from sdbench.provenance import MARK
 
     root = Path(paper_dir)

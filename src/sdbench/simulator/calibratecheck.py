@@ -31,7 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.simulator.core import simulate
 from sdbench.simulator.costmodel import NO_DRAFTER, CostModel
+from sdbench.simulator.tracesets import draft_method_of, load_traces
+from sdbench.workflow.plan import Plan
 
 # One row per breakdown cell (engine x model x dataset x method x batch size).
 STEP_CHECK_COLUMNS: tuple[str, ...] = (
@@ -120,11 +123,8 @@ def reprice(config: dict[str, Any], results: Path, model: CostModel,
             say: Any = None) -> tuple[pd.DataFrame, list[str]]:  # fmt: skip
     """The validated simulations of the run in ``results`` (its config ``config``), replayed with
     ``model``: ``sdbench simulate`` rows, and a note for each one not priced."""
-    from sdbench.simulator.core import simulate
-    from sdbench.simulator.tracesets import draft_method_of, load_traces
     from sdbench.simulator.validation import simulated_policy
     from sdbench.workflow import paths as P
-    from sdbench.workflow.plan import Plan
 
     plan = Plan(config)
     root = results.parent  # the plan's paths start at results/
@@ -166,7 +166,6 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from sdbench.simulator.costmodel import load_cost_model
     from sdbench.simulator.validation import compare
     from sdbench.workflow import paths as P
-    from sdbench.workflow.plan import Plan
 
     results = Path(args.results)
     if not results.is_dir():

@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.io import read_csv, read_parquet
+from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost, load_cost_model, save_cost_model
+
 HOLDOUT_RULES: tuple[str, ...] = ("every-4th", "random")
 STATISTICS: tuple[str, ...] = ("median", "min")  # which window of a point's the fit reads
 
@@ -157,8 +160,6 @@ def fit_series(frame: pd.DataFrame, y: np.ndarray, hold: np.ndarray, what: str,
 def read_calibration_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     """A calibration table (``sdbench calibrate``) or any step table with ``B, q, L, ms`` (the
     shared H100/H200 tables): rows of positive ms, ``component`` target where absent."""
-    from sdbench.io import read_csv, read_parquet
-
     frame = read_csv(path, "calibration table") if str(path).endswith(".csv") else read_parquet(
         path, what="calibration table")  # fmt: skip
     missing = [c for c in ("B", "q", "L", "ms") if c not in frame.columns]
@@ -223,7 +224,6 @@ def fit_calibration(
     overhead outside the forward pass (None: the base's, listed as not calibrated); a base that
     splits one timed pass into pass + overhead would otherwise count that part twice.
     """
-    from sdbench.simulator.costmodel import CostModel, DrafterCost, TargetCost, load_cost_model
     from sdbench.simulator.powermodel import PowerModel, fit_power_model
 
     if statistic not in STATISTICS:
@@ -390,7 +390,6 @@ def _describe(f: SeriesFit, unit: str) -> list[str]:
 
 # ----------------------------------------------------------------------------- CLI
 def _cmd_fit(args: argparse.Namespace) -> int:
-    from sdbench.simulator.costmodel import save_cost_model
     from sdbench.simulator.powermodel import save_power_model
 
     frame = read_calibration_table(args.table)

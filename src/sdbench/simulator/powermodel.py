@@ -51,6 +51,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sdbench.io import read_parquet, write_text
+
 # Grid of (h, n_half): h 0.5..4 in steps of 0.05; n_half 1/4 token to 63k tokens, 100 per decade.
 _H_GRID = np.round(np.arange(0.5, 4.0001, 0.05), 2)
 _N_HALF_GRID = np.logspace(-0.6, 4.8, 541)
@@ -171,7 +173,6 @@ def save_power_model(model: Any, path: str | os.PathLike[str], reason: str = "")
     """Write ``model`` as JSON (its parameters and ``source``; a step energy model with ``kind:
     step_energy``), or with no model its ``reason``."""
     from sdbench import provenance
-    from sdbench.io import write_text
     from sdbench.simulator.stepenergy import StepEnergyModel
 
     if isinstance(model, StepEnergyModel):
@@ -224,8 +225,6 @@ def load_power_model(path: str | os.PathLike[str]) -> tuple[Any, str]:
 
 
 def _cmd_power(args: argparse.Namespace) -> int:
-    from sdbench.io import read_parquet
-
     cells = read_parquet(args.cells, what="cells table")
     source = str(args.cells)
     for key in ("engine", "model"):  # the cells of the engine x model whose steps priced the simulations

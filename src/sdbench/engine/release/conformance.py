@@ -32,8 +32,12 @@ from pathlib import Path
 
 import yaml
 
+from sdbench.config import load_config
+from sdbench.download import ChecksumError, DownloadError, download_verified
 from sdbench.engine.release import touchpoints as tp
+from sdbench.engine.release.versions import known_versions
 from sdbench.errors import ConfigError
+from sdbench.grid import breakdown_cells, cells
 
 DEFAULT_IMAGES = Path("containers/images.yaml")
 DEFAULT_CACHE = Path("resources/engine-sources")
@@ -118,7 +122,6 @@ def obtain(pin: SourcePin, cache_dir: str | Path, offline: bool = False) -> Path
         raise SourceUnavailable(
             f"vLLM {pin.version}: not in {cache} and --offline; give it with --source-dir {pin.version}=DIR"
         )
-    from sdbench.download import ChecksumError, DownloadError, download_verified
 
     wheel = cache / pin.filename
     try:
@@ -140,8 +143,6 @@ def obtain(pin: SourcePin, cache_dir: str | Path, offline: bool = False) -> Path
 # ---------------------------------------------------------------------------- config pass-through
 def config_touchpoints(configs: Iterable[str | Path]) -> list[tp.Touchpoint]:
     """Touchpoints for what the configs hand to vLLM unchanged, per release their engines name."""
-    from sdbench.config import load_config
-    from sdbench.grid import breakdown_cells, cells
     from sdbench.servermode import server_groups
 
     spec_keys: dict[str, dict[str, str]] = {}  # version -> key -> where
@@ -215,8 +216,6 @@ def run(
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
-    from sdbench.engine.release.versions import known_versions
-
     t0 = time.perf_counter()
     pins = load_pins(args.images)
     versions = args.version or known_versions()

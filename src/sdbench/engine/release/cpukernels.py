@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sdbench.engine.release import touchpoints as tp
+from sdbench.engine.release.versions import _KNOWN
 
 # The builds vLLM's CPU loader chooses between, by the ISA each needs.
 AVX512_BF16_BUILD = "_C"
@@ -119,8 +120,6 @@ def _check_loader(src: tp.SourceTree) -> str | None:
 
 
 def _cpu_versions() -> list[str]:
-    from sdbench.engine.release.versions import _KNOWN
-
     return [q.version for q in _KNOWN.values() if q.cpu_spec_decode]
 
 

@@ -9,6 +9,9 @@ from typing import Any
 
 import pandas as pd
 
+from sdbench.models.check import check_model_dir
+from sdbench.models.medusaformat import check_medusa_dir
+
 DRAFTER_ROLES = {"eagle": "eagle", "eagle3": "eagle3", "draft_model": "draft", "mtp": "mtp"}
 
 
@@ -19,7 +22,6 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     weights are checked here (sdbench.models.check), not discovered as garbage output.
     """
     from sdbench.datasets.prompttable import read_prompt_table
-    from sdbench.models.check import check_model_dir
 
     prompts = read_prompt_table(prompts_path)
     from sdbench.rehearsal import is_rehearsal, is_standin
@@ -36,7 +38,5 @@ def preflight(spec: dict[str, Any], prompts_path: str, model_dir: str, drafter_d
     if drafter_dir and role:
         check_model_dir(drafter_dir, role)
     if drafter_dir and spec["method"]["method"] == "medusa":
-        from sdbench.models.medusaformat import check_medusa_dir
-
         check_medusa_dir(drafter_dir, int(spec["method"]["num_speculative_tokens"]))
     return prompts
