@@ -1,9 +1,12 @@
 """The package's import graph (every module of every subpackage) has no cycles, counting imports
-inside functions too; the stage subpackages' ``__init__`` files import nothing."""
+inside functions too; the stage subpackages' ``__init__`` files import nothing; every name a
+module reads is bound (an import moved or dropped cannot leave a function that fails only when run)."""
 
 from __future__ import annotations
 
 import ast
+import builtins
+import symtable
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sdbench"
@@ -80,3 +83,40 @@ def test_subpackage_inits_import_nothing() -> None:
     for stage in STAGES:
         tree = ast.parse((PACKAGE / stage / "__init__.py").read_text(encoding="utf-8"))
         assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))], stage
+
+
+MODULE_ATTRIBUTES = {"__file__", "__name__", "__doc__", "__spec__", "__path__", "__package__", "__loader__"}
+
+
+def unbound_names(source: str, filename: str) -> list[tuple[str, str]]:
+    """(scope, name) of every name read at module level, or as a global inside a function or class,
+    that the module neither assigns nor imports at its top and that is no builtin."""
+    top = symtable.symtable(source, filename, "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    known = bound | set(dir(builtins)) | MODULE_ATTRIBUTES
+    found: set[tuple[str, str]] = set()
+
+    def walk(table: symtable.SymbolTable) -> None:
+        for sym in table.get_symbols():
+            read_globally = table.get_type() == "module" or sym.is_global()
+            if sym.is_referenced() and read_globally and sym.get_name() not in known:
+                found.add((table.get_name(), sym.get_name()))
+        for child in table.get_children():
+            walk(child)
+
+    walk(top)
+    return sorted(found)
+
+
+def test_unbound_names_finds_a_name_no_import_binds() -> None:
+    source = "import os\nfrom x import y\n\n\ndef f(a):\n    import json\n    return a, os, y, json, len, z\n"
+    assert unbound_names(source, "m.py") == [("f", "z")]
+    assert unbound_names("print(q)\nclass C:\n    w = v\n", "m.py") == [("C", "v"), ("top", "q")]
+
+
+def test_every_name_a_module_reads_is_bound() -> None:
+    root = PACKAGE.parents[1]
+    files = [p for folder in ("src", "scripts", "tests") for p in sorted((root / folder).rglob("*.py"))]
+    assert len(files) > 300
+    unbound = {str(p.relative_to(root)): u for p in files if (u := unbound_names(p.read_text(encoding="utf-8"), str(p)))}
+    assert unbound == {}
