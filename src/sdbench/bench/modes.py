@@ -37,14 +37,7 @@ from sdbench.analysis.verdict import server_points
 from sdbench.engine.measure.engine import build_llm_kwargs
 from sdbench.engine.measure.latencysummary import latency_percentiles
 from sdbench.engine.serving.loadgen import read_metrics, results_rows, run_level
-from sdbench.engine.serving.server import (
-    SERVED_MODEL_NAME,
-    ServerProcess,
-    cpu_placement,
-    free_port,
-    server_argv,
-    server_env,
-)
+from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 from sdbench.io import write_parquet, write_text
 
 

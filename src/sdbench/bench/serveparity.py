@@ -161,14 +161,7 @@ from sdbench.config import load_config
 from sdbench.engine.measure.engine import build_llm_kwargs
 from sdbench.engine.release import touchpoints as tp  # noqa: E402 - standard library only
 from sdbench.engine.serving.loadgen import run_level
-from sdbench.engine.serving.server import (
-    SERVED_MODEL_NAME,
-    ServerProcess,
-    cpu_placement,
-    free_port,
-    server_argv,
-    server_env,
-)
+from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 
 TOUCHPOINTS = tp.declare(
     __name__,
