@@ -21,6 +21,7 @@ from sdbench.simulator import calibratefit as calfit
 from sdbench.simulator.costmodel import CostModel, TargetCost, cost_model_from_dict, load_cost_model
 from sdbench.simulator.powermodel import PowerModel, load_power_model
 from tests.conftest import SHARED
+from tests.support.require import shared_file
 
 H200 = SHARED / "data" / "h200-step-cost-energy.csv"
 TINY = {  # a 2-layer, hidden-64 Llama (GQA: 4 query heads, 2 KV heads)
@@ -234,8 +235,7 @@ def test_the_fastest_window_fits_a_shared_cpu_and_gives_no_power_model() -> None
 
 
 def test_the_shared_h200_table_fits_within_the_issues_target(tmp_path: Path, capsys) -> None:
-    if not H200.is_file():
-        pytest.fail(f"shared data: {H200} is missing (read-only input beside the repository)", pytrace=False)
+    shared_file(H200)
     out, power = tmp_path / "h200.yaml", tmp_path / "h200-power.json"
     assert main(["calibrate", "fit", "--table", str(H200), "--name", "h200-calibrated", "--output", str(out),
                  "--power-output", str(power), "--board-limit-w", "700"]) == 0  # fmt: skip

@@ -27,7 +27,7 @@ from sdbench.simulator.powermodel import (
 )
 from sdbench.simulator.tracesets import load_traces
 from tests.conftest import SHARED
-from tests.support.require import require
+from tests.support.require import shared_file
 
 H200 = SHARED / "data" / "h200-step-cost-energy.csv"
 CM = load_cost_model("llama3.1-8b-h100")
@@ -99,8 +99,7 @@ def test_a_constant_power_gives_the_time_ratio(gsm8k, proposer, policies, mode, 
 @pytest.fixture(scope="module")
 def h200_power() -> PowerModel:
     """The power model fitted to the shared H200 table (1024-token KV cache): watts = J / s."""
-    require(H200.is_file(), f"shared data: {H200} is missing (read-only input beside the repository)")
-    t = pd.read_csv(H200)
+    t = pd.read_csv(shared_file(H200))
     t = t[t["L"] == 1024]
     return fit_power_model(t["B"] * t["q"], t["joules"] / t["ms"] * 1000)
 

@@ -29,6 +29,7 @@ from sdbench.simulator.stepenergy import (
 from sdbench.simulator.stepenergyreport import heldout_errors
 from sdbench.simulator.tracesets import load_traces
 from tests.conftest import SHARED
+from tests.support.require import shared_file
 from tests.simulator.test_simulator_energy import CM, HAND, _hand_cost
 
 HANDMODEL = StepEnergyModel(1.0, 0.1, 0.01, source="by hand")
@@ -151,10 +152,7 @@ def test_on_the_shared_tables_the_fit_follows_the_measured_joules() -> None:
     steps within 8% of what the table measured (2.517 / 23.589 J on the H200, 2.773 / 23.550 J on the
     H100; the H200's line is 5% high at one token)."""
     for gpu, small, large in (("h200", 2.517, 23.58854), ("h100", 2.77343, 23.5504)):
-        path = SHARED / "data" / f"{gpu}-step-cost-energy.csv"
-        if not path.is_file():
-            pytest.fail(f"shared data: {path} is missing (read-only input beside the repository)", pytrace=False)
-        model = fit_step_energy(pd.read_csv(path), gpu)
+        model = fit_step_energy(pd.read_csv(shared_file(SHARED / "data" / f"{gpu}-step-cost-energy.csv")), gpu)
         assert model.joules(1, 1024) == pytest.approx(small, rel=0.08)
         assert model.joules(128 * 8, 128 * 1024) == pytest.approx(large, rel=0.08)
         assert not math.isnan(model.heldout_median) and model.heldout_max < 0.15

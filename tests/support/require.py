@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -35,3 +36,10 @@ def import_or_fail(name: str) -> ModuleType:
     except ImportError as exc:
         require(False, f"cannot import {name}: {exc}")
         raise  # not reached: require skipped or failed
+
+
+def shared_file(path: Path) -> Path:
+    """``path`` in ``../shared``, which only this project's own checkouts have beside them (the GPU
+    step tables): a user's clone skips the test with one line naming the file, CI fails it."""
+    require(path.is_file(), f"shared data: {path} is missing (read-only input beside this project's own checkouts)")
+    return path
