@@ -6,11 +6,14 @@ cell, the CPU placement), ``--starts`` times, interleaved: start s of every meth
 s + 1, so start s of SD and start s of no SD ran next to each other in time. On each start, per
 load (``--loads``, requests in flight): warm-up requests, ``--rounds`` timed streamed rounds
 (:func:`sdbench.engine.serving.loadgen.run_level`), then one stream-off control round of the same requests
-(plain completions, ``stream=False``). It writes each arm as a server group's output
-(``<output-dir>/<method>/<dataset>/c<load>/requests.parquet``, ``summary.parquet``, the columns of
-docs/schema.md the analyses read, with ``round_start``, ``start_sequence``, ``job_id``,
-``interleaved``, ``stream_off_tokens_per_s``), so ``sdbench latency`` / ``goodput-frontier`` and
-:mod:`sdbench.analysis.modeparity` read it as they read a run's.
+(plain completions, ``stream=False``), under the quiet-machine guard from the first timed round to
+the control's end as a server group's levels are (``SDBENCH_QUIET_GUARD`` ``disabled`` turns it off;
+``refuse`` flags as ``flag`` does: a bench keeps what it measured). It writes each arm as a server
+group's output (``<output-dir>/<method>/<dataset>/c<load>/requests.parquet``, ``summary.parquet``,
+the columns of docs/schema.md the analyses read, with ``round_start``, ``start_sequence``,
+``job_id``, ``interleaved``, ``stream_off_tokens_per_s`` and the guard's columns over every start),
+so ``sdbench latency`` / ``goodput-frontier`` and :mod:`sdbench.analysis.modeparity` read it as
+they read a run's.
 
 Then, with ``--offline-cells`` (a run's ``grid_cells.parquet``), the offline vs served table
 (:func:`sdbench.analysis.modeparity.modes_table`), and per SD arm and load the widths of the
@@ -27,6 +30,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -38,6 +42,7 @@ from sdbench.engine.measure.engine import build_llm_kwargs
 from sdbench.engine.measure.latencysummary import latency_percentiles
 from sdbench.engine.serving.loadgen import read_metrics, results_rows, run_level
 from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
+from sdbench.engine.site.quietguard import GuardReport, QuietGuard, allowed_cores, merge_reports, mode_from_env
 from sdbench.io import write_parquet, write_text
 
 
@@ -52,8 +57,11 @@ def _counters_delta(after: Any, before: Any) -> dict[str, int]:
 
 def arm_summary(keys: dict[str, Any], method: dict[str, Any], rows: pd.DataFrame, walls: list[float],
                 round_start: list[int], sequence: list[int], job_id: str, off_walls: list[float],
-                off_tokens: list[int], drafts: int, accepted: int) -> pd.DataFrame:  # fmt: skip
-    """One server cell's summary row from its timed requests (``stream`` True, rounds in wall order)."""
+                off_tokens: list[int], drafts: int, accepted: int,
+                guard: GuardReport | None = None) -> pd.DataFrame:  # fmt: skip
+    """One server cell's summary row from its timed requests (``stream`` True, rounds in wall order);
+    ``guard``: the quiet-machine guard's report over its starts' timed parts (None: no guard ran)."""
+    guard = guard if guard is not None else GuardReport("disabled", allowed_cores())
     timed = rows[rows["stream"]]
     per_round = timed.groupby("round")["num_output_tokens"].sum().to_numpy() / np.asarray(walls)
     tokens_off = [t / w for t, w in zip(off_tokens, off_walls)]
@@ -70,7 +78,7 @@ def arm_summary(keys: dict[str, Any], method: dict[str, Any], rows: pd.DataFrame
         "num_drafts": drafts, "num_accepted_tokens": accepted,
         "mean_acceptance_length": (1 + accepted / drafts) if drafts else math.nan,
         "stream_off_tokens_per_s": float(statistics.median(tokens_off)) if tokens_off else math.nan,
-        "stream_off_round_wall_s": [float(w) for w in off_walls], "contaminated": False, "hardware": "", "measured": True,
+        "stream_off_round_wall_s": [float(w) for w in off_walls], **guard.columns(), "hardware": "", "measured": True,
     }  # fmt: skip
     return pd.DataFrame([row])
 
@@ -98,6 +106,48 @@ def width_rows(cells: pd.DataFrame, requests: pd.DataFrame, slos: dict[str, dict
     return out
 
 
+# The streaming client of a real server: run_level and read_metrics of sdbench.engine.serving.loadgen.
+HTTP_CLIENT = SimpleNamespace(run_level=run_level, read_metrics=read_metrics)
+
+
+def new_part() -> dict[str, Any]:
+    """One arm's share of one load, filled start by start (:func:`measure_load`)."""
+    return {"rows": [], "walls": [], "round_start": [], "sequence": [], "off_walls": [], "off_tokens": [],
+            "drafts": 0, "accepted": 0, "guards": []}  # fmt: skip
+
+
+def measure_load(server: Any, level: dict[str, Any], part: dict[str, Any], start: int, warmup: int, rounds: int,
+                 num_requests: int, guard_mode: str, client: Any = HTTP_CLIENT) -> float:  # fmt: skip
+    """Server start ``start``'s share of one load on a ready ``server`` (``base_url``, ``check_alive``),
+    added to ``part``: warm-up requests, ``rounds`` timed streamed rounds, one stream-off control round,
+    and the quiet-machine guard's report over the timed rounds and the control (as a server group's
+    level: :func:`sdbench.engine.serving.servegroup.measure_start`). ``level``: :func:`run_level`'s
+    arguments but the round's; returns the timed rounds' streamed tokens per second."""
+    client.run_level(num_requests=warmup, round_=-1, **level)
+    guard = QuietGuard(guard_mode)
+    guard.start()
+    before = client.read_metrics(server.base_url)
+    streamed_tokens, streamed_s = 0, 0.0
+    for _ in range(rounds):
+        results, wall = client.run_level(num_requests=num_requests, round_=len(part["walls"]), **level)
+        part["rows"] += [{**row, "start": start, "stream": True} for row in results_rows(results)]
+        part["walls"].append(wall)
+        part["round_start"].append(start)
+        streamed_tokens += sum(r.num_output_tokens for r in results)
+        streamed_s += wall
+    delta = _counters_delta(client.read_metrics(server.base_url), before)
+    part["drafts"] += delta["num_drafts"]
+    part["accepted"] += delta["num_accepted_tokens"]
+    off, wall = client.run_level(num_requests=num_requests, round_=1000 + len(part["off_walls"]), stream=False,
+                                 **level)  # fmt: skip
+    part["rows"] += [{**row, "start": start, "stream": False} for row in results_rows(off)]
+    part["off_walls"].append(wall)
+    part["off_tokens"].append(sum(r.num_output_tokens for r in off))
+    server.check_alive()
+    part["guards"].append(guard.stop())
+    return streamed_tokens / streamed_s
+
+
 def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - starts vLLM servers
     from sdbench.config import load_config
     from sdbench.datasets.prompttable import read_prompt_table
@@ -118,6 +168,8 @@ def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - sta
     max_tokens = int(args.max_tokens or entry.get("max_tokens", 128))
     ignore_eos = bool(config.get("run", {}).get("ignore_eos", False))
     job_id = f"bench-modes-{int(time.time())}"
+    # Flagged, never refused: refusing would end the bench and drop every start measured so far.
+    guard_mode = "disabled" if mode_from_env() == "disabled" else "flag"
     order = start_order(methods, args.starts)
     parts: dict[tuple[str, int], dict[str, Any]] = {}
     out_dir = Path(args.output_dir)
@@ -137,34 +189,15 @@ def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - sta
             server.wait_ready(args.startup_timeout)
             startup = time.perf_counter() - t0
             for load in args.loads:
-                part = parts.setdefault((method, load), {"rows": [], "walls": [], "round_start": [], "sequence": [],
-                                                          "off_walls": [], "off_tokens": [], "drafts": 0, "accepted": 0})  # fmt: skip
+                part = parts.setdefault((method, load), new_part())
                 part["sequence"].append(position)
                 level = dict(base_url=server.base_url, prompts=prompts, max_tokens=max_tokens, concurrency=load,
                              ignore_eos=ignore_eos, model=SERVED_MODEL_NAME)  # fmt: skip
-                run_level(num_requests=args.warmup, round_=-1, **level)
-                before = read_metrics(server.base_url)
-                n = max(args.requests_per_level, load)
-                streamed_tokens, streamed_s = 0, 0.0
-                for _ in range(args.rounds):
-                    round_ = len(part["walls"])
-                    results, wall = run_level(num_requests=n, round_=round_, **level)
-                    part["rows"] += [{**row, "start": start, "stream": True} for row in results_rows(results)]
-                    part["walls"].append(wall)
-                    part["round_start"].append(start)
-                    streamed_tokens += sum(r.num_output_tokens for r in results)
-                    streamed_s += wall
-                delta = _counters_delta(read_metrics(server.base_url), before)
-                part["drafts"] += delta["num_drafts"]
-                part["accepted"] += delta["num_accepted_tokens"]
-                off, wall = run_level(num_requests=n, round_=1000 + len(part["off_walls"]), stream=False, **level)
-                part["rows"] += [{**row, "start": start, "stream": False} for row in results_rows(off)]
-                part["off_walls"].append(wall)
-                part["off_tokens"].append(sum(r.num_output_tokens for r in off))
-                server.check_alive()
-                print(f"start {start} {method:>10} c{load}: startup {startup:5.1f} s, streamed "
-                      f"{streamed_tokens / streamed_s:7.1f} tok/s, "
-                      f"stream off {part['off_tokens'][-1] / wall:7.1f} tok/s", flush=True)  # fmt: skip
+                streamed = measure_load(server, level, part, start, args.warmup, args.rounds,
+                                        max(args.requests_per_level, load), guard_mode)  # fmt: skip
+                print(f"start {start} {method:>10} c{load}: startup {startup:5.1f} s, streamed {streamed:7.1f} tok/s, "
+                      f"stream off {part['off_tokens'][-1] / part['off_walls'][-1]:7.1f} tok/s, "
+                      f"guard: {part['guards'][-1].columns()['contamination'] or 'quiet'}", flush=True)  # fmt: skip
     if client_cpus:
         os.sched_setaffinity(0, server_cpus | client_cpus)
     cells, requests = [], []
@@ -173,7 +206,7 @@ def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - sta
         rows = pd.DataFrame(part["rows"]).assign(**keys)
         summary = arm_summary(keys, config["methods"][method], rows, part["walls"], part["round_start"],
                               part["sequence"], job_id, part["off_walls"], part["off_tokens"], part["drafts"],
-                              part["accepted"])  # fmt: skip
+                              part["accepted"], merge_reports(part["guards"]))  # fmt: skip
         cell_dir = out_dir / method / args.dataset / f"c{load}"
         write_parquet(rows, cell_dir / "requests.parquet")
         write_parquet(summary, cell_dir / "summary.parquet")
