@@ -87,7 +87,7 @@ def tokenizer_model(config: dict[str, Any], model: str) -> str:
 
 def baseline_method(config: dict[str, Any]) -> str:
     """The key of the no-SD method entry (``method: none``)."""
-    names = [k for k, v in config["methods"].items() if v["method"] == "none"]
+    names = [k for k, v in config["methods"].items() if v["method"] == "none" and "sweep_of" not in v]
     if len(names) != 1:
         raise ConfigError(f"methods: exactly one entry must have method 'none' (found {names})")
     return names[0]
@@ -307,6 +307,22 @@ def breakdown_groups(config: dict[str, Any]) -> dict[EngineGroup, list[Cell]]:
     }
 
 
+def design_line(config: dict[str, Any]) -> str:
+    """What the config's replication supports (``sdbench check-config``): the speedup's interval is
+    taken over engine starts (sdbench.analysis.intervals), so one start per arm gives none."""
+    run = config.get("run", {})
+    starts, trials = int(run.get("engine_starts", 1)), int(run.get("repeats", 1))
+    more = f" to {run.get('max_repeats')}" if run.get("target_half_width") else ""
+    paired = "paired (no SD in the same process)" if run.get("paired_baseline") else "unpaired"
+    margin = float(config.get("verdict", {}).get("equivalence_margin", 0.03))
+    head = f"design: {starts} engine start(s) per group x {trials}{more} trial(s) per start, {paired}"
+    if starts < 2:
+        return (f"{head}: no interval over starts, every SD point is 'not judged' "
+                "(run.engine_starts >= 3 gives one; sdbench bench coverage)")  # fmt: skip
+    return (f"{head}: speedups with a t interval on {starts - 1} degree(s) of freedom; "
+            f"break-even inside [{1 / (1 + margin):.3f}, {1 + margin:.3f}]")  # fmt: skip
+
+
 def _cmd_check(args: Any) -> int:
     config = load_config(args.config)
     import sys
@@ -322,5 +338,6 @@ def _cmd_check(args: Any) -> int:
               "kv_capacity: trim drops them)", file=sys.stderr)
         return 1
     grid = cells(config)
+    print(design_line(config))
     print(f"{args.config}: valid; {len(grid)} cells")
     return 0

@@ -28,6 +28,12 @@ one engine per method runs all its forced points, switching the length cell by c
 (:mod:`sdbench.engine.measure.forcing`; group share ``<share>-forced``). Its cells generate
 ``max_tokens`` tokens (``ignore_eos``, both arms): accepted drafts are the drafter's tokens, so
 the outputs are not the greedy ones and their lengths would otherwise differ between arms.
+
+``aa_control`` (``verdict.aa_control``) is the run's A/A control: the no-SD entry copied as
+``<baseline>.aa`` (marked ``sweep_of`` and ``aa_control``) and timed as if it were an SD method,
+against the paired no-SD arm, through every step an SD cell takes. One grid block per block of the
+grid's own, its models and datasets at its smallest batch size. Its cells belong to the verdict
+(sdbench.workflow.plan's grid cells), which counts how many of them the rule judged pays or loses.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 PROPOSAL_LENGTH = "proposal_length"
 TEMPERATURE = "temperature"
 FORCED_ACCEPTANCE = "forced_acceptance"
+AA_CONTROL = "aa_control"
 FULL = "full"  # a forced acceptance length: every draft accepted (k + 1)
 # Keys that do not change what an engine runs.
 _COSMETIC = ("label", "sweep_of")
@@ -53,7 +60,8 @@ def variant_keys(config: dict[str, Any]) -> dict[str, dict[str, str]]:
     (entries marked ``sweep_of``). Cells on them belong to their sweep's item, not to the grid's."""
     return {
         "methods": {
-            k: FORCED_ACCEPTANCE if "forced_acceptance_length" in m else PROPOSAL_LENGTH
+            k: AA_CONTROL if m.get("aa_control") else FORCED_ACCEPTANCE if "forced_acceptance_length" in m
+            else PROPOSAL_LENGTH
             for k, m in sorted(config["methods"].items())
             if "sweep_of" in m
         },
@@ -262,6 +270,7 @@ def expand(config: dict[str, Any]) -> None:
     _expand_proposal_length(config)
     _expand_temperature(config)
     _expand_forced_acceptance(config)
+    _expand_aa_control(config)
 
 
 def _expanded(config: dict[str, Any], section: str) -> bool:
@@ -269,7 +278,26 @@ def _expanded(config: dict[str, Any], section: str) -> bool:
 
 
 def _baseline(config: dict[str, Any]) -> list[str]:
-    return sorted(name for name, m in config["methods"].items() if m["method"] == "none")[:1]
+    return sorted(name for name, m in config["methods"].items() if m["method"] == "none" and "sweep_of" not in m)[:1]
+
+
+def aa_key(base: str) -> str:
+    """The key of the A/A control's copy of the no-SD entry ``base``."""
+    return f"{base}.aa"
+
+
+def _expand_aa_control(config: dict[str, Any]) -> None:
+    if not config.get("verdict", {}).get(AA_CONTROL) or any(b.get("sweep") == AA_CONTROL for b in config["grid"]):
+        return
+    (base,) = _baseline(config)
+    key = aa_key(base)
+    config["methods"].setdefault(key, {**copy.deepcopy(config["methods"][base]), "label": "A/A control (no SD)",
+                                       "sweep_of": base, "aa_control": True})  # fmt: skip
+    own = [b for b in config["grid"] if not b.get("sweep")]
+    for block in own:
+        config["grid"].append({"sweep": AA_CONTROL, "engine": block["engine"], "models": list(block["models"]),
+                               "methods": [base, key], "datasets": list(block["datasets"]),
+                               "batch_sizes": [min(block["batch_sizes"])]})  # fmt: skip
 
 
 def _expand_temperature(config: dict[str, Any]) -> None:

@@ -39,8 +39,8 @@ def _cells() -> pd.DataFrame:
 
 
 def _server() -> pd.DataFrame:
-    """Server mode for m-small: no SD and n-gram at concurrency 1 and 4, tokens/s over two rounds;
-    n-gram pays at 1 (its worst round, 14, over no SD's best, 11) and breaks even at 4 (12.5 / 14 < 1 < 14.5 / 12)."""
+    """Server mode for m-small: no SD and n-gram at concurrency 1 and 4, tokens/s over two rounds of one
+    server start per arm: the rounds' range is no interval, so neither point is judged."""
     rows = [("none", "none", 0, c, tps, lo, hi, np.nan) for c, tps, lo, hi in ((1, 10.5, 10, 11), (4, 13, 12, 14))]
     rows += [("ngram-k3", "ngram", 3, c, tps, lo, hi, 2.5) for c, tps, lo, hi in ((1, 15, 14, 16), (4, 13.5, 12.5, 14.5))]
     frame = pd.DataFrame(rows, columns=["method", "sd_method", "num_speculative_tokens", "concurrency", "tokens_per_s",
@@ -115,7 +115,7 @@ def _tamper(csv: Path, where: dict, column: str, value: object) -> None:
         ("ext00_verdict", {"mark": "square", "series": "eagle-k2"}, "label", "n-gram k=3", "on the row of n-gram k=3"),
         # The server panel has the offline panel's title; its squares are told apart by their x label.
         ("ext00_verdict", {"mark": "square", "xlabel": "concurrency", "x": "4"}, "color", "#b7e4b0",
-         "concurrency 4: colour #b7e4b0, rule break-even"),
+         "concurrency 4: colour #b7e4b0, rule not judged"),
         ("ext00_verdict", {"mark": "square", "xlabel": "concurrency", "x": "1"}, "y", 1.0, "concurrency 1: drawn 1.0"),
         ("ext02_acceptance_per_position", {"series": "eagle-k2"}, "y", 0.1, "ext02"),
     ],
@@ -138,8 +138,9 @@ def test_a_figure_without_its_drawn_table_or_its_check_fails(run: Path) -> None:
 
 
 def test_the_verdict_rule_and_labels_are_written_out_by_hand() -> None:
-    assert [drawncheck.verdict_rule(lo, hi) for lo, hi in ((1.01, 2), (0.9, 1.1), (0.5, 0.99), (1.0, 1.0))] == [
-        "pays", "break-even", "loses", "break-even"]  # fmt: skip
+    assert [drawncheck.verdict_rule(lo, hi) for lo, hi in ((1.01, 2), (0.9, 1.1), (0.5, 0.99), (1.0, 1.0), (0.98, 1.02),
+                                                           (float("nan"), 1.0))] == [
+        "pays", "undecided", "loses", "break-even", "break-even", "not judged"]  # fmt: skip
     assert drawncheck.method_label("eagle3", 3) == "EAGLE-3 k=3" and drawncheck.method_label("none", 0) == "w/o SD"
 
 

@@ -210,3 +210,21 @@ def test_the_goodput_markdown_rows_cell_by_cell() -> None:
         "| 0.5 / 1234 / – | 18 |",  # J per good request, three significant digits
         "| m | d | none | 4 | – / – / – | no targets | – | – / – / – | – / – / – | – / – / – | – |",
     ]  # fmt: skip
+
+
+def test_a_clean_server_point_keeps_its_goodput_verdict_and_a_busy_no_sd_arm_flags_it() -> None:
+    """The flag comes from either arm's quiet guard (the no-SD arm alone suffices); a clean point's
+    goodput verdict stands, and an offline point has none."""
+    from sdbench.analysis.verdict import FLAGGED, points_table, server_points
+
+    (base, base_reqs), (sd, sd_reqs) = server_cell("none", 1), server_cell("ngram-k3", 4)
+    cells = add_goodput(pd.concat([base, sd], ignore_index=True), pd.concat([base_reqs, sd_reqs]), {"d": SLO}, 42)
+    offline = pd.DataFrame([dict(engine="e", model="m", dataset="d", method="ngram-k3", sd_method="ngram",
+                                 num_speculative_tokens=3, batch_size=1, speedup=1.5, speedup_ci_low=1.4,
+                                 speedup_ci_high=1.6, speedup_design="paired", mean_acceptance_length=2.0)])  # fmt: skip
+    points = points_table(offline, cells).set_index("load_kind")
+    assert points.loc["concurrency", "goodput_verdict"] == "SD better" and points.loc["batch size", "goodput_verdict"] == ""
+    busy_base = cells.assign(contaminated=[True, False])  # the no-SD server's guard saw other work, SD's did not
+    assert cells["method"].tolist()[0] == "none"
+    assert server_points(busy_base).iloc[0]["flags"] == "contaminated"
+    assert points_table(offline, busy_base).set_index("load_kind").loc["concurrency", "goodput_verdict"] == FLAGGED

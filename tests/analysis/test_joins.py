@@ -139,8 +139,8 @@ def test_speedups_divide_by_the_same_models_no_sd_cell() -> None:
     from sdbench.analysis.endtoend import join_cells
 
     cells = join_cells(_summaries(), "none").set_index(["model", "method"])
-    assert cells.loc[("llama3-70b", "ng3"), "speedup"] == 1.5
-    assert cells.loc[("qwen3-8b", "ng3"), "speedup"] == 0.8
+    assert cells.loc[("llama3-70b", "ng3"), "speedup"] == pytest.approx(1.5, rel=1e-12)
+    assert cells.loc[("qwen3-8b", "ng3"), "speedup"] == pytest.approx(0.8, rel=1e-12)
     assert cells.loc[("qwen3-8b", "ng3"), "baseline_tokens_per_s"] == 10.0
 
 

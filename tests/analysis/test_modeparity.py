@@ -72,9 +72,10 @@ def test_offline_and_served_side_by_side_with_the_control() -> None:
     # Offline no SD beside a paired cell: its own no-SD calls, 290 / 1.04; served: the no-SD server's.
     assert (e["offline_baseline_tokens_per_s"], e["served_baseline_tokens_per_s"]) == (pytest.approx(290 / 1.04), 162.0)
     assert e["offline_pairing"] == "paired" and e["pairing"] == "unpaired"  # separately started servers
-    assert (e["served_speedup_low"], e["served_speedup_high"]) == pytest.approx((270 / 162, 270 / 162))
+    # One server start per arm: no interval at the level that varies (the rounds' range is not one).
+    assert pd.isna(e["served_speedup_low"]) and pd.isna(e["served_speedup_high"])
     text = modes_markdown(modes_table(cells, server), {"eagle3-k3": "EAGLE-3"})
-    assert ("| m / d (e) | EAGLE-3 | 1 | 1.04 [0.98, 1.10] | 1.67 [1.67, 1.67] | unpaired | 1.04 | 279 / 162 "
+    assert ("| m / d (e) | EAGLE-3 | 1 | 1.04 [0.98, 1.10] | 1.67 [–, –] | unpaired | 1.04 | 279 / 162 "
             "| client streaming |") in text.splitlines()  # fmt: skip
     # Without stream-off rounds (a server table from before the control): no control, never a guess.
     bare = modes_table(cells, server.drop(columns="stream_off_tokens_per_s")).set_index("method")

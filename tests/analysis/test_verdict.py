@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from sdbench.analysis import temperature, verdict as vd
+from sdbench.analysis.intervals import T_START
 from sdbench.cli import main
 
 
@@ -18,9 +19,15 @@ def test_one_rule_for_every_item() -> None:
     assert vd.verdict(0.98, 1.02) == vd.BREAK_EVEN
     assert vd.verdict(0.7, 0.99) == vd.LOSES
     assert vd.verdict(float("nan"), 1.0) == vd.NO_INTERVAL
-    # The boundary: an interval that reaches 1 contains it, so pays / loses only strictly off 1.
-    assert vd.verdict(1.0, 1.2) == vd.BREAK_EVEN and vd.verdict(0.8, 1.0) == vd.BREAK_EVEN
+    # The boundary: an interval that reaches 1 contains it, so pays / loses only strictly off 1;
+    # holding 1 and reaching past the 3% margin is undecided, not even.
+    assert vd.verdict(1.0, 1.2) == vd.UNDECIDED and vd.verdict(0.8, 1.0) == vd.UNDECIDED
     assert vd.verdict(1.0, 1.0) == vd.BREAK_EVEN
+    # Even only inside [1 / 1.03, 1.03] (inclusive); a wider margin set in the config widens it.
+    assert vd.verdict(1 / 1.03, 1.03) == vd.BREAK_EVEN and vd.verdict(0.97, 1.0) == vd.UNDECIDED
+    assert vd.verdict(1.0, 1.031) == vd.UNDECIDED and vd.verdict(0.96, 1.04, margin=0.05) == vd.BREAK_EVEN
+    with pytest.raises(ValueError, match="equivalence_margin = -0.1"):
+        vd.verdict(0.9, 1.1, margin=-0.1)
     assert temperature.verdict is vd.verdict  # the temperature sweep judges with the same function
 
 
@@ -67,7 +74,7 @@ def test_lines_recommendations_and_advice() -> None:
     assert sentence == "m on d (e): batch sizes 1-4: n-gram k=3 (2.00x, 1.50x); batch size 8: run without SD (no method pays)."
 
 
-def test_server_points_judge_the_range_over_rounds() -> None:
+def test_server_points_with_one_start_per_arm_are_not_judged() -> None:
     server = pd.DataFrame([
         {"engine": "e", "model": "m", "dataset": "d", "method": m, "sd_method": sd, "concurrency": c,
          "tokens_per_s": t, "tokens_per_s_min": t * 0.98, "tokens_per_s_max": t * 1.02,
@@ -78,8 +85,8 @@ def test_server_points_judge_the_range_over_rounds() -> None:
     assert list(points["load"]) == [1, 4] and points["load_kind"].unique().tolist() == [vd.SERVER]
     assert points["speedup"].round(2).tolist() == [1.5, 1.01]
     assert (points["interval"] == vd.ROUNDS).all() and points[["speedup_ci_low", "speedup_ci_high"]].isna().all().all()
-    judged = [vd.verdict(lo, hi) for lo, hi in zip(points["speedup_min"], points["speedup_max"])]
-    assert judged == [vd.PAYS, vd.BREAK_EVEN]
+    # One start per arm: the rounds' range is one process's spread, no interval: not judged.
+    assert [vd.verdict(lo, hi) for lo, hi in zip(*vd.judged_bounds(points))] == [vd.NO_INTERVAL] * 2
     paying = points.assign(speedup_min=1.2, speedup_max=1.3, verdict=vd.PAYS)
     (sentence,) = vd.advice(vd.recommendations(paying, {"ngram-k3": "n-gram k=3"}))
     assert sentence.startswith("m on d (e): concurrencies 1-4: n-gram k=3")
@@ -93,18 +100,18 @@ def test_a_point_names_the_bounds_it_was_judged_on() -> None:
     ])  # fmt: skip
     points = vd.points_table(_cells(), server)
     offline, online = points[points["load_kind"] == vd.OFFLINE], points[points["load_kind"] == vd.SERVER]
-    assert (offline["interval"] == vd.BOOTSTRAP).all() and (online["interval"] == vd.ROUNDS).all()
+    assert (offline["interval"] == T_START).all() and (online["interval"] == vd.ROUNDS).all()
     assert offline[["speedup_min", "speedup_max"]].isna().all().all()
     assert online[["speedup_ci_low", "speedup_ci_high"]].isna().all().all()
-    low, high = vd.judged_bounds(points)
-    assert low.tolist() == offline["speedup_ci_low"].tolist() + online["speedup_min"].tolist()
-    assert high.tolist() == offline["speedup_ci_high"].tolist() + online["speedup_max"].tolist()
+    low, high = vd.judged_bounds(points)  # one server start per arm: its range is shown, never judged
+    assert low.tolist()[:-1] == offline["speedup_ci_low"].tolist() and math.isnan(low.tolist()[-1])
+    assert high.tolist()[:-1] == offline["speedup_ci_high"].tolist() and math.isnan(high.tolist()[-1])
     (row,) = online.itertuples(index=False)
     assert (row.speedup_min, row.speedup_max) == pytest.approx((117 / 110, 143 / 90))
-    assert row.verdict == vd.PAYS
+    assert row.verdict == vd.NO_INTERVAL
     text = vd.verdict_markdown(points, vd.lines_table(points), vd.recommendations(points, {}), {})
     assert "Speedup over no SD [range over rounds] and verdict; draws:" in text
-    assert "| ngram-k3 | 1.30 [1.06, 1.59] pays |" in text
+    assert "| ngram-k3 | 1.30 [1.06, 1.59] not judged |" in text
 
 
 def test_cli_writes_table_markdown_and_a_readable_figure(tmp_path: Path) -> None:
@@ -186,3 +193,41 @@ def test_an_unmetered_run_says_why_its_energy_was_not_measured() -> None:
     assert time_not_energy_lines(silent, {}) == [
         "Energy not measured on this run (no energy meter: `energy_meter` = not measured)."
     ]
+
+
+def _aa_cells(bounds: list[tuple[float, float]], contaminated: list[bool] | None = None) -> pd.DataFrame:
+    """A/A cells (sweep aa_control) at batch 1 on datasets d0, d1, ... with the given intervals."""
+    return pd.DataFrame([{"engine": "e", "model": "m", "dataset": f"d{i}", "method": "none.aa", "sd_method": "none",
+                          "batch_size": 1, "speedup": (lo + hi) / 2, "speedup_ci_low": lo, "speedup_ci_high": hi,
+                          "speedup_design": "paired", "sweep": "aa_control",
+                          "contaminated": bool(contaminated and contaminated[i])}
+                         for i, (lo, hi) in enumerate(bounds)])  # fmt: skip
+
+
+def test_the_aa_control_counts_its_false_verdicts() -> None:
+    """Three A/A cells: one above 1 (a false 'pays') is within what 95% allows (1 of 3); two are not.
+    A flagged cell is neither counted nor judged."""
+    one = vd.aa_points(_aa_cells([(1.01, 1.1), (0.9, 1.05), (0.99, 1.01)]))
+    assert one["verdict"].tolist() == [vd.PAYS, vd.UNDECIDED, vd.BREAK_EVEN] and not vd.aa_failed(one)
+    text = "\n".join(vd.aa_lines(one))
+    assert "A/A: 1 of 3 judged pays or loses" in text and "95% allows 1; 3 had an interval" in text
+    assert "| m / d0 (e) | 1 | 1.055 [1.010, 1.100] | pays |" in text and "not judged on this machine" not in text
+    two = vd.aa_points(_aa_cells([(1.01, 1.1), (0.8, 0.95), (0.99, 1.01)]))
+    assert vd.aa_failed(two) and "**The design is not judged on this machine**" in "\n".join(vd.aa_lines(two))
+    flagged = vd.aa_points(_aa_cells([(1.01, 1.1), (0.8, 0.95), (0.99, 1.01)], [False, True, False]))
+    assert flagged["verdict"].tolist()[1] == vd.FLAGGED and not vd.aa_failed(flagged)  # 1 of 2 clean: allowed 1
+    assert vd.aa_lines(vd.aa_points(_cells().assign(sweep=""))) == []  # no control: no section
+
+
+def test_a_failed_aa_control_judges_no_point(tmp_path: Path) -> None:
+    cells = pd.concat([_cells().assign(sweep=""), _aa_cells([(1.01, 1.1), (0.8, 0.95), (0.99, 1.01)])],
+                      ignore_index=True)  # fmt: skip
+    cells.to_parquet(tmp_path / "cells.parquet")
+    out = {k: tmp_path / f"v.{k}" for k in ("parquet", "md", "png")}
+    argv = ["verdict", "--cells", str(tmp_path / "cells.parquet"), "--output", str(out["parquet"]),
+            "--markdown", str(out["md"]), "--figure", str(out["png"])]  # fmt: skip
+    assert main(argv) == 0
+    table = pd.read_parquet(out["parquet"])
+    assert set(table["verdict"]) <= {vd.NO_INTERVAL, vd.FLAGGED} and (table["verdict"] == vd.NO_INTERVAL).any()
+    assert "none.aa" not in set(table["method"])  # the control is no point of the verdict
+    assert "A/A: 2 of 3 judged pays or loses" in out["md"].read_text()

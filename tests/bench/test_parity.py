@@ -212,10 +212,14 @@ def test_bench_parity_is_registered() -> None:
 # --- end to end ---------------------------------------------------------------------------
 
 
-def _sdbench(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def _sdbench(*args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     result = subprocess.run([str(BIN / "sdbench"), *args], cwd=cwd, capture_output=True, text=True, timeout=1800)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    if check:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return result
+
+
+CONTENDED = "(contended; not trustworthy)"  # how parity.py words a run other processes shared the CPU with
 
 
 @pytest.mark.slow
@@ -230,16 +234,24 @@ def test_parity_end_to_end(tmp_path: Path, tiny_target_build: Path) -> None:
              "--seed", "42", "--output", str(d / "prompts.parquet"), cwd=d)  # fmt: skip
     config["engines"]["vllm-cpu"]["llm_kwargs"]["kv_cache_memory_bytes"] = 268435456
     (d / "config.yaml").write_text(yaml.safe_dump(config))
+    # No wait for an idle machine (default up to 600 s per run) and no reruns of a contended run: beside other
+    # work a run may come out contended, which the command reports (exit 1) but which is no fault of the code.
     out = _sdbench("bench", "parity", "--config", str(d / "config.yaml"), "--model", "tiny-target",
                    "--dataset", "code-edit", "--method", "ngram-k3", "--batch-size", "4",
                    "--model-dir", str(model), "--prompts", str(d / "prompts.parquet"),
                    "--max-tokens", "16", "--repeats", "1", "--workdir", str(d / "work"),
-                   "--output-json", str(d / "parity.json"), cwd=d)  # fmt: skip
+                   "--quiet-wait", "0", "--retries", "0",
+                   "--output-json", str(d / "parity.json"), cwd=d, check=False)  # fmt: skip
+    assert (d / "parity.json").is_file(), out.stdout[-3000:] + out.stderr[-5000:]
     report = json.loads((d / "parity.json").read_text())
-    assert report["problems"] == []  # same prompt ids, output lengths and engine config on both sides
+    assert out.returncode == (1 if report["problems"] else 0), out.stdout[-3000:] + out.stderr[-5000:]
+    # Same prompt ids, output lengths and engine config on both sides; contention is the machine's, not a fault.
+    assert [p for p in report["problems"] if not p.endswith(CONTENDED)] == []
     assert report["retokenization_mismatches"] == []
-    s = report["summary"]
-    assert s["runner"]["median"] > 0 and s["vllm"]["median"] > 0 and math.isfinite(s["ratio"])
+    assert [(t["side"], t["attempt"]) for t in report["trials"]] == [("runner", 0), ("vllm", 0)]  # no reruns
+    assert all(isinstance(t["contended"], bool) and math.isfinite(t["foreign_cpu_share"]) for t in report["trials"])
+    s = report["summary"]  # its structure only: which side is faster is no test's business
+    assert {"runner", "vllm", "ratio", "within_bound"} <= set(s) and math.isfinite(s["ratio"])
     assert report["identical_outputs"] == 4  # greedy on both sides: the same work
     assert all(t["output_tokens"] == 4 * 16 for t in report["trials"])
     assert "--speculative-config" in report["vllm_bench_throughput_args"]

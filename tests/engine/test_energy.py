@@ -180,6 +180,7 @@ def test_the_verdict_names_where_sd_pays_in_time_but_not_in_energy() -> None:
 
 def test_the_energy_command_writes_its_table_markdown_and_figure(tmp_path: Path) -> None:
     from sdbench.cli import main
+    from sdbench.plotting import drawn_path
 
     energycells.joined(energycells.measure(nvml_meter)).to_parquet(tmp_path / "cells.parquet")
     out = {k: tmp_path / f"energy.{k}" for k in ("parquet", "md", "png")}
@@ -193,7 +194,19 @@ def test_the_energy_command_writes_its_table_markdown_and_figure(tmp_path: Path)
     assert "| e | m | d | ngram-k3 | 1 | 30.0 [30.0, 30.0] | 0.6 [0.6, 0.6] | 18.0 | 2.00 [2.00, 2.00] " \
            "| 1.20 [1.20, 1.20] | nvml |" in text  # fmt: skip
     assert "Power model fitted from the cells' mean power: P(n) = " in text
-    assert out["png"].stat().st_size > 5_000 and out["png"].with_suffix(".csv").is_file()
+    assert out["png"].stat().st_size > 5_000
+    # What the figure drew (read back from its artists into energy.csv): tokens/s and joules per token of
+    # each method at each batch size, by hand from tests/support/energycells.py; every interval its point.
+    drawn = pd.read_csv(drawn_path(out["png"]), keep_default_na=False, na_values=[""])
+    assert set(drawn["panel"]) == {"m / d / e"} and set(drawn["mark"]) == {"line"} and drawn["measured"].all()
+    by_hand = {("output tokens / s", "ngram-k3", 1): 30.0, ("output tokens / s", "ngram-k3", 2): 60.0,
+               ("output tokens / s", "none", 1): 15.0, ("output tokens / s", "none", 2): 30.0,
+               ("joules / output token", "ngram-k3", 1): 0.6, ("joules / output token", "ngram-k3", 2): 0.2,
+               ("joules / output token", "none", 1): 0.5, ("joules / output token", "none", 2): 0.4}  # fmt: skip
+    marks = {(r.ylabel, r.series, int(r.x)): (r.y, r.lo, r.hi) for r in drawn.itertuples()}
+    assert len(marks) == len(drawn) and set(marks) == set(by_hand)
+    for key, value in by_hand.items():
+        assert marks[key] == pytest.approx((value, value, value)), key
 
 
 def test_the_meter_reads_the_jobs_gpus_in_cuda_visible_devices_order() -> None:

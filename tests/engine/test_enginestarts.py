@@ -2,7 +2,8 @@
 
 ``sdbench run-group`` starts one ``--engine-start i`` process per start, one after the other, and
 merges their tables into one cell (sdbench.engine.groups.run_group_starts): every trial of every
-start, the paired no-SD arm's as well, with one interval around the merged throughput and speedup.
+start, the paired no-SD arm's as well, with one interval around the merged throughput and speedup;
+the join (``sdbench aggregate``) then takes the speedup's interval over the two starts.
 The merge itself is tested on hand-made tables (tests/engine/test_runner_tables.py); here the
 processes are real, as in a run of a config with two starts (the default has one).
 """
@@ -10,6 +11,7 @@ processes are real, as in a run of a config with two starts (the default has one
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sdbench.analysis.endtoend import join_cells
 from tests.engine.test_progress import REAL_SPEC
 
 pytestmark = pytest.mark.slow
@@ -69,4 +72,17 @@ def test_two_engine_processes_merge_into_one_paired_cell(tmp_path: Path) -> None
         / base.groupby("call_index")["tokens_per_s"].median().mean(), rel=1e-12)
     assert summary["paired_speedup_ci_low"] <= summary["paired_speedup"] <= summary["paired_speedup_ci_high"]
     assert summary["tokens_per_s_ci_low"] <= summary["tokens_per_s"] <= summary["tokens_per_s_ci_high"]
+    # The verdict's speedup: one paired log ratio per engine start, a t interval on 1 degree of
+    # freedom (t(0.975, 1) = 12.7062) around their mean (sdbench.analysis.intervals), by hand.
+    def start_ratio(s: int) -> float:
+        own, other = (t[t["engine_start"] == s].groupby("call_index")["tokens_per_s"].median().mean()
+                      for t in (calls, base))  # fmt: skip
+        return math.log(own / other)
+
+    logs = [start_ratio(0), start_ratio(1)]
+    mean, half = sum(logs) / 2, 12.7062 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
+    joined = join_cells([summary.to_frame().T], "none", [(calls, base)]).iloc[0]
+    assert [joined["speedup"], joined["speedup_ci_low"], joined["speedup_ci_high"]] == pytest.approx(
+        [math.exp(mean), math.exp(mean - half), math.exp(mean + half)], rel=1e-4)
+    assert (joined["speedup_design"], joined["speedup_replicates"]) == ("paired", 2)
     assert not list(tmp_path.glob(".out.*")), "a start's scratch directory was left behind"

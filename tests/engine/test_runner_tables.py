@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from vllm.v1.metrics.reader import Counter, Vector
@@ -246,14 +247,47 @@ def test_paired_speedup_replaces_the_independent_one() -> None:
     )  # fmt: skip
     table = join_cells([_summary("none", 1, 100.0), paired, _summary("none", 4, 300.0), unpaired], baseline="none")
     rows = table.set_index(["method", "batch_size"])
-    assert rows.loc[("ngram", 1), "speedup"] == 1.4 and rows.loc[("ngram", 1), "speedup_design"] == "paired"
-    assert rows.loc[("ngram", 1), "speedup_ci_low"] == 1.35 and rows.loc[("ngram", 1), "baseline_tokens_per_s"] == 100.0
+    assert rows.loc[("ngram", 1), ["speedup", "speedup_design"]].tolist() == [pytest.approx(1.4), "paired"]
+    assert rows.loc[("ngram", 1), "baseline_tokens_per_s"] == 100.0
     assert rows.loc[("ngram", 4), "speedup"] == pytest.approx(1.1) and rows.loc[("ngram", 4), "speedup_design"] == "independent"
     assert rows.loc[("none", 4), "speedup_design"] == ""
-    # The Markdown speedup table: SD cells only, with their intervals and both designs named.
+    # One engine start per arm: the trials' bootstrap (1.35-1.45) is no interval of a repeat; none is given.
+    assert rows[["speedup_ci_low", "speedup_ci_high"]].isna().all().all()
+    assert rows["speedup_replicates"].tolist() == [1, 1, 1, 1]
+    # The Markdown speedup table: SD cells only, both designs named, no interval where there is none.
     text = speedup_markdown(table)
-    assert "| ngram    | 1.40 [1.35," in text and "none" not in text.split("\n", 1)[1]
+    assert "| ngram    | 1.40 [nan," in text and "none" not in text.split("\n", 1)[1]
     assert text.startswith("### e / m / d (independent, paired)")
+
+
+def _calls(per_start: list[list[float]]) -> pd.DataFrame:
+    """A calls table: per engine start, each prompt's one trial at the given tokens/s."""
+    return pd.DataFrame([{"engine_start": s, "call_index": p, "trial": 0, "tokens_per_s": v}
+                         for s, row in enumerate(per_start) for p, v in enumerate(row)])  # fmt: skip
+
+
+def test_the_interval_is_a_t_interval_over_engine_starts() -> None:
+    """Paired: per start, SD's mean over prompts over no SD's: 2, 2.2, 1.8 (logs 0.6931, 0.7885,
+    0.5878: mean 0.68980, sd 0.10038); t(0.975, 2) = 4.302653: exp(0.68980 -+ 0.24935) = [1.5534,
+    2.5578], point exp(0.68980) = 1.99331 (the geometric mean of the three). Independent: SD cells'
+    starts 330, 363, 297 tok/s against no SD's 300, 300, 300 (no spread): Welch's df is SD's 2."""
+    base = _calls([[100.0, 100.0]] * 3)
+    sd = _calls([[150.0, 250.0], [200.0, 240.0], [120.0, 240.0]])
+    paired = _summary("ngram", 1, 200.0).assign(paired_speedup=2.0, num_engine_starts=3)
+    none1, none4 = (_summary("none", bs, t).assign(num_engine_starts=3) for bs, t in ((1, 100.0), (4, 300.0)))
+    unpaired = _summary("ngram", 4, 330.0).assign(paired_speedup=float("nan"), num_engine_starts=3)
+    empty = pd.DataFrame(columns=["engine_start", "call_index", "trial", "tokens_per_s"])
+    calls = [(base, empty), (sd, base), (_calls([[300.0]] * 3), empty), (_calls([[330.0], [363.0], [297.0]]), empty)]
+    with pytest.raises(ValueError, match="measured in 3 engine starts: its interval needs its calls tables"):
+        join_cells([none1, paired, none4, unpaired], baseline="none")
+    rows = join_cells([none1, paired, none4, unpaired], "none", calls).set_index(["method", "batch_size"])
+    assert rows.loc[("ngram", 1), ["speedup", "speedup_ci_low", "speedup_ci_high"]].tolist() == pytest.approx(
+        [1.99331, 1.5534, 2.5578], abs=2e-4)
+    logs = np.log([1.1, 1.21, 0.99])
+    half = 4.302653 * logs.std(ddof=1) / math.sqrt(3)
+    assert rows.loc[("ngram", 4), ["speedup", "speedup_ci_low", "speedup_ci_high"]].tolist() == pytest.approx(
+        [math.exp(logs.mean()), math.exp(logs.mean() - half), math.exp(logs.mean() + half)], rel=1e-6)
+    assert rows["speedup_replicates"].tolist() == [3, 3, 3, 3]
 
 
 def test_a_paired_cell_joins_without_its_no_sd_cell() -> None:
@@ -263,7 +297,7 @@ def test_a_paired_cell_joins_without_its_no_sd_cell() -> None:
         paired_speedup=1.4, paired_speedup_ci_low=1.35, paired_speedup_ci_high=1.45, paired_baseline_tokens_per_s=107.0
     )
     row = join_cells([paired], baseline="none").iloc[0]
-    assert (row["speedup"], row["speedup_ci_low"], row["speedup_design"]) == (1.4, 1.35, "paired")
+    assert (round(row["speedup"], 12), row["speedup_design"]) == (1.4, "paired")
     assert pd.isna(row["baseline_tokens_per_s"])
 
 

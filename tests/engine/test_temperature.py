@@ -182,21 +182,21 @@ def _cells() -> pd.DataFrame:
 
 def test_verdicts_and_recommendation_from_hand_made_cells(tmp_path: Path) -> None:
     assert temp.verdict(1.01, 1.2) == "pays" and temp.verdict(0.9, 0.99) == "loses"
-    assert temp.verdict(0.99, 1.01) == "break-even" and temp.verdict(float("nan"), 1.0) == "no interval"
+    assert temp.verdict(0.99, 1.01) == "break-even" and temp.verdict(float("nan"), 1.0) == "not judged"
     table = temp.temperature_table(_cells(), POINTS, SCOPE)
     assert table[["method", "temperature"]].values.tolist() == [
         ["ea", 0.0], ["ea", 0.5], ["ea", 1.0], ["ng", 0.0], ["ng", 0.5], ["ng", 1.0]
     ]
-    assert table["verdict"].tolist() == ["pays", "pays", "pays", "pays", "break-even", "loses"]
+    assert table["verdict"].tolist() == ["pays", "pays", "pays", "pays", "undecided", "loses"]
     assert set(table["base_dataset"]) == {"d"}
     rec = temp.recommendation_table(table).set_index("method")
-    assert rec.loc["ng", "stops_paying_at"] == 0.5 and rec.loc["ng", "verdict"] == "break-even"
-    assert rec.loc["ng", "verdicts"] == "0: pays; 0.5: break-even; 1: loses"
+    assert rec.loc["ng", "stops_paying_at"] == 0.5 and rec.loc["ng", "verdict"] == "undecided"
+    assert rec.loc["ng", "verdicts"] == "0: pays; 0.5: undecided; 1: loses"
     assert pd.isna(rec.loc["ea", "stops_paying_at"]) and rec.loc["ea", "verdict"] == temp.PAYS_EVERYWHERE
     assert (rec["rule"] == temp.RULE).all()
     md = temp.temperature_markdown(table, rec.reset_index())
-    assert "| ng | 0.5 | 2.20 | 0.40 | 100.0 | 1.10 [0.95, 1.20] | break-even |" in md
-    assert "| e | m | d | ng | 1 | 0.5 (speedup 1.10) | break-even |" in md and temp.RULE in md
+    assert "| ng | 0.5 | 2.20 | 0.40 | 100.0 | 1.10 [0.95, 1.20] | undecided |" in md
+    assert "| e | m | d | ng | 1 | 0.5 (speedup 1.10) | undecided |" in md and temp.RULE in md
     temp.plot_temperature(table, tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 5_000
     with pytest.raises(ValueError, match="no cell of the sweep's methods"):
@@ -210,7 +210,7 @@ def test_a_point_without_interval_does_not_decide() -> None:
             _cell("d.t1.0", "ng", 0.8, 0.7, 0.9)]  # fmt: skip
     rec = temp.recommendation_table(temp.temperature_table(pd.DataFrame(rows), POINTS, SCOPE))
     assert rec.loc[0, "stops_paying_at"] == 1.0 and rec.loc[0, "verdict"] == "loses"
-    assert "0.5: no interval" in rec.loc[0, "verdicts"]
+    assert "0.5: not judged" in rec.loc[0, "verdicts"]
 
 
 def test_cli_writes_tables_markdown_and_figure(tmp_path: Path) -> None:

@@ -183,6 +183,21 @@ def test_the_fit_recovers_a_known_hinge_and_prefers_it_to_the_line() -> None:
     assert result.power is None and "no energy" in result.power_reason
 
 
+def test_the_fit_minimises_the_relative_error_not_the_absolute_one() -> None:
+    """Times over two orders of magnitude, each off by +-10% of itself: the relative fit (rows weighted
+    1/y) keeps the fixed cost the small rows show; an absolute one lets the large rows set it (~9x lower)."""
+    n = np.array([1, 4, 16, 64, 256, 1024] * 2, float)
+    kv = np.array([512] * 6 + [4096] * 6, float)
+    y = (2e-4 + 1e-5 * n + 3e-8 * kv) * np.array([1.1, 0.9, 1.1, 0.9, 1.1, 0.9, 0.9, 1.1, 0.9, 1.1, 0.9, 1.1])
+    x = np.column_stack([np.ones_like(n), n, kv])
+    relative = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)[0]  # min sum ((x c - y) / y)^2
+    absolute = np.linalg.lstsq(x, y, rcond=None)[0]
+    assert (relative > 0).all() and (absolute > 0).all()  # both unconstrained optima are >= 0: NNLS gives them
+    assert relative[0] > 5 * absolute[0]  # the table tells the two apart
+    got = calfit.fit_shape(n, kv, y, "line")
+    assert [float(got[k]) for k in ("c_fixed", "c_compute", "c_kv")] == pytest.approx(relative.tolist(), rel=1e-9)
+
+
 def test_a_given_overhead_replaces_the_bases_and_is_recorded() -> None:
     from sdbench.simulator.costmodel import load_cost_model
 
@@ -217,6 +232,24 @@ def test_same_window_energy_gives_a_power_model_and_its_watts() -> None:
     assert isinstance(result.power, PowerModel) and result.power.r2 > 0.99
     assert result.implied_watts["power_model_max_w"] <= 700
     assert result.implied_watts["above_limit"] == 0 and result.implied_watts["limit_w"] == 700.0
+
+
+def test_a_power_model_needs_three_same_window_rows() -> None:
+    """Two same-window rows (at two token counts) give no power model, only the energy fit on joules;
+    a third gives one, fitted on those three."""
+    table = _hinge_table(noise=0.0)
+    watts = 300 + 300 * table["batched_tokens"] / (table["batched_tokens"] + 64)
+    table = table.assign(joules=watts * table["ms"] / 1e3, same_window=False, energy_meter="nvml")
+    rows = table.index[(table["L"] == 512) & (table["q"] == 1) & table["B"].isin([1, 8, 64])]  # 1, 8, 64 tokens
+    two = table.assign(same_window=table.index.isin(rows[:2]))
+    result = calfit.fit_calibration(two, "synthetic", source="synthetic")
+    assert result.power is None and result.power_reason.startswith("no power model: ")
+    assert result.energy is not None and result.model.fit["power_model"] == result.power_reason
+    three = calfit.fit_calibration(table.assign(same_window=table.index.isin(rows)), "synthetic", source="synthetic")
+    assert isinstance(three.power, PowerModel) and three.power_reason == ""
+    assert three.power.source == "calibrated on 3 same-window rows of synthetic (nvml)"
+    # Four parameters through three points: the measured watts back (300 + 300 n / (n + 64) at n = 1, 8, 64).
+    assert three.power.watts([1, 8, 64]) == pytest.approx([300 + 300 / 65, 300 + 300 * 8 / 72, 450.0], rel=1e-3)
 
 
 def test_the_fastest_window_fits_a_shared_cpu_and_gives_no_power_model() -> None:
@@ -313,12 +346,26 @@ def test_the_simulator_reads_a_fitted_model_and_records_which(published_traces_d
     model = calfit.fit_calibration(table, "synthetic-hinge", source="synthetic").model
     path = tmp_path / "fitted.yaml"
     path.write_text(yaml.safe_dump(model.to_dict(), sort_keys=False))
-    out = tmp_path / "sim.csv"
-    assert main(["simulate", "--traces", str(published_traces_dir / "combined_gsm8k.jsonl"), "--proposer", "eagle",
-                 "--cost-model", str(path), "--output", str(out), "--num-requests", "10", "--batch-sizes", "1",
-                 "64"]) == 0  # fmt: skip
+    out, traces = tmp_path / "sim.csv", published_traces_dir / "combined_gsm8k.jsonl"
+    # --num-requests 0: every request in file order, so that the mean below needs no sampling.
+    assert main(["simulate", "--traces", str(traces), "--proposer", "eagle", "--cost-model", str(path),
+                 "--output", str(out), "--num-requests", "0", "--batch-sizes", "1", "64"]) == 0  # fmt: skip
     rows = pd.read_csv(out)
     assert set(rows["cost_model"]) == {"synthetic-hinge"}
     assert set(rows["cost_model_sha256"]) == {load_cost_model(path).digest()}
     assert load_cost_model(path).target == TargetCost(**model.target.to_dict())
     assert all(math.isfinite(s) and s > 0 for s in rows["speedup"])
+    # Plain decoding priced by hand with the fitted model: a batch of b copies of a request of prompt p and
+    # L output tokens is a prefill (p b tokens, empty KV) and L - 1 steps of b tokens at KV p + g each,
+    # every pass c_fixed + overhead plus the hinge of its batched tokens; tokens/s is L b over that, averaged.
+    t, overhead = model.target, model.overhead_per_step
+    requests = [json.loads(line) for line in traces.read_text().splitlines()]
+    shapes = [(len(r["prompt_token_ids"]), len(r["acc_eagle"]["acc_len"])) for r in requests]
+    hinge = lambda tokens: t.c_above_knee * max(tokens - t.knee_tokens, 0.0)  # noqa: E731
+    for b in (1, 64):
+        per_request = [length * b / ((t.c_fixed + overhead) * length + b * t.c_compute * (p + length - 1)
+                                     + b * t.c_kv * ((length - 1) * p + length * (length - 1) / 2)
+                                     + hinge(b * p) + (length - 1) * hinge(b))
+                       for p, length in shapes if length > 0]  # fmt: skip
+        got = rows.loc[rows["batch_size"] == b, "baseline_tokens_per_s"]  # the CSV keeps 9 digits
+        assert got.tolist() == pytest.approx([sum(per_request) / len(per_request)] * len(got), rel=1e-7)

@@ -780,7 +780,7 @@ def test_doctor_passes_for_the_local_profile() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert all(line.endswith(" | ok") or " | skipped: " in line for line in lines), lines
-    assert "config config/config.yaml (107 cells) | ok" in lines
+    assert "config config/config.yaml (114 cells) | ok" in lines
     assert sum(line.startswith(f"vLLM CPU kernels on this host: {_cpuinfo_build()}; AMX ") for line in lines) == 1
     assert "slurm | skipped: profiles/local does not use executor: slurm" in lines
 

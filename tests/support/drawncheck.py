@@ -24,16 +24,24 @@ FAMILY_LABELS = {"none": "w/o SD", "ngram": "n-gram", "eagle": "EAGLE", "eagle3"
                  "mtp": "MTP", "medusa": "Medusa", "suffix": "suffix"}  # fmt: skip
 FAMILY_COLORS = {"none": "#444444", "ngram": "#e6821e", "eagle": "#1f6fb4", "eagle3": "#2ca02c",
                  "draft_model": "#8c52b8", "mtp": "#d62728", "medusa": "#e377c2"}  # fmt: skip
-VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0", "flagged": "#fbe3a1"}
+VERDICT_COLORS = {"pays": "#b7e4b0", "break-even": "#e6e6e6", "loses": "#f4b6b0", "undecided": "#c9d7ee",
+                  "not judged": "#ffffff", "flagged": "#fbe3a1"}  # fmt: skip
 STAGE_COLORS = {"propose": "#4c72b0", "verify": "#dd8452", "sample": "#55a868", "other": "#8c8c8c"}
 TOL = 1e-9  # drawn values are floats written to CSV and read back
 
 
 # ----------------------------------------------------------------------------- small helpers
-def verdict_rule(low: float, high: float, flagged: bool = False) -> str:
-    """The verdict on a speedup's 95% interval: above 1 pays, below 1 loses, else break-even; a
-    point preempted, contaminated or measured on two kinds of machine is flagged, whatever its interval."""
-    return "flagged" if flagged else "pays" if low > 1 else "loses" if high < 1 else "break-even"
+def verdict_rule(low: float, high: float, flagged: bool = False, margin: float = 0.03) -> str:
+    """The verdict on a speedup's 95% interval: above 1 pays, below 1 loses, inside [1/(1+margin),
+    1+margin] break-even, else undecided; no interval: not judged; a point preempted, contaminated
+    or measured on two kinds of machine is flagged, whatever its interval."""
+    if flagged:
+        return "flagged"
+    if low != low or high != high:
+        return "not judged"
+    if low > 1 or high < 1:
+        return "pays" if low > 1 else "loses"
+    return "break-even" if 1 / (1 + margin) <= low and high <= 1 + margin else "undecided"
 
 
 def _flag(row: object, *columns: str) -> bool:
@@ -88,6 +96,20 @@ def grid_cells(run: Path) -> pd.DataFrame:
     return cells[cells["sweep"].fillna("") == ""] if "sweep" in cells else cells
 
 
+def aa_failed(run: Path) -> bool:
+    """Whether the run's A/A control (cells of sweep aa_control) judged more clean cells pays or loses
+    than 95% allows (Binomial(n, 0.05)'s 95% quantile, written out for the few n a run has): then the
+    verdict judges no point."""
+    cells = pd.read_parquet(run / "results/tables/cells.parquet")
+    if "sweep" not in cells:
+        return False
+    aa = cells[(cells["sweep"].fillna("") == "aa_control") & ~cells["contaminated"].fillna(False).astype(bool)]
+    words = [verdict_rule(lo, hi) for lo, hi in zip(aa["speedup_ci_low"], aa["speedup_ci_high"])]
+    false = sum(w in ("pays", "loses") for w in words)
+    allowed = {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1, 6: 1, 7: 1, 8: 1, 9: 1, 10: 2}[len(aa)]
+    return false > allowed
+
+
 def panel_of(row: object) -> str:
     return f"{row.model} / {row.dataset} / {row.engine}"
 
@@ -135,9 +157,11 @@ def check_verdict(run: Path, scope: str, drawn: pd.DataFrame) -> int:
     assert len(squares) == len(table), f"verdict: {len(squares)} squares for {len(table)} points"
     labels = {k: m.get("label", k) for k, m in config(run)["methods"].items()}  # the rule's --labels
     texts = drawn[drawn["mark"] == "text"]
+    judge_nothing = aa_failed(run)
     for c in sd.itertuples(index=False):
         what = f"verdict {panel_of(c)} {c.method} bs{c.batch_size}"
         rule = verdict_rule(c.speedup_ci_low, c.speedup_ci_high, _flag(c, "preempted", "contaminated", "hardware_mismatch"))
+        rule = "not judged" if judge_nothing and rule != "flagged" else rule
         assert offline.loc[(c.engine, c.model, c.dataset, c.method, c.batch_size), "verdict"] == rule, what
         square = one(squares, what, panel=panel_of(c), xlabel="batch size", series=c.method, x=str(c.batch_size))
         close(square["y"], c.speedup, tol=0.0051, what=what)  # written with two decimals
@@ -158,8 +182,10 @@ def check_verdict(run: Path, scope: str, drawn: pd.DataFrame) -> int:
         kind = lambda h: str(h).split(", driver ")[0]  # noqa: E731 - the board and its memory, or the CPU
         apart = kind(getattr(c, "hardware", "")) != kind(b.get("hardware", "")) and getattr(c, "hardware", "") and b.get("hardware", "")
         tainted = _flag(c, "contaminated") or bool(b.get("contaminated", False))
-        rule = verdict_rule(c.tokens_per_s_min / b["tokens_per_s_max"], c.tokens_per_s_max / b["tokens_per_s_min"],
-                            bool(tainted or apart))  # fmt: skip
+        # One server start per arm: the rounds' range is no interval (sdbench.analysis.intervals); not judged.
+        several = int(getattr(c, "starts", 1) or 1) >= 2 and int(b.get("starts", 1) or 1) >= 2
+        low, high = (c.speedup_ci_low, c.speedup_ci_high) if several else (float("nan"), float("nan"))
+        rule = verdict_rule(low, high, bool(tainted or apart))
         square = one(squares, what, panel=panel_of(c), xlabel="concurrency", series=c.method, x=str(c.concurrency))
         close(square["y"], c.tokens_per_s / b["tokens_per_s"], tol=0.0051, what=what)
         assert square["color"] == VERDICT_COLORS[rule], f"{what}: colour {square['color']}, rule {rule}"

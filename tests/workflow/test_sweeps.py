@@ -34,7 +34,8 @@ def test_proposal_length_sweep_becomes_methods_and_a_grid_block() -> None:
     assert block["methods"][0] == "none"
     assert block["datasets"] == ["code-edit"] and block["batch_sizes"] == [1]
     # Each new k is its own engine group with one cell; everything else is unchanged.
-    new = {c.method for c in cells(config)} - set(RAW["methods"]) - set(sweeps.forced_acceptance_methods(config))
+    new = {c.method for c in cells(config)} - set(RAW["methods"]) - set(sweeps.forced_acceptance_methods(config)) - {
+        sweeps.aa_key("none")}  # fmt: skip
     assert new == {"ngram-k3.k1", "ngram-k3.k10", "eagle3-k3.k1", "eagle3-k3.k5", "eagle3-k3.k10"}
     assert {g.method for g in engine_groups(config)} >= new
 
@@ -126,3 +127,27 @@ def test_proposal_length_table_and_outputs(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").stat().st_size > 5_000
     with pytest.raises(ValueError, match="no cell of the sweep's methods"):
         proposal.proposal_length_table(cells_t, memory, {"other": ("x", 1)}, scope)
+
+
+def test_the_aa_control_is_no_sd_timed_as_an_sd_arm_beside_every_block() -> None:
+    """verdict.aa_control: the no-SD entry copied as none.aa, one cell per model x dataset of the
+    grid's own blocks at their smallest batch size, paired with the no-SD arm as an SD cell is; the
+    baseline stays the one no-SD entry."""
+    from sdbench.grid import baseline_method, resolve_cell
+
+    config = validate_config(copy.deepcopy(RAW))
+    entry = config["methods"]["none.aa"]
+    assert (entry["method"], entry["aa_control"], entry["sweep_of"]) == ("none", True, "none")
+    assert baseline_method(config) == "none" and sweeps.variant_keys(config)["methods"]["none.aa"] == "aa_control"
+    aa = sorted(c for c in cells(config) if c.method == "none.aa")
+    assert [(c.model, c.dataset, c.batch_size) for c in aa] == [
+        ("tiny-target", "code-edit", 1), ("tiny-target", "code-edit-random", 1), ("tiny-target", "code-write", 1),
+        ("tiny-target", "my-chat", 1), ("tiny-target", "speed-bench-sample", 1), ("tiny-target-mtp", "code-edit", 1),
+        ("tiny-target-mtp", "code-write", 1)]  # fmt: skip
+    spec = resolve_cell(config, aa[0])
+    assert spec["method"]["method"] == "none" and spec["paired_baseline"]["key"] == "none"
+    assert {g.method for g in engine_groups(config) if g.method == "none.aa"} == {"none.aa"}
+    validate_config(config)  # expanding is idempotent: a resolved config validates again
+    assert sum(b.get("sweep") == "aa_control" for b in config["grid"]) == 5
+    off = validate_config({**copy.deepcopy(RAW), "verdict": {"aa_control": False}})
+    assert "none.aa" not in off["methods"] and not any(b.get("sweep") == "aa_control" for b in off["grid"])

@@ -6,6 +6,8 @@
 rule join_grid_cells:
     input:
         summaries=PLAN.grid_cell_outputs("summary"),
+        calls=PLAN.grid_cell_outputs("calls"),
+        baseline_calls=PLAN.grid_cell_outputs("baseline_calls"),
     output:
         cells=P.GRID_CELLS_TABLE,
     log:
@@ -19,13 +21,16 @@ rule join_grid_cells:
         baseline=PLAN.baseline,
         sweeps=quoted(PLAN.sweep_variants()),
     shell:
-        "sdbench aggregate --summaries {input.summaries} --baseline {params.baseline} "
+        "sdbench aggregate --summaries {input.summaries} --calls {input.calls} "
+        "--baseline-calls {input.baseline_calls} --baseline {params.baseline} "
         "--sweeps {params.sweeps} --cells {output.cells} > {log} 2>&1"
 
 
 rule aggregate:
     input:
         summaries=PLAN.cell_outputs("summary"),
+        calls=PLAN.cell_outputs("calls"),
+        baseline_calls=PLAN.cell_outputs("baseline_calls"),
         requests=PLAN.cell_outputs("requests"),
     output:
         cells=P.CELLS_TABLE,
@@ -44,7 +49,8 @@ rule aggregate:
         baseline=PLAN.baseline,
         sweeps=quoted(PLAN.sweep_variants()),
     shell:
-        "sdbench aggregate --summaries {input.summaries} --requests {input.requests} "
+        "sdbench aggregate --summaries {input.summaries} --calls {input.calls} "
+        "--baseline-calls {input.baseline_calls} --requests {input.requests} "
         "--baseline {params.baseline} --sweeps {params.sweeps} --cells {output.cells} "
         "--speedups-md {output.speedups} --lengths {output.lengths} "
         "--lengths-md {output.lengths_md} --divergence {output.divergence} "
@@ -75,6 +81,7 @@ rule ext00_verdict:
             "sdbench.analysis.modeparity",
         ),
         labels=quoted(PLAN.method_labels()),
+        margin=PLAN.equivalence_margin,
         server=lambda wildcards, input: (
             f"--server {input.server}" if "server" in input.keys() else ""
         ),
@@ -85,7 +92,8 @@ rule ext00_verdict:
         ),
     shell:
         "sdbench verdict --cells {input.cells} {params.server} {params.frontier} --labels {params.labels} "
-        "--output {output.table} --markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
+        "--equivalence-margin {params.margin} --output {output.table} "
+        "--markdown {output.markdown} --figure {output.figure} > {log} 2>&1"
 
 
 # Offline vs served speedup at the same load, side by side, with the stream-off control and the

@@ -39,6 +39,10 @@ def add_aggregate(subparsers: argparse._SubParsersAction) -> None:
     """Add ``sdbench aggregate``."""
     p = subparsers.add_parser("aggregate", help="join cell summaries; speedups; Tab. 1")
     p.add_argument("--summaries", nargs="+", required=True, help="summary.parquet of every cell")
+    p.add_argument("--calls", nargs="+", default=None,
+                   help="calls.parquet of every cell, in --summaries' order: the engine starts the intervals rest on")
+    p.add_argument("--baseline-calls", nargs="+", default=None,
+                   help="baseline_calls.parquet of every cell, in --summaries' order (a paired cell's no-SD arm)")
     p.add_argument("--requests", nargs="+", default=None,
                    help="requests.parquet of every cell (needed by --lengths and --divergence)")
     p.add_argument("--baseline", required=True, help="method key of the no-SD baseline")
@@ -61,6 +65,8 @@ def add_verdict(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--server", default=None, help="results/tables/server.parquet (server mode), if any")
     p.add_argument("--frontier", default=None, help="goodput_frontier.parquet (ext17): shown beside the goodput squares")
     p.add_argument("--max-load", default=None, help="goodput_max_load.parquet (ext17): shown beside the goodput squares")
+    p.add_argument("--equivalence-margin", type=float, default=0.03,
+                   help="break-even only inside [1/(1+m), 1+m] (config verdict.equivalence_margin; default 0.03)")
     add_labels(p)
     add_table_outputs(
         p,

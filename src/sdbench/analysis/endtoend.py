@@ -7,6 +7,7 @@ batch size. Figures are drawn from the joined table only.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -14,6 +15,12 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from sdbench.analysis.intervals import (
+    paired_start_log_ratios,
+    replicate_interval,
+    start_log_throughputs,
+    welch_interval,
+)
 from sdbench.io import read_parquet, write_parquet, write_text
 from sdbench.plotting import save_png
 
@@ -28,21 +35,25 @@ def mark_sweeps(cells: pd.DataFrame, sweeps: dict[str, dict[str, str]]) -> pd.Da
     return cells.assign(sweep=[methods.get(m) or datasets.get(d) or "" for m, d in zip(cells["method"], cells["dataset"])])
 
 
-def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
+def join_cells(summaries: list[pd.DataFrame], baseline: str,
+               calls: list[tuple[pd.DataFrame, pd.DataFrame]] | None = None) -> pd.DataFrame:  # fmt: skip
     """Concatenate per-cell summaries and add ``speedup`` (and pooled speedup) over ``baseline``.
 
-    A cell measured in pairs with a no-SD engine in its own process
-    (``run.paired_baseline``, sdbench.engine.measure.paired) takes its ``speedup`` and interval from
-    the pairs (``speedup_design`` = ``paired``); otherwise ``speedup`` is the ratio over the
-    separately measured no-SD cell and ``speedup_ci_low/high`` the interval of the ratio of
-    the two cells' bootstrap draws (``independent``; sdbench.analysis.stats).
-    ``baseline_tokens_per_s`` is always the no-SD cell's. ``contaminated`` is true when
-    either cell's quiet-machine guard flagged its timed part.
+    The speedup and its 95% interval are taken at the level that varies, the engine start
+    (:mod:`sdbench.analysis.intervals`). A cell measured in pairs with a no-SD engine in its own
+    process (``run.paired_baseline``, sdbench.engine.measure.paired; ``speedup_design`` =
+    ``paired``): the t interval of its per-start log ratios; otherwise (``independent``) Welch's
+    interval of its per-start log throughputs against the no-SD cell's. ``speedup`` is the
+    interval's point (the geometric mean of the per-start ratios); ``speedup_replicates`` the
+    starts it rests on: one gives no interval (NaN bounds, not judged). ``calls``: each summary's
+    (calls, baseline_calls) tables, which hold the starts; without them every cell must have been
+    measured in one start. ``baseline_tokens_per_s`` is always the no-SD cell's. ``contaminated``
+    is true when either cell's quiet-machine guard flagged its timed part.
     """
     from sdbench.analysis.energy import add_energy_ratio
-    from sdbench.analysis.stats import ratio_interval
 
     cells = pd.concat(summaries, ignore_index=True)
+    cells["_start_logs"], cells["_paired_logs"] = _start_logs(cells, calls)
     dupes = cells.duplicated(SORT)
     if dupes.any():
         raise ValueError(f"duplicate cells in summaries: {cells.loc[dupes, SORT].to_dict('records')}")
@@ -51,13 +62,13 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
                             ("hardware", "")):  # fmt: skip
         if column not in cells:
             cells[column] = [default] * len(cells)
-    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "tokens_per_s_boot", "contaminated", "engine_layout",
+    keep = GROUP + ["tokens_per_s", "tokens_per_s_pooled", "_start_logs", "contaminated", "engine_layout",
                     "num_preemptions", "hardware"]  # fmt: skip
     base = cells.loc[cells["method"] == baseline, keep].rename(
         columns={
             "tokens_per_s": "baseline_tokens_per_s",
             "tokens_per_s_pooled": "_base_pooled",
-            "tokens_per_s_boot": "_base_boot",
+            "_start_logs": "_base_start_logs",
             "contaminated": "_base_contaminated",
             "engine_layout": "_base_layout",
             "num_preemptions": "_base_preemptions",
@@ -65,24 +76,22 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
         }
     )
     out = cells.merge(base, on=GROUP, how="left", validate="many_to_one")
-    out["speedup"] = out["tokens_per_s"] / out["baseline_tokens_per_s"]
     out["speedup_pooled"] = out["tokens_per_s_pooled"] / out["_base_pooled"]
-    # A cell without a no-SD cell in the join (NaN after the merge) has no independent interval;
+    paired = out["_paired_logs"].map(lambda x: x is not None)
+    # A cell without a no-SD cell in the join (NaN after the merge) has no independent speedup;
     # a paired cell still has its own.
-    sized = lambda x: hasattr(x, "__len__") and len(x) > 0  # noqa: E731
-    bounds = [
-        ratio_interval(a, b) if sized(a) and sized(b) else (float("nan"),) * 2
-        for a, b in zip(out["tokens_per_s_boot"], out["_base_boot"])
+    found = [
+        replicate_interval(p) if on else welch_interval(s, b if isinstance(b, list) else [])
+        for s, b, p, on in zip(out["_start_logs"], out["_base_start_logs"], out["_paired_logs"], paired)
     ]
-    out["speedup_ci_low"] = [lo for lo, _ in bounds]
-    out["speedup_ci_high"] = [hi for _, hi in bounds]
-    out["speedup_design"] = "independent"
-    if "paired_speedup" in out:
-        paired = out["paired_speedup"].notna()
-        for column in ("speedup", "speedup_ci_low", "speedup_ci_high"):
-            out.loc[paired, column] = out.loc[paired, f"paired_{column}"]
-        out.loc[paired, "speedup_design"] = "paired"
-    out.loc[out["method"] == baseline, "speedup_design"] = ""
+    out["speedup"] = [iv.point for iv in found]
+    out["speedup_ci_low"] = [iv.low for iv in found]
+    out["speedup_ci_high"] = [iv.high for iv in found]
+    out["speedup_replicates"] = [iv.replicates for iv in found]
+    out["speedup_design"] = ["paired" if on else "independent" for on in paired]
+    base_rows = out["method"] == baseline
+    out.loc[base_rows, "speedup_design"] = ""
+    out.loc[base_rows, ["speedup", "speedup_ci_low", "speedup_ci_high"]] = [1.0, float("nan"), float("nan")]
     check_layouts(out)
     out["hardware_mismatch"] = check_hardware(out, "_base_hardware", independent=out["speedup_design"] == "independent")
     out["contaminated"] = out["contaminated"].fillna(False).astype(bool) | out["_base_contaminated"].fillna(
@@ -93,10 +102,35 @@ def join_cells(summaries: list[pd.DataFrame], baseline: str) -> pd.DataFrame:
     own = out["num_preemptions"].fillna(0).astype(int) + out["paired_baseline_num_preemptions"].fillna(0).astype(int)
     other = out["_base_preemptions"].where(out["speedup_design"] == "independent", 0).fillna(0).astype(int)
     out["preempted"] = (own + other) > 0
-    out = out.drop(columns=["_base_pooled", "_base_boot", "_base_contaminated", "_base_layout", "_base_preemptions",
-                            "_base_hardware", "tokens_per_s_boot"])  # fmt: skip
+    out = out.drop(columns=["_base_pooled", "_base_start_logs", "_base_contaminated", "_base_layout",
+                            "_base_preemptions", "_base_hardware", "tokens_per_s_boot", "_start_logs",
+                            "_paired_logs"])  # fmt: skip
     out = add_energy_ratio(out, cells, baseline)  # joules per token over no SD's, as the speedup (analysis.energy)
     return out.sort_values(SORT, kind="stable").reset_index(drop=True)
+
+
+def _start_logs(cells: pd.DataFrame, calls: list[tuple[pd.DataFrame, pd.DataFrame]] | None,
+                ) -> tuple[list[list[float]], list[list[float] | None]]:  # fmt: skip
+    """Per summary row: its per-start log throughputs, and for a paired cell its per-start log
+    speedups over the no-SD arm of the same process (None otherwise). From the calls tables, or,
+    without them, from the summary of a cell measured in one start."""
+    paired = cells["paired_speedup"].notna() if "paired_speedup" in cells else pd.Series(False, index=cells.index)
+    if calls is not None:
+        if len(calls) != len(cells):
+            raise ValueError(f"aggregate: {len(calls)} calls tables for {len(cells)} cell summaries")
+        own = [list(start_log_throughputs(c)) for c, _ in calls]
+        pairs = [list(paired_start_log_ratios(c, b)) if on else None for (c, b), on in zip(calls, paired)]
+        return own, pairs
+    starts = cells["num_engine_starts"] if "num_engine_starts" in cells else pd.Series(1, index=cells.index)
+    several = cells[starts.fillna(1).astype(int) > 1]
+    if len(several):
+        first = several.iloc[0]
+        raise ValueError(f"aggregate: cell {first[SORT].to_dict()} was measured in {int(first['num_engine_starts'])} "
+                         "engine starts: its interval needs its calls tables (--calls, --baseline-calls)")  # fmt: skip
+    own = [[math.log(x)] if x > 0 else [] for x in cells["tokens_per_s"].astype(float)]
+    ratios = cells["paired_speedup"].astype(float) if "paired_speedup" in cells else pd.Series(0.0, index=cells.index)
+    pairs = [([math.log(x)] if x > 0 else []) if on else None for x, on in zip(ratios, paired)]
+    return own, pairs
 
 
 def _mismatched(
@@ -512,7 +546,13 @@ def _cmd_aggregate(args: argparse.Namespace) -> int:
         flags = ", ".join("--" + o.replace("_", "-") for o in by_requests)
         raise ValueError(f"aggregate: {flags} need --requests (the cells' requests.parquet)")
     summaries = [read_parquet(p, what="summary table") for p in args.summaries]
-    cells = mark_sweeps(join_cells(summaries, args.baseline), json.loads(args.sweeps))
+    calls = None
+    if args.calls or args.baseline_calls:
+        if not (len(args.calls or []) == len(args.baseline_calls or []) == len(summaries)):
+            raise ValueError(f"aggregate: --calls and --baseline-calls need one table per summary ({len(summaries)})")
+        calls = [(read_parquet(c, what="calls table"), read_parquet(b, what="baseline calls table"))
+                 for c, b in zip(args.calls, args.baseline_calls)]  # fmt: skip
+    cells = mark_sweeps(join_cells(summaries, args.baseline, calls), json.loads(args.sweeps))
     write_parquet(cells, args.cells)
     note = stale_scope_note(cells)
     if note:

@@ -42,7 +42,8 @@ RECOMMENDATION_COLUMNS: tuple[str, ...] = (*LINE, "stops_paying_at", "verdict", 
 PAYS_EVERYWHERE = "pays at every swept temperature"
 RULE = (
     "lowest swept temperature whose speedup 95% interval is not entirely above 1 "
-    "(entirely below 1: loses; containing 1: break-even); points without an interval are skipped"
+    "(entirely below 1: loses; inside the equivalence margin around 1: break-even; containing 1 but wider: "
+    "undecided); points without an interval are not judged and skipped"
 )
 
 

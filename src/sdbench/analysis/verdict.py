@@ -6,8 +6,13 @@ requests in flight in server mode) SD
 
 - ``pays`` when the speedup's 95% interval lies entirely above 1;
 - ``loses`` when it lies entirely below 1;
-- ``break-even`` when it contains 1 (the measurement cannot tell SD from no SD);
-- has ``no interval`` when none was measured (then it is not judged).
+- ``break-even`` when the whole interval lies inside the equivalence margin around 1
+  (``verdict.equivalence_margin``, set in the config before any data: SD and no SD are the same
+  speed for a deployment decision);
+- ``undecided`` when it contains 1 but reaches past the margin (the measurement cannot tell);
+- ``not judged`` without an interval: a design of one replicate (one engine process per arm
+  offline) has none (:mod:`sdbench.analysis.intervals`: the interval is a t interval over engine
+  starts, the level that varies).
 
 Per line (engine x model x dataset x method x kind of load) the verdict table adds
 
@@ -58,6 +63,7 @@ from typing import Any
 import pandas as pd
 
 from sdbench.analysis.goodput import BASE_BETTER, SD_BETTER, UNDECIDED
+from sdbench.analysis.intervals import DEFAULT_MARGIN, T_START, T_WELCH
 
 # The rule on one point and the server points live apart (the frontier and offline-vs-served read them
 # without the page that reads those two); re-exported here, where the verdict's readers look.
@@ -88,8 +94,10 @@ FLAGGED = "flagged"
 # goodput's verdict where no request of either arm met every target (sdbench.analysis.goodput.NEITHER)
 NEITHER = "neither meets"
 RULE = (
-    "SD pays at a load when the speedup's 95% interval lies entirely above 1, loses when it lies "
-    "entirely below 1, and breaks even when it contains 1"
+    "SD pays at a load when the speedup's 95% interval (over engine starts) lies entirely above 1, loses "
+    "when it lies entirely below 1, breaks even when it lies inside the equivalence margin around 1, and is "
+    "undecided when it contains 1 but is wider; a design of one engine start per arm gives no interval "
+    "and is not judged"
 )
 LINE = ["engine", "model", "dataset", "method", "load_kind"]
 POINT_COLUMNS: tuple[str, ...] = (
@@ -127,9 +135,11 @@ def crossing(loads: list[float], values: list[float]) -> str:
     return f">{pts[-1][0]:g}"
 
 
-def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.DataFrame:
+def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None,
+                 margin: float = DEFAULT_MARGIN) -> pd.DataFrame:  # fmt: skip
     """One row per SD point: offline cells (``cells.parquet``, sweep variants left out) and
-    server cells (``server.parquet``) with the speedup, its interval and the verdict."""
+    server cells (``server.parquet``) with the speedup, its interval and the verdict (``margin``:
+    the config's ``verdict.equivalence_margin``)."""
     frames, nan = [], float("nan")
     sd = cells[(cells["speedup_design"].fillna("") != "") & cells["speedup"].notna()] if "speedup_design" in cells \
         else cells[cells["method"] != "none"]
@@ -141,7 +151,8 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
         "load_kind": OFFLINE, "load": sd["batch_size"].astype(int), "speedup": sd["speedup"],
         "speedup_ci_low": sd["speedup_ci_low"], "speedup_ci_high": sd["speedup_ci_high"],
         "speedup_min": float("nan"), "speedup_max": float("nan"),
-        "interval": BOOTSTRAP, "mean_acceptance_length": sd["mean_acceptance_length"],
+        "interval": [T_START if d == "paired" else T_WELCH for d in sd.get("speedup_design", pd.Series("", sd.index))],
+        "mean_acceptance_length": sd["mean_acceptance_length"],
         # Requests of the cell (or of its no-SD arm) waited for KV cache: the batch was not all running.
         "preempted": _column(sd, "preempted").fillna(False).astype(bool),
         "flags": point_flags(_column(sd, "preempted"), _column(sd, "contaminated"), _column(sd, "hardware_mismatch")),
@@ -153,7 +164,7 @@ def points_table(cells: pd.DataFrame, server: pd.DataFrame | None = None) -> pd.
     if server is not None and len(server):
         frames.append(server_points(server))
     out = pd.concat(frames, ignore_index=True)
-    out["verdict"] = [verdict(lo, hi) for lo, hi in zip(*judged_bounds(out))]
+    out["verdict"] = [verdict(lo, hi, margin) for lo, hi in zip(*judged_bounds(out))]
     out.loc[out["flags"] != "", "verdict"] = FLAGGED
     out = judge_energy(out)
     for column in POINT_COLUMNS[POINT_COLUMNS.index("goodput_rps"):]:  # server points only
@@ -313,6 +324,51 @@ def advice(recs: pd.DataFrame) -> list[str]:
     return out
 
 
+AA_CONTROL = "aa_control"  # the A/A control's sweep (sdbench.sweeps.AA_CONTROL)
+
+
+def aa_points(cells: pd.DataFrame, margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
+    """The run's A/A cells (no SD timed as an SD arm against no SD, ``sweep`` aa_control), each judged
+    by the verdict's rule: a correct interval holds 1 and is judged pays or loses in 5% of them."""
+    aa = cells[cells["sweep"].fillna("") == AA_CONTROL] if "sweep" in cells else cells.iloc[:0]
+    flags = point_flags(_column(aa, "preempted"), _column(aa, "contaminated"), _column(aa, "hardware_mismatch"))
+    words = [FLAGGED if f else verdict(lo, hi, margin) for lo, hi, f in
+             zip(aa["speedup_ci_low"], aa["speedup_ci_high"], flags)]  # fmt: skip
+    return aa[["engine", "model", "dataset", "batch_size", "speedup", "speedup_ci_low", "speedup_ci_high"]].assign(
+        flags=flags, verdict=words).reset_index(drop=True)
+
+
+def aa_failed(aa: pd.DataFrame) -> bool:
+    """Whether the A/A control judged more of its clean cells pays or loses than 95% allows."""
+    from sdbench.analysis.intervals import false_verdicts_allowed
+
+    clean = aa[aa["verdict"] != FLAGGED]
+    return int(clean["verdict"].isin([PAYS, LOSES]).sum()) > false_verdicts_allowed(len(clean))
+
+
+def aa_lines(aa: pd.DataFrame) -> list[str]:
+    """The verdict page's A/A section: the false-verdict count against what 95% allows, each interval."""
+    from sdbench.analysis.intervals import false_verdicts_allowed
+
+    if aa.empty:
+        return []
+    clean = aa[aa["verdict"] != FLAGGED]
+    false = int(clean["verdict"].isin([PAYS, LOSES]).sum())
+    judged = int((clean["verdict"] != NO_INTERVAL).sum())
+    head = (f"A/A: {false} of {len(clean)} judged pays or loses (no SD against no SD, measured as every SD arm is; "
+            f"95% allows {false_verdicts_allowed(len(clean))}; {judged} had an interval"
+            + (f", {len(aa) - len(clean)} flagged" if len(aa) > len(clean) else "") + ").")  # fmt: skip
+    if aa_failed(aa):
+        head += (" **The design is not judged on this machine**: its intervals do not hold their 95% here, so no "
+                 "point below is judged pays, loses or break-even.")  # fmt: skip
+    out = ["## A/A control\n", head, "", "| model / dataset (engine) | batch size | speedup [95% interval] | verdict |",
+           "|---|---|---|---|"]  # fmt: skip
+    out += [f"| {r.model} / {r.dataset} ({r.engine}) | {int(r.batch_size)} | {_fmt(r.speedup, '.3f')} "
+            f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}] | {r.verdict}"
+            + (f" ({r.flags})" if r.flags else "") + " |" for r in aa.itertuples(index=False)]  # fmt: skip
+    return [*out, ""]
+
+
 def flagged_lines(points: pd.DataFrame, labels: dict[str, str]) -> list[str]:
     """A section naming every flagged point and why (nothing when none is)."""
     flagged = points[points["flags"] != ""]
@@ -364,16 +420,19 @@ def frontier_section(frontier: pd.DataFrame | None, loads: pd.DataFrame | None, 
 
 def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFrame, labels: dict[str, str],
                      modes: pd.DataFrame | None = None, frontier: pd.DataFrame | None = None,
-                     max_loads: pd.DataFrame | None = None) -> str:  # fmt: skip
+                     max_loads: pd.DataFrame | None = None, aa: pd.DataFrame | None = None) -> str:  # fmt: skip
     """The verdict as Markdown: the advice in words, then one table per model x dataset x kind of load,
     the goodput squares at the user's targets beside the frontier and max-load table (``frontier``,
     ``max_loads``: ext17's tables), and, with ``modes`` (:func:`sdbench.analysis.modeparity.modes_table`),
     offline vs served."""
-    out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n", "## Which method to use where\n"]
+    out = ["# Does speculative decoding pay here?\n", f"Rule: {RULE}.\n"]
+    out += aa_lines(aa if aa is not None else pd.DataFrame())
+    out += ["## Which method to use where\n"]
     out += [f"- {sentence}" for sentence in advice(recs)]
     out += ["", "## Where SD pays in time but not in energy\n", *time_not_energy_lines(points, labels), ""]
     out += flagged_lines(points, labels)
-    mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", NO_INTERVAL: "n/a", FLAGGED: "flagged"}
+    mark = {PAYS: "pays", BREAK_EVEN: "even", LOSES: "loses", UNDECIDED: "undecided", NO_INTERVAL: "not judged",
+            FLAGGED: "flagged"}  # fmt: skip
     for (engine, model, dataset, kind), sub in points.groupby(["engine", "model", "dataset", "load_kind"], sort=True):
         loads = sorted(sub["load"].unique())
         interval = " or ".join(dict.fromkeys(sub["interval"]))
@@ -386,7 +445,10 @@ def verdict_markdown(points: pd.DataFrame, lines: pd.DataFrame, recs: pd.DataFra
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "---|" * len(head))
         for method, line in sub.groupby("method", sort=True):
-            low, high = judged_bounds(line)
+            # A point's bracket: its interval, or a one-start server point's range over rounds (shown, not judged).
+            rounds = line["interval"] == ROUNDS
+            low = line["speedup_min"].where(rounds, line["speedup_ci_low"])
+            high = line["speedup_max"].where(rounds, line["speedup_ci_high"])
             by_load = {int(r.load): (r, lo, hi) for r, lo, hi in zip(line.itertuples(index=False), low, high)}
             info = lines[(lines["engine"] == engine) & (lines["model"] == model) & (lines["dataset"] == dataset)
                          & (lines["method"] == method) & (lines["load_kind"] == kind)].iloc[0]  # fmt: skip
@@ -419,7 +481,8 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
 
     from sdbench.plotting import drawn_table, method_styles, panel_axes, panel_grid, save_png
 
-    colors = {PAYS: "#b7e4b0", BREAK_EVEN: "#e6e6e6", LOSES: "#f4b6b0", NO_INTERVAL: "#ffffff", FLAGGED: "#fbe3a1"}
+    colors = {PAYS: "#b7e4b0", BREAK_EVEN: "#e6e6e6", LOSES: "#f4b6b0", UNDECIDED: "#c9d7ee", NO_INTERVAL: "#ffffff",
+              FLAGGED: "#fbe3a1"}  # fmt: skip
     panels = list(points.groupby(["engine", "model", "dataset", "load_kind"], sort=True))
     n_methods = max((p[1]["method"].nunique() for p in panels), default=1)
     n_loads = max((p[1]["load"].nunique() for p in panels), default=1)
@@ -454,7 +517,7 @@ def plot_verdict(points: pd.DataFrame, out_png: str | Path, labels: dict[str, st
         for side in ("top", "right", "bottom", "left"):
             ax.spines[side].set_visible(False)
         ax.tick_params(length=0)
-    legend = [Patch(color=colors[v], label=v) for v in (PAYS, BREAK_EVEN, LOSES)]
+    legend = [Patch(color=colors[v], label=v) for v in (PAYS, BREAK_EVEN, LOSES, UNDECIDED)]
     if (points["verdict"] == FLAGGED).any():
         legend.append(Patch(color=colors[FLAGGED], label="flagged: not judged (preempted, contaminated or hardware)"))
     if points["preempted"].any():
@@ -473,9 +536,12 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
     cells = read_parquet(args.cells, what="cells table")
     server = read_parquet(args.server, what="server table") if args.server else None
     labels = json.loads(args.labels) if args.labels else {}
-    points = points_table(cells, server)
+    points = points_table(cells, server, args.equivalence_margin)
     if points.empty:
         raise ValueError(f"{args.cells}: no SD cell with a speedup to judge")
+    aa = aa_points(cells, args.equivalence_margin)
+    if aa_failed(aa):  # the control says the intervals do not hold here: judge nothing
+        points.loc[points["verdict"] != FLAGGED, "verdict"] = NO_INTERVAL
     lines = lines_table(points)
     recs = recommendations(points, labels)
     table = points.merge(lines[[*LINE, *LINE_RESULTS]], on=LINE, how="left")
@@ -487,7 +553,7 @@ def _cmd_verdict(args: argparse.Namespace) -> int:
         modes = modes_table(cells, server)
     frontier = read_parquet(args.frontier, what="goodput frontier") if getattr(args, "frontier", None) else None
     loads = read_parquet(args.max_load, what="goodput max-load table") if getattr(args, "max_load", None) else None
-    write_text(verdict_markdown(points, lines, recs, labels, modes, frontier, loads), args.markdown)
+    write_text(verdict_markdown(points, lines, recs, labels, modes, frontier, loads, aa), args.markdown)
     plot_verdict(points, args.figure, labels)
     return 0
 

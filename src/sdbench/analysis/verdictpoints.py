@@ -1,6 +1,7 @@
 """The verdict's rule on one point, and the server-mode points it judges.
 
-:func:`verdict` (pays / break-even / loses on a 95% interval vs 1), :func:`point_flags` (why a point
+:func:`verdict` (pays / break-even / loses / undecided / not judged on a 95% interval:
+:func:`sdbench.analysis.intervals.judge`), :func:`point_flags` (why a point
 is no clean measurement of its load) and :func:`server_points` (SD over no SD at the same
 concurrency, with the interval the verdict judges and goodput under the latency targets). Apart
 from the page (:mod:`sdbench.analysis.verdict`, which re-exports them) because the goodput frontier
@@ -15,23 +16,19 @@ from typing import Any
 import pandas as pd
 
 from sdbench.analysis.endtoend import check_hardware
+from sdbench.analysis.intervals import BREAK_EVEN, DEFAULT_MARGIN, LOSES, NOT_JUDGED, PAYS, judge
 
-PAYS, BREAK_EVEN, LOSES, NO_INTERVAL = "pays", "break-even", "loses", "no interval"
+NO_INTERVAL = NOT_JUDGED  # a point without an interval (one replicate): not judged
 NO_TARGETS = "no targets"  # goodput's verdict where the config set no latency target (server.slo)
 OFFLINE, SERVER = "batch size", "concurrency"
 BOOTSTRAP, ROUNDS = "95% bootstrap", "range over rounds"  # the ``interval`` of an offline / server point
 STARTS_BOOTSTRAP = "95% bootstrap over server starts"  # a server point whose arms each ran several starts
 
 
-def verdict(low: float | None, high: float | None) -> str:
-    """Whether SD pays at one point, from the speedup's interval ``[low, high]`` (:data:`RULE`)."""
-    if low is None or high is None or math.isnan(low) or math.isnan(high):
-        return NO_INTERVAL
-    if low > 1.0:
-        return PAYS
-    if high < 1.0:
-        return LOSES
-    return BREAK_EVEN
+def verdict(low: float | None, high: float | None, margin: float = DEFAULT_MARGIN) -> str:
+    """Whether SD pays at one point, from the speedup's interval ``[low, high]``: ``margin`` is the
+    config's ``verdict.equivalence_margin`` (:func:`sdbench.analysis.intervals.judge`)."""
+    return judge(low, high, margin)
 
 
 def point_flags(preempted: pd.Series, contaminated: pd.Series, mismatch: pd.Series) -> list[str]:
@@ -49,11 +46,10 @@ def _column(frame: pd.DataFrame, name: str) -> pd.Series:
 
 
 def judged_bounds(points: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """The bounds each point is judged on: its 95% interval, or its range over rounds (a server point
-    with one start per arm)."""
+    """The bounds each point is judged on: its 95% interval. A server point with one start per arm
+    has only its range over rounds, the spread of one process: no interval, not judged."""
     rounds = points["interval"] == ROUNDS
-    return (points["speedup_min"].where(rounds, points["speedup_ci_low"]),
-            points["speedup_max"].where(rounds, points["speedup_ci_high"]))  # fmt: skip
+    return points["speedup_ci_low"].mask(rounds), points["speedup_ci_high"].mask(rounds)
 
 
 def server_points(server: pd.DataFrame) -> pd.DataFrame:

@@ -3,6 +3,7 @@
 ``bench tracer`` (:mod:`sdbench.bench.tracer`), ``bench simulator`` (:mod:`sdbench.bench.simulator`),
 ``bench parity`` (:mod:`sdbench.bench.parity`), ``bench engine-sharing`` (:mod:`sdbench.bench.sharing`),
 ``bench aggregate-inputs`` (:mod:`sdbench.bench.aggregateinputs`),
+``bench coverage`` (:mod:`sdbench.bench.coverage`),
 ``bench serve-parity`` (:mod:`sdbench.bench.serveparity`), ``bench modes`` (:mod:`sdbench.bench.modes`), ``bench timeline``
 (:mod:`sdbench.bench.timeline`), ``bench job-usage`` (:mod:`sdbench.bench.jobusage`) and ``bench compare-runs`` (an alias of ``sdbench compare``,
 :mod:`sdbench.analysis.runcompare`). Argument parsing only (argparse and the
@@ -237,12 +238,28 @@ def add_serve_parity(bench: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lazy("sdbench.bench.serveparity", "_cmd_bench_serve_parity"))
 
 
+def add_coverage(bench: argparse._SubParsersAction) -> None:
+    """Add ``bench coverage``."""
+    p = bench.add_parser("coverage", help="coverage of the 95% intervals and A/A false verdicts, simulated")
+    p.add_argument("--runs", type=int, default=200, help="simulated runs per design and true speedup (default 200)")
+    p.add_argument("--resamples", type=int, default=400, help="bootstrap draws of the 'before' intervals")
+    spreads = (("process", 0.04, "an engine process's speed"), ("instance", 0.03, "an engine instance's own speed"),
+               ("trial", 0.03, "a call's"), ("round", 0.02, "a server round's"))  # fmt: skip
+    for name, default, what in spreads:
+        p.add_argument(f"--{name}-sd", type=float, default=default, help=f"log sd of {what} (default {default})")
+    p.add_argument("--margin", type=float, default=0.03, help="the equivalence margin of 'break-even' (default 0.03)")
+    add_seed(p, 0, "the simulation")
+    p.add_argument("--output", default=None, help="the study's table (parquet)")
+    add_markdown(p, "the study's table", required=False)
+    p.set_defaults(func=lazy("sdbench.bench.coverage", "_cmd_bench_coverage"))
+
+
 def add_bench(subparsers: argparse._SubParsersAction) -> None:
     """Add ``bench`` and its benchmarks."""
     parser = subparsers.add_parser("bench", help="micro-benchmarks of pipeline components")
     bench = parser.add_subparsers(dest="bench_command", required=True)
     for add in (add_tracer, add_simulator, add_parity, add_serve_parity, add_modes, add_engine_sharing, add_timeline,
-                add_job_usage, add_compare_runs, add_aggregate_inputs):
+                add_job_usage, add_compare_runs, add_aggregate_inputs, add_coverage):
         add(bench)
 
 

@@ -39,6 +39,7 @@ from sdbench.grid import (
     breakdown_cells,
     breakdown_groups,
     cells,
+    design_line,
     drafter_of,
     engine_groups,
     models_used,
@@ -357,6 +358,11 @@ class Plan(TracePlan, SimulatorPlan):
         """Model key -> devices one engine instance holds (its tensor_parallel_size)."""
         return {k: int(m.get("tensor_parallel_size", 1)) for k, m in self.config["models"].items()}
 
+    @property
+    def equivalence_margin(self) -> float:
+        """The verdict's break-even margin (config ``verdict.equivalence_margin``)."""
+        return float(self.config["verdict"]["equivalence_margin"])
+
     def method_labels(self) -> dict[str, str]:
         """Method key -> the config's label."""
         return {k: m.get("label", k) for k, m in sorted(self.config["methods"].items())}
@@ -374,7 +380,9 @@ class Plan(TracePlan, SimulatorPlan):
     @functools.cached_property
     def _grid_cells(self) -> list[Cell]:
         variants = sweeps.variant_keys(self.config)
-        return [c for c in self.cells if c.method not in variants["methods"] and c.dataset not in variants["datasets"]]
+        # The A/A control's cells belong to the verdict (it counts them), so they come first too.
+        methods = {k for k, sweep in variants["methods"].items() if sweep != sweeps.AA_CONTROL}
+        return [c for c in self.cells if c.method not in methods and c.dataset not in variants["datasets"]]
 
     def grid_cells(self) -> list[Cell]:
         """The grid's own cells (no sweep variant): what the verdict and Fig. 1 read."""
@@ -724,6 +732,7 @@ def _cmd_check_config(args: Any) -> int:
         for line in schedulingsite.engine_jobs_table(schedulingsite.engine_jobs(plan), limits and limits.max_runtime):
             print(line)
     where = f" with {args.profile}" if args.profile else ""
+    print(design_line(config))
     print(f"{args.config}{where}: valid; {len(plan.cells)} cells on {len(plan.groups)} engine groups")
     return 0
 
