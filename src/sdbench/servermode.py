@@ -69,9 +69,11 @@ def start_rounds(rounds: int, starts: int, start: int) -> list[int]:
 
 def start_order(methods: tuple[str, ...] | list[str], starts: int, interleave: bool) -> list[tuple[int, str]]:
     """A job's server starts in the order it runs them, as (start index, arm): interleaved, start
-    s of every arm before start s + 1 of any; else each arm's starts back to back."""
+    s of every arm before start s + 1 of any, the arms' order reversed every other start (A B B A:
+    no arm always runs first, so a drift over the job does not favour one); else each arm's starts
+    back to back."""
     if interleave:
-        return [(s, m) for s in range(starts) for m in methods]
+        return [(s, m) for s in range(starts) for m in (methods if s % 2 == 0 else list(reversed(methods)))]
     return [(s, m) for m in methods for s in range(starts)]
 
 

@@ -9,11 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sdbench.bench.modes import arm_summary, start_order, width_rows
+from sdbench.bench.modes import arm_summary, width_rows
+from sdbench.servermode import start_order
 
 
 def test_start_s_of_every_method_runs_before_start_s_plus_one() -> None:
-    assert start_order(["none", "ngram-k3"], 2) == [(0, "none"), (0, "ngram-k3"), (1, "none"), (1, "ngram-k3")]
+    assert start_order(["none", "ngram-k3"], 2, True) == [(0, "none"), (0, "ngram-k3"), (1, "ngram-k3"), (1, "none")]
 
 
 def test_an_arm_summary_counts_timed_streamed_rounds_and_keeps_the_control_apart() -> None:

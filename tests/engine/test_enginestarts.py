@@ -81,7 +81,7 @@ def test_two_engine_processes_merge_into_one_paired_cell(tmp_path: Path) -> None
 
     logs = [start_ratio(0), start_ratio(1)]
     mean, half = sum(logs) / 2, 12.7062 * abs(logs[0] - logs[1]) / math.sqrt(2) / math.sqrt(2)
-    joined = join_cells([summary.to_frame().T], "none", [(calls, base)]).iloc[0]
+    joined = join_cells([pd.read_parquet(cell / "summary.parquet")], "none", [(calls, base)]).iloc[0]
     assert [joined["speedup"], joined["speedup_ci_low"], joined["speedup_ci_high"]] == pytest.approx(
         [math.exp(mean), math.exp(mean - half), math.exp(mean + half)], rel=1e-4)
     assert (joined["speedup_design"], joined["speedup_replicates"]) == ("paired", 2)

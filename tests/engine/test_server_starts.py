@@ -86,7 +86,9 @@ def test_rounds_go_round_robin_over_the_starts() -> None:
 
 
 def test_interleaved_starts_alternate_the_arms() -> None:
-    assert start_order(["none", "sd"], 2, True) == [(0, "none"), (0, "sd"), (1, "none"), (1, "sd")]
+    # A B B A: the arms' order reversed every other start, so neither always runs first.
+    assert start_order(["none", "sd"], 2, True) == [(0, "none"), (0, "sd"), (1, "sd"), (1, "none")]
+    assert [m for _, m in start_order(["none", "a", "b"], 3, True)] == ["none", "a", "b", "b", "a", "none", "none", "a", "b"]
     assert start_order(["sd"], 3, False) == [(0, "sd"), (1, "sd"), (2, "sd")]
 
 
@@ -248,12 +250,12 @@ def test_an_interleaved_job_alternates_its_arms_and_shares_its_id(monkeypatch: p
     """run_server_group with stand-in servers: 2 arms x 2 starts in start_order, each arm's
     directory as without interleave, its summary saying where its starts fell."""
     outs, started = run_standin_interleaved_job(monkeypatch, tmp_path)
-    assert started == ["none", "ngram", "none", "ngram"]
+    assert started == ["none", "ngram", "ngram", "none"]
     log = (tmp_path / "server.log").read_text()
     assert log.count("=== sdbench: server start") == 4
     summaries = {m: pd.read_parquet(outs[m] / "d" / "c1" / "summary.parquet").iloc[0] for m in outs}
-    assert summaries["none"]["start_sequence"].tolist() == [0, 2]
-    assert summaries["ngram-k3"]["start_sequence"].tolist() == [1, 3]
+    assert summaries["none"]["start_sequence"].tolist() == [0, 3]
+    assert summaries["ngram-k3"]["start_sequence"].tolist() == [1, 2]
     assert summaries["none"]["job_id"] == summaries["ngram-k3"]["job_id"] != ""
     assert all(s["interleaved"] and s["starts"] == 2 for s in summaries.values())
     assert summaries["none"]["energy_reason"] == "RAPL unreadable: permission denied"

@@ -44,11 +44,7 @@ from sdbench.engine.serving.loadgen import read_metrics, results_rows, run_level
 from sdbench.engine.serving.server import SERVED_MODEL_NAME, ServerProcess, cpu_placement, free_port, server_argv, server_env
 from sdbench.engine.site.quietguard import GuardReport, QuietGuard, allowed_cores, merge_reports, mode_from_env
 from sdbench.io import write_parquet, write_text
-
-
-def start_order(methods: list[str], starts: int) -> list[tuple[int, str]]:
-    """(start index, method) in the order the servers run: start s of every method, then s + 1."""
-    return [(s, m) for s in range(starts) for m in methods]
+from sdbench.servermode import start_order
 
 
 def _counters_delta(after: Any, before: Any) -> dict[str, int]:
@@ -170,7 +166,7 @@ def _cmd_bench_modes(args: argparse.Namespace) -> int:  # pragma: no cover - sta
     job_id = f"bench-modes-{int(time.time())}"
     # Flagged, never refused: refusing would end the bench and drop every start measured so far.
     guard_mode = "disabled" if mode_from_env() == "disabled" else "flag"
-    order = start_order(methods, args.starts)
+    order = start_order(methods, args.starts, True)
     parts: dict[tuple[str, int], dict[str, Any]] = {}
     out_dir = Path(args.output_dir)
     server_cpus, client_cpus = (None, None)
