@@ -86,3 +86,8 @@ def test_false_verdicts_a_control_may_show_by_hand() -> None:
     """Binomial(n, 0.05): n = 3: P(0) = 0.857, P(<=1) = 0.993 -> 1; n = 10: P(<=1) = 0.914, P(<=2) =
     0.988 -> 2; n = 20: P(<=2) = 0.925, P(<=3) = 0.984 -> 3; n = 1: P(0) = 0.95 -> 0."""
     assert [iv.false_verdicts_allowed(n) for n in (0, 1, 3, 10, 20)] == [0, 0, 1, 2, 3]
+
+
+def test_identical_replicates_give_a_zero_width_welch_interval() -> None:
+    got = iv.welch_interval([0.1, 0.1], [0.0, 0.0])
+    assert got.low == got.high == pytest.approx(math.exp(0.1)) and got.df == math.inf

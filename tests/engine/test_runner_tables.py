@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -280,6 +281,8 @@ def test_the_interval_is_a_t_interval_over_engine_starts() -> None:
     calls = [(base, empty), (sd, base), (_calls([[300.0]] * 3), empty), (_calls([[330.0], [363.0], [297.0]]), empty)]
     with pytest.raises(ValueError, match="measured in 3 engine starts: its interval needs its calls tables"):
         join_cells([none1, paired, none4, unpaired], baseline="none")
+    with pytest.raises(ValueError, match="aggregate: 3 calls tables for 4 cell summaries"):
+        join_cells([none1, paired, none4, unpaired], "none", calls[:3])
     rows = join_cells([none1, paired, none4, unpaired], "none", calls).set_index(["method", "batch_size"])
     assert rows.loc[("ngram", 1), ["speedup", "speedup_ci_low", "speedup_ci_high"]].tolist() == pytest.approx(
         [1.99331, 1.5534, 2.5578], abs=2e-4)
@@ -341,3 +344,15 @@ def test_a_speedup_over_a_contaminated_no_sd_cell_is_contaminated_too() -> None:
     flagged = table.set_index(["method", "batch_size"])["contaminated"].to_dict()
     assert flagged == {("ngram", 1): True, ("ngram", 4): True, ("ngram", 8): False,
                        ("none", 1): True, ("none", 4): False, ("none", 8): False}  # fmt: skip
+
+
+def test_aggregate_refuses_calls_tables_that_do_not_match_its_summaries(tmp_path: Path, capsys) -> None:
+    from sdbench.cli import main
+
+    _summary("none", 1, 100.0).to_parquet(tmp_path / "s.parquet")
+    _calls([[100.0]]).to_parquet(tmp_path / "c.parquet")
+    argv = ["aggregate", "--summaries", str(tmp_path / "s.parquet"), "--calls", str(tmp_path / "c.parquet"),
+            "--baseline", "none", "--cells", str(tmp_path / "cells.parquet")]  # fmt: skip
+    assert main(argv) != 0
+    assert "aggregate: --calls and --baseline-calls need one table per summary (1)" in capsys.readouterr().err
+    assert not (tmp_path / "cells.parquet").exists()

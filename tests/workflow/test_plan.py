@@ -354,3 +354,11 @@ def test_check_config_says_what_the_design_can_judge(capsys) -> None:
     assert main(["check-config", str(REPO / "config/paper.yaml")]) == 0
     assert ("design: 1 engine start(s) per group x 1 trial(s) per start, unpaired: no interval over starts, every SD "
             "point is 'not judged'") in capsys.readouterr().out
+
+
+def test_the_design_line_names_a_precision_stop_and_its_cap() -> None:
+    """The e2e config: one start, 2 trials and more up to 3 while wider than its target."""
+    from sdbench.grid import design_line
+
+    line = design_line(load_config(REPO / ".test" / "config" / "e2e.yaml"))
+    assert line.startswith("design: 1 engine start(s) per group x 2 to 3 trial(s) per start, paired (no SD in")
