@@ -15,7 +15,7 @@ from typing import Any
 
 from sdbench.doctorcore import Result, failed, ok
 
-# The target for a calibration's fit (#52): held-out median <= 5%, largest <= 10%.
+# A calibration fit good enough to price a grid: held-out median error <= 5%, largest <= 10%.
 HELDOUT_MEDIAN, HELDOUT_MAX = 0.05, 0.10
 
 

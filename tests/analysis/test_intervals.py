@@ -91,3 +91,15 @@ def test_false_verdicts_a_control_may_show_by_hand() -> None:
 def test_identical_replicates_give_a_zero_width_welch_interval() -> None:
     got = iv.welch_interval([0.1, 0.1], [0.0, 0.0])
     assert got.low == got.high == pytest.approx(math.exp(0.1)) and got.df == math.inf
+
+
+def test_each_studied_design_is_what_its_name_says() -> None:
+    """The study's table is read by its names: starts, trials and pairing as each name states them."""
+    import re
+
+    for d in coverage.DESIGNS:
+        starts = re.search(r"(\d+) starts?", d.name)
+        assert starts and int(starts.group(1)) == d.starts, d
+        trials = re.search(r"x (\d+) (trial|round)", d.name)
+        assert trials and int(trials.group(1)) == d.trials, d
+        assert ("unpaired" in d.name) == (not d.paired) and (d.mode == "server") == d.name.startswith("server"), d

@@ -356,3 +356,9 @@ def test_aggregate_refuses_calls_tables_that_do_not_match_its_summaries(tmp_path
     assert main(argv) != 0
     assert "aggregate: --calls and --baseline-calls need one table per summary (1)" in capsys.readouterr().err
     assert not (tmp_path / "cells.parquet").exists()
+
+
+def test_a_cell_that_timed_nothing_joins_without_an_interval() -> None:
+    """A cell whose throughput is 0 (nothing generated) has no log to take: no speedup, no error."""
+    row = join_cells([_summary("none", 1, 100.0), _summary("ngram", 1, 0.0)], "none").set_index("method").loc["ngram"]
+    assert math.isnan(row["speedup"]) and math.isnan(row["speedup_ci_low"]) and row["speedup_replicates"] == 0

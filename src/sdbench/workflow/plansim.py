@@ -1,7 +1,7 @@
 """The plan's BLEU items and simulations, a part of :class:`sdbench.workflow.plan.Plan` (a mixin
 whose attributes the plan's constructor sets): the engine x model x dataset targets of Fig. 8 and of
 the simulator's validation, the policies and inputs of each simulation, and the adaptive-policy
-report's inputs and options. Moved from plan.py unchanged.
+report's inputs and options.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The plan's traces and acceptance items, a part of :class:`sdbench.workflow.plan.Plan` (a mixin
 whose attributes the plan's constructor sets): trace groups' cells and specs, the no-SD outputs the
 offline tracers read and their files, the scopes of Fig. 4/5/10 with the trace tables and labels
-behind each, and the published traces. Moved from plan.py unchanged.
+behind each, and the published traces.
 """
 
 from __future__ import annotations
